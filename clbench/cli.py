@@ -1,0 +1,50 @@
+"""The ``clbench`` command.
+
+Each subcommand lives in its own module under :mod:`clbench.commands` with ``register(sub)``
+(adds its parser) and ``handle(args) -> int``. Importing them is cheap: nothing heavy is
+imported until a handler runs, so ``clbench --help`` and ``clbench list`` start fast.
+
+Bad input (:class:`~clbench.errors.UserError`) is printed as one line and exits with status 2,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from clbench import __version__
+from clbench.errors import UserError
+
+COMMANDS = ("run", "list", "leaderboard", "compare", "data")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clbench", description="Continual-learning benchmark harness: run streams, strategies and leaderboards.")
+    parser.add_argument("--version", action="version", version=f"clbench {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"clbench.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as err:
+        print(f"clbench: error: {err.one_line()}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("clbench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

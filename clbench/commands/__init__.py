@@ -1,0 +1,1 @@
+"""Subcommands of ``clbench``: one module each, exposing ``register(subparsers)`` and ``handle(args)``."""

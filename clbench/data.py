@@ -1,0 +1,135 @@
+"""Datasets and loaders shared by every stream.
+
+:class:`ArrayDataset` holds a whole split as tensors and answers a *list* of indices with one
+batch, so a loader built by :func:`make_loader` skips the per-sample ``__getitem__`` + collate
+path. On small streams (the embedded digits) that path costs more than the model's step.
+Datasets read from disk (images) are ordinary map-style datasets and get an ordinary loader.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch.utils.data import BatchSampler, ConcatDataset, DataLoader, Dataset, RandomSampler, SequentialSampler, Subset
+
+
+class ArrayDataset(Dataset):
+    """A split held in memory: ``x`` (N, ...) and integer labels ``y`` (N,).
+
+    ``transform`` (optional) is applied to a whole batch tensor, so it must be batch-aware
+    (elementwise ops, or torchvision v2 transforms that accept a leading batch dimension).
+    """
+
+    batched = True
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, transform: Callable | None = None):
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} rows but y has {len(y)}")
+        self.x = x
+        self.y = y.long()
+        self.transform = transform
+
+    @property
+    def targets(self) -> list[int]:
+        return self.y.tolist()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index):
+        if isinstance(index, (list, tuple)):
+            index = torch.as_tensor(index, dtype=torch.long)
+        x = self.x[index]
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, self.y[index]
+
+    def subset(self, indices) -> "ArrayDataset":
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        return ArrayDataset(self.x[indices], self.y[indices], self.transform)
+
+
+def targets_of(dataset: Dataset) -> torch.Tensor:
+    """Integer labels of every sample, without loading inputs where the dataset allows it."""
+    if isinstance(dataset, ArrayDataset):
+        return dataset.y
+    if isinstance(dataset, Subset):
+        return targets_of(dataset.dataset)[torch.as_tensor(dataset.indices, dtype=torch.long)]
+    if isinstance(dataset, ConcatDataset):
+        return torch.cat([targets_of(d) for d in dataset.datasets])
+    targets = getattr(dataset, "targets", None)
+    if targets is not None:
+        return torch.as_tensor(list(targets), dtype=torch.long)
+    return torch.as_tensor([int(dataset[i][1]) for i in range(len(dataset))], dtype=torch.long)
+
+
+def subset(dataset: Dataset, indices: Sequence[int]) -> Dataset:
+    if isinstance(dataset, ArrayDataset):
+        return dataset.subset(indices)
+    return Subset(dataset, list(map(int, indices)))
+
+
+def concat(datasets: Sequence[Dataset]) -> Dataset:
+    """One dataset from several; in-memory splits stay in memory (and batched)."""
+    datasets = [d for d in datasets if len(d) > 0]
+    if not datasets:
+        raise ValueError("nothing to concatenate")
+    if len(datasets) == 1:
+        return datasets[0]
+    if all(isinstance(d, ArrayDataset) for d in datasets) and len({id(d.transform) for d in datasets}) == 1:
+        return ArrayDataset(torch.cat([d.x for d in datasets]), torch.cat([d.y for d in datasets]),
+                            datasets[0].transform)
+    return ConcatDataset(datasets)
+
+
+def _first_two(batch):
+    """Avalanche datasets yield (x, y, task_label); the harness uses (x, y)."""
+    return batch[0], batch[1]
+
+
+def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int | None = None,
+                num_workers: int = 0, sampler=None, pin_memory: bool = False) -> DataLoader:
+    """A DataLoader whose shuffling is driven by its own seeded generator (reproducible, and
+    independent of how much global randomness the model or strategy consumed)."""
+    generator = None
+    if seed is not None:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    kwargs = dict(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=num_workers > 0)
+    if getattr(dataset, "batched", False):
+        if sampler is None:
+            sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+        return DataLoader(dataset, sampler=BatchSampler(sampler, batch_size, drop_last=False),
+                          batch_size=None, **kwargs)
+    if sampler is None and shuffle:
+        sampler = RandomSampler(dataset, generator=generator)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False if sampler else shuffle,
+                        **kwargs)
+    return loader
+
+
+def unwrap(dataset: Dataset) -> Dataset:
+    """The plain dataset inside an AvalancheDataset built by clbench (fast path), or the
+    Avalanche dataset itself for foreign streams (read through its own ``__getitem__``)."""
+    inner = getattr(dataset, "_datasets", None)
+    if inner is not None and len(inner) == 1 and getattr(dataset, "_indices", None) is None:
+        return inner[0]
+    return _AvalancheView(dataset)
+
+
+class _AvalancheView(Dataset):
+    """(x, y) view of an Avalanche dataset that yields (x, y, t)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    @property
+    def targets(self):
+        return list(self.dataset.targets)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return _first_two(self.dataset[i])

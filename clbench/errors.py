@@ -1,0 +1,52 @@
+"""The one error type for bad input.
+
+Every problem a user can fix (a missing file, an unknown name, a value of the wrong type, a
+dataset folder that is not where it should be) is raised as :class:`UserError`. The CLI prints
+its one-line message and exits with status 2, without a traceback. Anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input, reported as ``<where>: <what is wrong> (<how to fix it>)`` on one line.
+
+    ``where`` names the file and/or the config field (``configs/x.yaml: strategy.init_args.lr``).
+    """
+
+    exit_code = 2
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
+        self.what = what
+        self.where = where
+        self.fix = fix
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        text = f"{self.where}: {self.what}" if self.where else self.what
+        if self.fix:
+            text += f" ({self.fix})"
+        return " ".join(text.split())
+
+
+def did_you_mean(name: str, choices) -> str:
+    """``"did you mean 'x'? valid: a, b, c"``: the close match (rapidfuzz) and the full list."""
+    choices = sorted(choices)
+    hint = ""
+    try:
+        from rapidfuzz import process
+
+        best = process.extractOne(name, choices, score_cutoff=60)
+        if best:
+            hint = f"did you mean '{best[0]}'? "
+    except ImportError:  # pragma: no cover - rapidfuzz is a hard dependency
+        pass
+    return f"{hint}valid: {', '.join(choices)}"
+
+
+class NonFiniteLoss(UserError):
+    """Training diverged (NaN/Inf loss): the run stops and, in a suite, is recorded as failed."""
+
+    def __init__(self, what: str):
+        super().__init__(what, where="training", fix="lower the learning rate or check the data and model")

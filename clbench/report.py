@@ -1,0 +1,40 @@
+"""Terminal rendering of a run's result (rich)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SCORE_ORDER = ("acc", "aia", "bwt", "fwt", "forgetting", "im", "fwt_ref", "gmean_final", "mauc_final",
+               "global_gmean", "global_mauc")
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def print_result(result: dict, output: Path | None = None, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    names = result["experiences"]
+    title = (f"{result['strategy']['name']} on {result['benchmark']['name']} · order {result['order_label']} · "
+             f"seed {result['seed']}")
+    table = Table(title=f"R matrix (%), {title}", title_justify="left")
+    table.add_column("after \\ test")
+    for name in names:
+        table.add_column(name, justify="right")
+    table.add_row("init", *map(_pct, result["r_init"]), style="dim")
+    stage_names = names if len(result["r_matrix"]) == len(names) else ["joint"]
+    for stage, row in zip(stage_names, result["r_matrix"]):
+        table.add_row(stage, *map(_pct, row))
+    console.print(table)
+    scores = result["scores"]
+    keys = [k for k in SCORE_ORDER if k in scores] + [k for k in scores if k not in SCORE_ORDER]
+    summary = Table(title="scores (%, BWT < 0 means forgetting)", title_justify="left", show_edge=False)
+    for key in keys:
+        summary.add_column(key, justify="right")
+    summary.add_row(*[_pct(scores[k]) for k in keys])
+    console.print(summary)
+    if output is not None:
+        console.print(f"wrote {output / 'result.json'} in {result['compute']['wall_seconds']:.1f}s")

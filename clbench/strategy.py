@@ -1,0 +1,110 @@
+"""The strategy plugin API.
+
+A strategy is a subclass of :class:`Strategy`. The harness owns the loop: for each experience
+the runner calls ``before_experience``, builds the training data through ``train_dataset`` and
+``train_loader``, lets a Lightning ``Trainer`` fit the :class:`~clbench.module.ContinualModule`
+(which calls ``prepare_batch``, ``training_loss``, ``on_after_backward`` and
+``on_before_optimizer_step`` from the matching Lightning hooks), evaluates, and then calls
+``after_experience``. Every hook has a do-nothing default, so a method overrides only what it
+changes; a whole method fits in one short file.
+
+Hook order for one experience::
+
+    before_experience(module, exp)
+    train_dataset(exp) -> Dataset
+    train_loader(module, dataset, make_loader) -> loader (or a CombinedLoader)
+    per step:  prepare_batch -> model forward -> training_loss
+               -> backward -> on_after_backward -> on_before_optimizer_step -> step
+    (evaluation on every test experience)
+    after_experience(module, exp)
+
+State: ``state_dict`` / ``load_state_dict`` must hold everything needed to continue after a
+crash (buffers, Fisher matrices, teacher weights) as tensors and plain Python values only, so a
+checkpoint loads with ``torch.load(weights_only=True)``.
+
+Hyper-parameters are the ``__init__`` arguments; give each a type annotation and a default, and
+document it. The config's ``strategy.init_args`` is checked against that signature.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader, Dataset
+
+    from clbench.module import ContinualModule
+    from clbench.streams import Experience
+
+
+class Strategy:
+    """Base class of every strategy plugin; the defaults give plain fine-tuning (naive)."""
+
+    #: Scenario types the method is meant for; checked against the stream before a run.
+    supports: ClassVar[frozenset[str]] = frozenset({"domain-il", "class-il", "instance-il", "task-il"})
+    #: Whether the method is correct under data-parallel training (DDP/FSDP) as written.
+    supports_distributed: ClassVar[bool] = True
+    #: Train once on the union of all experiences instead of one experience at a time (joint).
+    single_stage: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.experiences: list[Experience] = []  # the whole stream, in run order (set in setup)
+        self.seed: int = 0
+
+    # -- set-up ---------------------------------------------------------------------------
+    def setup(self, module: "ContinualModule", experiences: list["Experience"], seed: int) -> None:
+        """Once, before the first experience. Keep a handle on the stream and a seed."""
+        self.experiences = experiences
+        self.seed = seed
+
+    def hparams(self) -> dict[str, Any]:
+        """The ``__init__`` arguments as set (recorded in results)."""
+        out = {}
+        for name in inspect.signature(type(self).__init__).parameters:
+            if name != "self" and hasattr(self, name):
+                value = getattr(self, name)
+                out[name] = value if isinstance(value, (int, float, str, bool, type(None), list)) else str(value)
+        return out
+
+    # -- per experience -------------------------------------------------------------------
+    def before_experience(self, module: "ContinualModule", experience: "Experience") -> None:
+        """Before training on ``experience`` (grow, freeze, snapshot a teacher, ...)."""
+
+    def train_dataset(self, experience: "Experience") -> "Dataset":
+        """The data to train on for ``experience`` (default: its own training split)."""
+        return experience.train
+
+    def train_loader(self, module: "ContinualModule", dataset: "Dataset",
+                     make_loader: Callable[..., "DataLoader"]) -> Any:
+        """The training loader; ``make_loader(dataset, **overrides)`` gives the configured one."""
+        return make_loader(dataset)
+
+    def after_experience(self, module: "ContinualModule", experience: "Experience") -> None:
+        """After training and evaluation on ``experience`` (update buffers, Fisher, ...)."""
+
+    # -- per step -------------------------------------------------------------------------
+    def prepare_batch(self, module: "ContinualModule", batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Turn what the loader yields into ``(x, y)`` for the forward pass."""
+        return batch[0], batch[1]
+
+    def training_loss(self, module: "ContinualModule", x: torch.Tensor, y: torch.Tensor,
+                      logits: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to minimise, given the task loss (add regularisers here)."""
+        return loss
+
+    def on_after_backward(self, module: "ContinualModule") -> None:
+        """Gradients are in ``p.grad``; project or mask them here (GEM, A-GEM)."""
+
+    def on_before_optimizer_step(self, module: "ContinualModule", optimizer: torch.optim.Optimizer) -> None:
+        """Just before ``optimizer.step()``."""
+
+    # -- resume ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and plain Python values needed to continue after ``after_experience``."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""

@@ -1,0 +1,15 @@
+"""Cumulative training: at experience i, train on the union of experiences 0..i.
+
+Keeps all past data (an unbounded replay buffer), so it bounds what rehearsal can reach at
+each stage while still training stage by stage; the model is fine-tuned, not re-initialised.
+"""
+
+from clbench.data import concat
+from clbench.strategy import Strategy
+
+
+class Cumulative(Strategy):
+    """Train on everything seen so far (no hyper-parameters)."""
+
+    def train_dataset(self, experience):
+        return concat([exp.train for exp in self.experiences[: experience.position + 1]])

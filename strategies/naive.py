@@ -1,0 +1,11 @@
+"""Naive fine-tuning: train on each experience in turn with nothing against forgetting.
+
+The lower bound of every leaderboard. All behaviour is the :class:`~clbench.strategy.Strategy`
+defaults; this class only gives it a name.
+"""
+
+from clbench.strategy import Strategy
+
+
+class Naive(Strategy):
+    """Sequential fine-tuning (no hyper-parameters)."""
