@@ -82,25 +82,27 @@ def check_init_args(target: Callable, init_args: dict, where: str, provided: tup
                         fix=f"add {', '.join(missing)} under init_args")
 
 
-def _call(target: Callable, args: dict, where: str, **provided: Any) -> Any:
+def _locate(err: UserError, source: str) -> UserError:
+    """Prefix the config file to an error a component raised about one of its own fields.
+
+    Builders only know their field (``benchmark.init_args.min_size``); the user needs the file
+    too. Errors about something else (a dataset path) keep their own ``where``.
+    """
+    if err.where and err.where.split(".")[0] in ("benchmark", "model", "strategy", "train"):
+        err.where = f"{source}: {err.where}"
+        err.args = (err.one_line(),)
+    return err
+
+
+def _call(target: Callable, args: dict, where: str, source: str, **provided: Any) -> Any:
     check_init_args(target, args, where, provided=tuple(provided))
-    return target(**provided, **args)
+    try:
+        return target(**provided, **args)
+    except UserError as err:
+        raise _locate(err, source) from None
 
 
-def build_benchmark(cfg: dict, source: str):
-    spec = cfg["benchmark"]
-    target = registry.resolve("benchmarks", spec["class_path"], where=f"{source}: benchmark.class_path")
-    return _call(target, spec["init_args"], f"{source}: benchmark.init_args")
-
-
-def build_model(cfg: dict, stream_spec, source: str):
-    spec = cfg["model"]
-    target = registry.resolve("models", spec["class_path"], where=f"{source}: model.class_path")
-    return _call(target, spec["init_args"], f"{source}: model.init_args",
-                 num_classes=stream_spec.num_classes, input_shape=tuple(stream_spec.input_shape))
-
-
-def build_strategy(cfg: dict, source: str):
+def _strategy_class(cfg: dict, source: str):
     from clbench.strategy import Strategy
 
     spec = cfg["strategy"]
@@ -109,7 +111,37 @@ def build_strategy(cfg: dict, source: str):
     if not (inspect.isclass(target) and issubclass(target, Strategy)):
         raise UserError(f"'{spec['class_path']}' is not a clbench Strategy subclass", where=where,
                         fix="subclass clbench.strategy.Strategy")
-    return _call(target, spec["init_args"], f"{source}: strategy.init_args")
+    return target
+
+
+def preflight(cfg: dict, source: str) -> None:
+    """Resolve every component and check every ``init_args`` before anything is built.
+
+    Building a stream can take minutes (decoding a dataset); a typo in the strategy's
+    arguments should not wait for it. Only imports the components' modules.
+    """
+    for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", ("num_classes", "input_shape"))):
+        target = registry.resolve(kind, cfg[key]["class_path"], where=f"{source}: {key}.class_path")
+        check_init_args(target, cfg[key]["init_args"], f"{source}: {key}.init_args", provided=provided)
+    check_init_args(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: strategy.init_args")
+    optimizer_factory(cfg, source)
+
+
+def build_benchmark(cfg: dict, source: str):
+    spec = cfg["benchmark"]
+    target = registry.resolve("benchmarks", spec["class_path"], where=f"{source}: benchmark.class_path")
+    return _call(target, spec["init_args"], f"{source}: benchmark.init_args", source)
+
+
+def build_model(cfg: dict, stream_spec, source: str):
+    spec = cfg["model"]
+    target = registry.resolve("models", spec["class_path"], where=f"{source}: model.class_path")
+    return _call(target, spec["init_args"], f"{source}: model.init_args", source,
+                 num_classes=stream_spec.num_classes, input_shape=tuple(stream_spec.input_shape))
+
+
+def build_strategy(cfg: dict, source: str):
+    return _call(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: strategy.init_args", source)
 
 
 def optimizer_factory(cfg: dict, source: str) -> Callable:

@@ -48,5 +48,8 @@ def did_you_mean(name: str, choices) -> str:
 class NonFiniteLoss(UserError):
     """Training diverged (NaN/Inf loss): the run stops and, in a suite, is recorded as failed."""
 
-    def __init__(self, what: str):
-        super().__init__(what, where="training", fix="lower the learning rate or check the data and model")
+    def __init__(self, what: str, *, where: str | None = "training",
+                 fix: str | None = "lower the learning rate, or check the data, the model and the strategy's loss",
+                 value: float | None = None):
+        self.value = value  # the non-finite mean loss, for a caller that rewords the message
+        super().__init__(what, where=where, fix=fix)

@@ -1,24 +1,55 @@
 """Atomic file writes: a reader never sees half a file.
 
-Every result, entry and checkpoint is written to a temporary file in the same directory,
-flushed to disk, then renamed over the target (``os.replace`` is atomic on POSIX and Windows).
-A crash leaves either the old file or the new one, never a truncated one.
+Every result, entry and checkpoint is written to a temporary file in the same directory
+(``.<name>.<random>.tmp``), flushed to disk, then renamed over the target (``os.replace`` is
+atomic on POSIX and Windows), and the directory entry is flushed too. A crash leaves either
+the old file or the new one, never a truncated one; at worst a stray temporary file, which
+:func:`remove_stale_temporaries` clears and no reader mistakes for the real thing.
+
+The new file gets the permissions an ordinary ``open()`` would give it (``0o666`` less the
+umask), or the replaced file's, not the ``0o600`` of a bare temporary file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 
-def _atomic(path: Path, write: Callable[[Any], None], mode: str) -> None:
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows, where directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> None:
+    """Call ``write(handle)`` on a temporary file next to ``path`` and rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        try:
+            perms = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            perms = _default_mode()
+        os.fchmod(fd, perms)
         with os.fdopen(fd, mode) as handle:
             write(handle)
             handle.flush()
@@ -30,19 +61,27 @@ def _atomic(path: Path, write: Callable[[Any], None], mode: str) -> None:
         except FileNotFoundError:
             pass
         raise
+    _fsync_dir(path.parent)
+
+
+def remove_stale_temporaries(folder: str | Path, name: str) -> None:
+    """Delete temporary files a killed writer of ``folder/name`` left behind."""
+    for stale in Path(folder).glob(f".{name}.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def write_json(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as pretty JSON, atomically."""
-    _atomic(Path(path), lambda h: h.write(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"), "w")
+    atomic_write(Path(path), lambda h: h.write(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"),
+                 "w")
 
 
 def write_text(path: str | Path, text: str) -> None:
-    _atomic(Path(path), lambda h: h.write(text), "w")
+    atomic_write(Path(path), lambda h: h.write(text), "w")
 
 
 def torch_save(path: str | Path, obj: Any) -> None:
     """``torch.save`` atomically (checkpoints)."""
     import torch
 
-    _atomic(Path(path), lambda h: torch.save(obj, h), "wb")
+    atomic_write(Path(path), lambda h: torch.save(obj, h), "wb")

@@ -73,7 +73,7 @@ class ContinualModule(pl.LightningModule):
         mean = (self._loss_sum / self._steps).item()  # one sync per epoch
         if not math.isfinite(mean):
             raise NonFiniteLoss(f"training loss became {mean} in epoch {self.current_epoch} "
-                                f"(experience {self.experience})")
+                                f"(experience {self.experience})", value=mean)
         if self.logger is not None:
             self.logger.log_metrics({f"train/loss/exp{self.experience}": mean, "train/loss": mean},
                                     step=self.current_epoch)

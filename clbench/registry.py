@@ -24,6 +24,7 @@ from typing import Any, Callable
 from clbench.errors import UserError, did_you_mean
 
 KINDS = ("strategies", "benchmarks", "models")
+SINGULAR = {"strategies": "strategy", "benchmarks": "benchmark", "models": "model"}
 
 _registered: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 
@@ -101,7 +102,7 @@ def resolve(kind: str, name: str, *, where: str | None = None) -> Any:
     """The factory (class or function) that ``name`` stands for, or a :class:`UserError`."""
     where = where or kind
     if not isinstance(name, str) or not name:
-        raise UserError(f"expected a {kind[:-1]} name or import path, got {name!r}", where=where,
+        raise UserError(f"expected a {SINGULAR[kind]} name or import path, got {name!r}", where=where,
                         fix=f"run 'clbench list {kind}' for the names")
     if name in _registered[kind]:
         return _registered[kind][name]
@@ -110,4 +111,4 @@ def resolve(kind: str, name: str, *, where: str | None = None) -> Any:
         return eps[name].load()
     if _looks_like_path(name):
         return _load_import_path(name, where)
-    raise UserError(f"unknown {kind[:-1]} '{name}'", where=where, fix=did_you_mean(name, available(kind)))
+    raise UserError(f"unknown {SINGULAR[kind]} '{name}'", where=where, fix=did_you_mean(name, available(kind)))

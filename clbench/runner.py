@@ -12,6 +12,10 @@
         checkpoint (model, strategy state, R so far, RNG, config)
     scores from R -> result.json
 
+Evaluation runs under ``no_grad`` rather than inference mode (``inference_mode=False``): the
+metric states live across ``validate`` and ``fit`` calls, and tensors created in inference mode
+could not be updated in place during the validation that ``fit`` runs.
+
 One ``Trainer`` serves the whole stream: each experience raises ``fit_loop.max_epochs`` by the
 epochs per experience and calls ``fit`` again, so per-experience set-up costs one optimizer
 construction, not a new Trainer. Lightning calls ``configure_optimizers`` on every ``fit``,
@@ -46,7 +50,7 @@ RESULT = "result.json"
 # Trainer arguments the runner sets itself; a config may not override them.
 _RESERVED_TRAINER_ARGS = ("max_epochs", "min_epochs", "callbacks", "logger", "enable_checkpointing",
                           "num_sanity_val_steps", "enable_progress_bar", "deterministic", "check_val_every_n_epoch",
-                          "default_root_dir")
+                          "default_root_dir", "inference_mode")
 
 
 def _quiet_lightning() -> None:
@@ -198,6 +202,7 @@ class ContinualRun:
         return pl.Trainer(max_epochs=0, logger=logger, callbacks=callbacks, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                           deterministic=self.cfg["train"]["deterministic"], check_val_every_n_epoch=1,
+                          inference_mode=False,
                           default_root_dir=str(self.output) if self.output else None, **self._trainer_args())
 
     def _loader(self, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None, **kw):

@@ -1,0 +1,129 @@
+"""CIFAR-10 (Krizhevsky, 2009) as the thesis's Dirichlet class-imbalanced stream.
+
+Read from the published python version, ``cifar-10-batches-py/``: ``data_batch_1`` ..
+``data_batch_5`` (50,000 training images) and ``test_batch`` (10,000), pickles whose ``b"data"``
+is an (N, 3072) uint8 array (channel-major 32x32 RGB) and ``b"labels"`` a list of ints, and
+``batches.meta`` whose ``b"label_names"`` names the 10 classes. ``root`` is that folder or its
+parent.
+
+The training set is cut into ``num_experiences`` Dirichlet(``alpha``) label-skewed partitions
+by :func:`benchmarks.dirichlet.dirichlet_split` with the thesis's settings (seeds_004 section
+3.1 and appendix B: 5 partitions, alpha 0.3 or 0.5, ``min_size=1400``, ``balanced=true``). Each
+partition's test split follows its training class mix, and the whole official test set, which
+has 1,000 images of every class, is the balanced global test set for G-mean and MAUC.
+
+Augmentations default to the thesis's CIFAR-10 set: flip, colour jitter, blur and noise, no
+crop (its ``balancedcifar10testing`` runs add a random crop: set ``augment: {crop_scale: [0.8,
+1.0]}``). Training images are augmented per sample from the in-memory uint8 array; test
+splits are :class:`clbench.data.ArrayDataset` with a batch-aware transform.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from benchmarks.dirichlet import dirichlet_split
+from benchmarks.images import Augment, ImageArray, batch_transform, check_image_size, image_transform, resolve_augment
+from clbench.data import ArrayDataset
+from clbench.errors import UserError
+from clbench.streams import StreamSpec, build_scenario
+
+FOLDER = "cifar-10-batches-py"
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILE = "test_batch"
+META_FILE = "batches.meta"
+FIX = "see docs/datasets.md: download cifar-10-python.tar.gz from the CIFAR page and extract it"
+DEFAULT_AUGMENT = Augment(crop_scale=None, flip=True, color_jitter=0.2, blur=0.2, noise=0.02)
+
+
+def locate(root: str) -> Path:
+    base = Path(root).expanduser()
+    if not base.exists():
+        raise UserError("CIFAR-10 root does not exist", where=str(base),
+                        fix=f"point root at the {FOLDER} folder (see docs/datasets.md)")
+    if not base.is_dir():
+        raise UserError("CIFAR-10 root is not a folder", where=str(base), fix=f"point root at the {FOLDER} folder")
+    if (base / FOLDER).is_dir():
+        base = base / FOLDER
+    missing = [str(base / name) for name in (*TRAIN_FILES, TEST_FILE, META_FILE) if not (base / name).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more: {', '.join(Path(m).name for m in missing[1:])})" \
+            if len(missing) > 1 else ""
+        raise UserError(f"CIFAR-10 batch file missing{more}", where=missing[0], fix=FIX)
+    return base
+
+
+def _unpickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            data = pickle.load(f, encoding="bytes")
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError, IndexError) as err:
+        raise UserError(f"cannot read the pickled batch ({type(err).__name__}: {err})", where=str(path),
+                        fix="re-extract cifar-10-python.tar.gz") from None
+    if not isinstance(data, dict):
+        raise UserError(f"expected a pickled dict, got {type(data).__name__}", where=str(path),
+                        fix="re-extract cifar-10-python.tar.gz")
+    return data
+
+
+def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(images (N, 3, 32, 32) uint8, labels (N,) int64) of one pickled batch, checked."""
+    data = _unpickle(path)
+    if b"data" not in data or b"labels" not in data:
+        raise UserError("batch has no b'data' / b'labels' keys", where=str(path),
+                        fix="this is not the python version of CIFAR-10; download cifar-10-python.tar.gz")
+    x = np.asarray(data[b"data"])
+    y = np.asarray(data[b"labels"], dtype=np.int64)
+    if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or len(x) != len(y):
+        raise UserError(f"b'data' has shape {x.shape} and dtype {x.dtype} for {len(y)} labels, "
+                        "expected (N, 3072) uint8", where=str(path), fix="re-extract cifar-10-python.tar.gz")
+    if len(y) and (y.min() < 0 or y.max() > 9):
+        raise UserError(f"labels outside 0..9 (min {y.min()}, max {y.max()})", where=str(path),
+                        fix="re-extract cifar-10-python.tar.gz")
+    return x.reshape(-1, 3, 32, 32), y
+
+
+def load(root: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(x_train, y_train, x_test, y_test, class names) from the python batches."""
+    base = locate(root)
+    parts = [read_batch(base / name) for name in TRAIN_FILES]
+    x_test, y_test = read_batch(base / TEST_FILE)
+    meta = _unpickle(base / META_FILE)
+    names = meta.get(b"label_names")
+    if not isinstance(names, list) or len(names) != 10:
+        raise UserError("b'label_names' is not a list of 10 names", where=str(base / META_FILE),
+                        fix="re-extract cifar-10-python.tar.gz")
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), x_test, y_test, names)
+
+
+def cifar10_dirichlet(root: str, num_experiences: int = 5, alpha: float = 0.3, min_size: int = 1400,
+                      balanced: bool = True, partition_seed: int = 0, image_size: int = 32,
+                      augment: bool | dict = True, normalize: Literal["imagenet", "inception", "none"] = "imagenet"):
+    """CIFAR-10 cut into ``num_experiences`` Dirichlet(``alpha``) class-imbalanced partitions."""
+    check_image_size(image_size)
+    aug = resolve_augment(augment, DEFAULT_AUGMENT)
+    x_tr, y_tr, x_te, y_te, class_names = load(root)
+    split = dirichlet_split(y_tr, y_te, num_experiences=num_experiences, alpha=alpha, min_size=min_size,
+                            balanced=balanced, seed=partition_seed)
+    eval_tf = batch_transform(image_size, normalize)
+    if aug is None:
+        train_x = torch.from_numpy(x_tr)
+        train = [ArrayDataset(train_x[idx], torch.from_numpy(y_tr[idx]), eval_tf) for idx in split.train_indices]
+    else:
+        train_tf = image_transform(image_size, aug, normalize, jitter_first=True)
+        train = [ImageArray(x_tr, idx, y_tr[idx], train_tf, channels_last=False) for idx in split.train_indices]
+    test_x, test_y = torch.from_numpy(x_te), torch.from_numpy(y_te)
+    test = [ArrayDataset(test_x[idx], test_y[idx], eval_tf) for idx in split.test_indices]
+    g = torch.from_numpy(split.global_test_indices)
+    spec = StreamSpec(name="cifar10-dirichlet", num_classes=10, input_shape=(3, image_size, image_size),
+                      scenario_type="instance-il", global_test=ArrayDataset(test_x[g], test_y[g], eval_tf),
+                      class_names=class_names)
+    scenario = build_scenario(spec, train, test, names=[f"part{p}" for p in range(num_experiences)])
+    scenario.dirichlet = split  # the partition (indices into the official arrays, class proportions)
+    return scenario

@@ -1,0 +1,389 @@
+"""Image datasets and the thesis's augmentation pipeline, shared by the on-disk vision streams.
+
+Two per-sample datasets feed every image stream:
+
+* :class:`ImageFiles` decodes one file per sample with PIL (CORe50 PNGs, Office-Home JPEGs).
+* :class:`ImageArray` indexes a uint8 array already in memory or memory-mapped (CIFAR-10's
+  pickled batches, CORe50's ``core50_imgs.npz``), so nothing is decoded at all.
+
+Both are per-sample on purpose: the training augmentations are random *per image*, and
+torchvision's v2 transforms draw one set of parameters per call, so a batch-level call would
+crop, flip and jitter a whole batch identically. Deterministic evaluation transforms do not
+have that problem, so in-memory test splits use :class:`clbench.data.ArrayDataset` with a
+batch-aware transform (one call per batch, no per-sample overhead).
+
+The pipeline (:func:`image_transform`) follows the thesis (seeds_004 section 3.7): "resized all
+images to the same size, used random resized crops, random flips over the vertical axis, and
+low levels of color jitter", plus Gaussian blur and noise for some CIFAR-10 runs. The thesis
+states none of the strengths; the defaults of :class:`Augment` are this harness's choices.
+
+Decoding cost and worker count. Measured on one core of a 2-core x86 VM (Pillow 12, torchvision
+0.25), per 128x128 CORe50 PNG at ``image_size=224``: decode 0.5 ms, full training pipeline
+2-2.5 ms (eval pipeline 1-2 ms); hue jitter alone adds 2-3 ms at 224x224, which is why ``hue``
+defaults to 0 and colour jitter runs at the smaller of the native and target resolutions. One
+worker therefore delivers roughly 400-500 training images per second. A ViT-small/16 training
+step at 224 px on a current data-centre GPU processes a few thousand images per second, so
+``train.num_workers`` should be about ``gpu_images_per_second / 450``: 8 workers for an
+H100-class GPU with batch 128 (the experiment configs set 8). Measure the real rate on a
+machine with ``clbench data check BENCHMARK --root DIR --speed 50``. Loader workers are
+separate processes, so keep the datasets light to copy: paths and labels are numpy arrays (no
+per-item Python objects whose reference counts would un-share forked memory), and a
+memory-mapped npz is reopened in each worker rather than pickled.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from clbench.errors import UserError, did_you_mean
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
+NORMALIZATIONS = ("imagenet", "inception", "none")
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+class ImageDecodeError(UserError):
+    """An image file that PIL cannot decode, reported as one line naming the file.
+
+    A DataLoader worker's exception reaches the main process re-raised by torch as
+    ``type(err)(text)``, where ``text`` is the worker's whole formatted traceback. This class
+    recovers the original one-line message from that text (its last line), so a corrupt file
+    met during training still prints as one line.
+    """
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
+        if where is None and fix is None and "Traceback (most recent call last)" in what:
+            last = [line for line in what.strip().splitlines() if line.strip()][-1]
+            what = last.split(": ", 1)[1] if ": " in last else last
+        super().__init__(what, where=where, fix=fix)
+
+
+def decode_error(path: str, err: BaseException) -> ImageDecodeError:
+    reason = str(err).splitlines()[0] if str(err) else ""
+    reason = reason.replace(f"'{path}'", "").replace(path, "").strip(" :") or type(err).__name__
+    return ImageDecodeError(f"cannot decode image ({reason})", where=path,
+                            fix="re-extract the dataset archive or delete the corrupt file")
+
+
+# -- files on disk --------------------------------------------------------------------------------
+
+def is_image_file(name: str) -> bool:
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def list_images(folder: Path) -> list[str]:
+    """Image file names in ``folder`` (hidden files and non-images skipped), sorted."""
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries if e.is_file() and is_image_file(e.name))
+
+
+def open_rgb(path: str, draft_size: int | None = None):
+    """The image at ``path`` as an RGB PIL image, fully decoded.
+
+    ``draft_size`` lets PIL's JPEG decoder scale down by 1/2, 1/4 or 1/8 during decoding while
+    keeping both sides at least that large: a 2000 px photo decoded for a 224 px model costs a
+    fraction of a full decode. It has no effect on other formats.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            if draft_size is not None:
+                image.draft("RGB", (draft_size, draft_size))
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise decode_error(path, err) from None
+
+
+def verify_images(paths: Sequence[str], workers: int = 8) -> list[tuple[str, str]]:
+    """(path, reason) for every file that does not decode; decodes all of them with threads
+    (Pillow releases the GIL while decoding)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(path: str) -> tuple[str, str] | None:
+        try:
+            open_rgb(path)
+        except ImageDecodeError as err:
+            return path, err.what
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return [bad for bad in pool.map(one, paths, chunksize=64) if bad is not None]
+
+
+class ImageFiles(Dataset):
+    """One image file per sample: ``(transform(image), label)``.
+
+    ``paths`` and ``targets`` are held as numpy arrays: a loader's worker processes share them
+    with the parent without touching per-item reference counts.
+    """
+
+    def __init__(self, paths: Sequence[str], targets: Sequence[int], transform: Callable | None = None,
+                 draft_size: int | None = None):
+        if len(paths) != len(targets):
+            raise ValueError(f"{len(paths)} paths but {len(targets)} targets")
+        self.paths = np.asarray([str(p) for p in paths], dtype=np.str_)
+        self.targets = np.asarray(targets, dtype=np.int64)
+        self.transform = transform
+        self.draft_size = draft_size
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        image = open_rgb(str(self.paths[index]), self.draft_size)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index])
+
+
+# -- arrays in memory or memory-mapped ------------------------------------------------------------
+
+class NpzArray:
+    """One array stored in an ``.npz`` file, memory-mapped when the member is stored uncompressed.
+
+    ``np.load`` cannot memory-map a member of an npz archive, and reading CORe50's 8 GB
+    ``core50_imgs.npz`` into every process is slow and wasteful. An uncompressed zip member is
+    a plain ``.npy`` file at a fixed offset, so it is mapped directly; a compressed one is read
+    into memory once. Pickling keeps only the file name, so worker processes reopen the map
+    instead of receiving a copy of the data.
+    """
+
+    def __init__(self, path: str | Path, key: str):
+        self.path = str(path)
+        self.key = key
+        self._array: np.ndarray | None = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "key": self.key, "_array": None}
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None:
+            self._array = self._open()
+        return self._array
+
+    def _open(self) -> np.ndarray:
+        import struct
+        import zipfile
+
+        member = f"{self.key}.npy"
+        try:
+            with zipfile.ZipFile(self.path) as archive:
+                info = archive.getinfo(member)
+                stored = info.compress_type == zipfile.ZIP_STORED
+                header_offset = info.header_offset
+        except KeyError:
+            raise UserError(f"npz archive has no array '{self.key}'", where=self.path,
+                            fix="re-download the file; it is truncated or not the official one") from None
+        except (zipfile.BadZipFile, OSError) as err:
+            raise UserError(f"cannot read npz archive ({err})", where=self.path,
+                            fix="re-download the file; it is truncated or corrupt") from None
+        if not stored:
+            with np.load(self.path) as data:
+                return data[self.key]
+        import numpy.lib.format as npy
+
+        with open(self.path, "rb") as f:
+            f.seek(header_offset)
+            local = struct.unpack(zipfile.structFileHeader, f.read(zipfile.sizeFileHeader))
+            name_len, extra_len = local[-2], local[-1]  # the local header ends with these two lengths
+            f.seek(header_offset + zipfile.sizeFileHeader + name_len + extra_len)
+            version = npy.read_magic(f)
+            readers = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
+            if version not in readers:
+                with np.load(self.path) as data:
+                    return data[self.key]
+            shape, fortran, dtype = readers[version](f)
+            offset = f.tell()
+        return np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape,
+                         order="F" if fortran else "C")
+
+
+class ImageArray(Dataset):
+    """Samples ``indices`` of a uint8 image array: ``(transform(image), label)``.
+
+    ``source`` is an array of shape (N, H, W, 3) (``channels_last``) or (N, 3, H, W), or an
+    :class:`NpzArray`. Indices select rows without copying, so several experiences share one
+    memory-mapped file.
+    """
+
+    def __init__(self, source: np.ndarray | NpzArray, indices: Sequence[int], targets: Sequence[int],
+                 transform: Callable | None = None, *, channels_last: bool):
+        if len(indices) != len(targets):
+            raise ValueError(f"{len(indices)} indices but {len(targets)} targets")
+        self.source = source
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.targets = np.asarray(targets, dtype=np.int64)
+        self.transform = transform
+        self.channels_last = channels_last
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def image(self, index: int) -> torch.Tensor:
+        array = self.source.array if isinstance(self.source, NpzArray) else self.source
+        x = torch.from_numpy(np.array(array[self.indices[index]]))  # copy: memmaps are read-only
+        return x.permute(2, 0, 1) if self.channels_last else x
+
+    def __getitem__(self, index: int):
+        x = self.image(index)
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, int(self.targets[index])
+
+
+# -- transforms -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Augment:
+    """Training augmentations; each can be switched off (``None``, ``False`` or 0).
+
+    ``crop_scale``: area range of ``RandomResizedCrop`` (after resizing to the target size);
+    ``flip``: horizontal flip with p=0.5; ``color_jitter``: brightness, contrast and saturation
+    factors drawn from [1 - s, 1 + s]; ``hue``: hue shift range (costly, see the module
+    docstring); ``blur``: probability of a 3x3 Gaussian blur with sigma in [0.1, 1.0];
+    ``noise``: standard deviation of additive Gaussian noise on the [0, 1] pixel scale.
+    """
+
+    crop_scale: tuple[float, float] | None = (0.7, 1.0)
+    flip: bool = True
+    color_jitter: float = 0.2
+    hue: float = 0.0
+    blur: float = 0.0
+    noise: float = 0.0
+
+
+def resolve_augment(augment: bool | dict, defaults: Augment, where: str = "benchmark.init_args.augment"
+                    ) -> Augment | None:
+    """``augment`` from a config: ``true`` (the stream's defaults), ``false`` (none) or a mapping
+    that overrides some of the defaults."""
+    if augment is False:
+        return None
+    if augment is True:
+        return defaults
+    if not isinstance(augment, dict):
+        raise UserError(f"expected true, false or a mapping, got {augment!r}", where=where,
+                        fix="e.g. augment: {crop_scale: [0.8, 1.0], color_jitter: 0.1}")
+    known = {f.name for f in fields(Augment)}
+    for key, value in augment.items():
+        if key not in known:
+            raise UserError(f"unknown augmentation '{key}'", where=f"{where}.{key}", fix=did_you_mean(key, known))
+    out = replace(defaults, **augment)
+    if out.crop_scale is not None:
+        scale = out.crop_scale
+        if not (isinstance(scale, (list, tuple)) and len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+            raise UserError(f"crop_scale must be [low, high] with 0 < low <= high <= 1, got {scale!r}",
+                            where=f"{where}.crop_scale", fix="e.g. crop_scale: [0.7, 1.0], or null for no crop")
+        out = replace(out, crop_scale=(float(scale[0]), float(scale[1])))
+    for key, low, high in (("color_jitter", 0.0, 1.0), ("hue", 0.0, 0.5), ("blur", 0.0, 1.0), ("noise", 0.0, 1.0)):
+        value = getattr(out, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise UserError(f"{key} must be a number in [{low}, {high}], got {value!r}", where=f"{where}.{key}",
+                            fix=f"set {key} between {low} and {high}")
+    if not isinstance(out.flip, bool):
+        raise UserError(f"flip must be true or false, got {out.flip!r}", where=f"{where}.flip")
+    return out
+
+
+def normalization(name: str, where: str = "benchmark.init_args.normalize") -> tuple[tuple, tuple] | None:
+    """(mean, std) for ``name``: ``imagenet`` (timm's default), ``inception`` (0.5/0.5, used by
+    timm's augreg ViT weights) or ``none``."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
+
+    table = {"imagenet": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+             "inception": (IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD), "none": None}
+    if name not in table:
+        raise UserError(f"unknown normalization '{name}'", where=where, fix=did_you_mean(name, table))
+    return table[name]
+
+
+def check_image_size(image_size: int, where: str = "benchmark.init_args.image_size") -> None:
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise UserError(f"image_size must be a positive integer, got {image_size!r}", where=where,
+                        fix="e.g. 224 for a ViT/16, 32 for CIFAR-sized models")
+
+
+def image_transform(image_size: int, augment: Augment | None, normalize: str = "imagenet", *,
+                    jitter_first: bool = False) -> Callable:
+    """The v2 pipeline from a decoded image (PIL or uint8 tensor) to a normalized float tensor.
+
+    Order: resize to ``image_size`` x ``image_size`` (the thesis resizes every image to one
+    size; non-square images are squashed, never cropped, so evaluation sees the whole object),
+    then the random resized crop, flip and colour jitter, conversion to float, blur, noise and
+    normalization. ``jitter_first`` moves the colour jitter before the resize, for streams whose
+    images are smaller than the target (CORe50's 128 px, CIFAR's 32 px): the jitter costs the
+    same per pixel, so it runs where there are fewer pixels. Without ``augment`` this is the
+    evaluation pipeline.
+    """
+    import torchvision.transforms.v2 as v2
+
+    stats = normalization(normalize)
+    jitter = []
+    if augment is not None and (augment.color_jitter or augment.hue):
+        s = augment.color_jitter
+        jitter = [v2.ColorJitter(brightness=s, contrast=s, saturation=s, hue=augment.hue)]
+    steps: list[Any] = [v2.ToImage()]
+    if jitter_first:
+        steps += jitter
+    steps.append(v2.Resize((image_size, image_size), antialias=True))
+    if augment is not None:
+        if augment.crop_scale is not None:
+            steps.append(v2.RandomResizedCrop(image_size, scale=augment.crop_scale, antialias=True))
+        if augment.flip:
+            steps.append(v2.RandomHorizontalFlip())
+        if not jitter_first:
+            steps += jitter
+    steps.append(v2.ToDtype(torch.float32, scale=True))
+    if augment is not None and augment.blur:
+        steps.append(v2.RandomApply([v2.GaussianBlur(3, sigma=(0.1, 1.0))], p=augment.blur))
+    if augment is not None and augment.noise:
+        steps.append(v2.GaussianNoise(sigma=augment.noise, clip=True))
+    if stats is not None:
+        steps.append(v2.Normalize(list(stats[0]), list(stats[1])))
+    steps.append(v2.ToPureTensor())
+    return v2.Compose(steps)
+
+
+def batch_transform(image_size: int, normalize: str = "imagenet") -> Callable:
+    """The evaluation pipeline for a uint8 batch (B, 3, H, W): one call per batch, no randomness."""
+    import torchvision.transforms.v2 as v2
+
+    stats = normalization(normalize)
+    steps: list[Any] = [v2.Resize((image_size, image_size), antialias=True), v2.ToDtype(torch.float32, scale=True)]
+    if stats is not None:
+        steps.append(v2.Normalize(list(stats[0]), list(stats[1])))
+    return v2.Compose(steps)
+
+
+# -- splits ---------------------------------------------------------------------------------------
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int, *, where: str,
+                     field: str = "benchmark.init_args.test_fraction") -> tuple[np.ndarray, np.ndarray]:
+    """(train positions, test positions) of a seeded class-stratified split (scikit-learn)."""
+    from sklearn.model_selection import train_test_split
+
+    if not (isinstance(test_fraction, (int, float)) and 0.0 < test_fraction < 1.0):
+        raise UserError(f"test_fraction must be in (0, 1), got {test_fraction!r}", where=field, fix="use e.g. 0.2")
+    positions = np.arange(len(labels))
+    try:
+        train, test = train_test_split(positions, test_size=test_fraction, stratify=labels, random_state=seed)
+    except ValueError as err:
+        raise UserError(f"cannot split {len(labels)} images of {len(np.unique(labels))} classes into train/test "
+                        f"with test_fraction={test_fraction} ({err})", where=where,
+                        fix="every class needs at least 2 images, and both splits at least one image per class; "
+                            "change test_fraction or check the folder") from None
+    return np.sort(train), np.sort(test)
+
+
+def derived_seed(*parts: int) -> int:
+    """A 32-bit seed derived from integers (for one seeded split per domain)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])

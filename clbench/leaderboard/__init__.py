@@ -1,0 +1,18 @@
+"""Leaderboards: a suite is a grid of runs, a leaderboard directory is its versioned result.
+
+One concept per module:
+
+* :mod:`~clbench.leaderboard.suite`: read and check a suite YAML, expand its grid into
+  resolved run configs (one per benchmark x model x strategy x order x seed).
+* :mod:`~clbench.leaderboard.entries`: the entry schema; write, read and verify one JSON file
+  per run, named by the hash of its resolved config.
+* :mod:`~clbench.leaderboard.execute`: run what is missing, resume what was interrupted,
+  record failures, skip what is done.
+* :mod:`~clbench.leaderboard.table`: aggregate entries into per-benchmark tables
+  (mean ± std over orders and seeds, rank).
+* :mod:`~clbench.leaderboard.compare`: the same strategies across task orders (worst order,
+  range, Kendall's tau between per-order rankings, a paired test).
+* :mod:`~clbench.leaderboard.render`: ``README.md`` and a self-contained ``index.html``.
+
+Nothing here imports torch at module level, so the CLI's parser stays fast.
+"""

@@ -1,0 +1,248 @@
+"""Does a ranking survive a change of task order? Per-order scores, rank stability, a paired test.
+
+For one score (``acc`` by default) and each benchmark table (:mod:`~clbench.leaderboard.table`):
+
+* **per order**: each method's score under each task order, averaged over seeds;
+* **across orders**: mean ± sample std of those per-order values, the worst order (lowest
+  score; highest for lower-is-better scores such as forgetting), and the range (best − worst);
+* **rank stability**: the methods are ranked within each order, and Kendall's tau-b
+  (``scipy.stats.kendalltau``) is computed between every pair of orders over the methods
+  present in both, then averaged. 1 means every order ranks the methods identically, 0 means
+  the rankings are unrelated. Joint training counts as a method like any other;
+* **paired test** between two methods (``a`` and ``b``; by default the two best by mean):
+  runs are paired on (order, seed), and with at least :data:`MIN_PAIRS` pairs the paired
+  t-test (``scipy.stats.ttest_rel``) and the Wilcoxon signed-rank test
+  (``scipy.stats.wilcoxon``, exact for small n) are reported, both two-sided. With n pairs
+  the Wilcoxon p-value cannot fall below 2 / 2**n (0.25 for n = 3), which the output states.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+from typing import Any
+
+from clbench.errors import UserError, did_you_mean
+from clbench.leaderboard.table import LOWER_IS_BETTER, SCORES, BenchmarkTable, Row, build_tables
+
+MIN_PAIRS = 3
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def _value(entry: dict, metric: str) -> float | None:
+    if entry["status"] != "ok":
+        return None
+    v = entry["scores"].get(metric)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def _per_order(row: Row, metric: str, orders: list[str]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {o: [] for o in orders}
+    for e in row.entries:
+        v = _value(e, metric)
+        if v is not None:
+            out[e["order_label"]].append(v)
+    return {o: vs for o, vs in out.items() if vs}
+
+
+def _ranks(values: dict[str, float], higher: bool) -> dict[str, int]:
+    from scipy.stats import rankdata
+
+    labels = list(values)
+    ranks = rankdata([-values[k] if higher else values[k] for k in labels], method="min")
+    return {k: int(r) for k, r in zip(labels, ranks)}
+
+
+def rank_stability(per_order: dict[str, dict[str, float]], orders: list[str]) -> dict[str, Any]:
+    """Kendall's tau-b between the per-order rankings, for every pair of orders, and their mean."""
+    from scipy.stats import kendalltau
+
+    pairs = []
+    for o1, o2 in combinations(orders, 2):
+        common = [label for label, vals in per_order.items() if o1 in vals and o2 in vals]
+        if len(common) < 2:
+            continue
+        x = [per_order[label][o1] for label in common]
+        y = [per_order[label][o2] for label in common]
+        tau = kendalltau(x, y).statistic
+        pairs.append({"orders": [o1, o2], "tau": None if math.isnan(tau) else float(tau), "n_strategies": len(common)})
+    taus = [p["tau"] for p in pairs if p["tau"] is not None]
+    out: dict[str, Any] = {"kendall_tau_mean": _mean(taus) if taus else None,
+                           "kendall_tau_min": min(taus) if taus else None, "pairs": pairs}
+    if not taus:
+        out["note"] = ("needs at least 2 orders and 2 strategies with distinct scores" if not pairs
+                       else "every order gives tied scores; tau is undefined")
+    return out
+
+
+def paired_test(row_a: Row, row_b: Row, metric: str) -> dict[str, Any]:
+    """Paired t-test and Wilcoxon signed-rank test of ``a - b`` over runs matched on (order, seed)."""
+    from scipy.stats import ttest_rel, wilcoxon
+
+    def by_unit(row: Row) -> dict[tuple[str, int], float]:
+        return {(e["order_label"], e["seed"]): v for e in row.entries if (v := _value(e, metric)) is not None}
+
+    ua, ub = by_unit(row_a), by_unit(row_b)
+    units = sorted(set(ua) & set(ub))
+    out: dict[str, Any] = {"a": row_a.label, "b": row_b.label, "n_pairs": len(units),
+                           "pairs": [{"order": o, "seed": s, "a": ua[(o, s)], "b": ub[(o, s)]} for o, s in units]}
+    if len(units) < MIN_PAIRS:
+        out["note"] = f"not enough paired runs: {len(units)}, need {MIN_PAIRS} (add orders or seeds)"
+        return out
+    xa = [ua[u] for u in units]
+    xb = [ub[u] for u in units]
+    diffs = [p - q for p, q in zip(xa, xb)]
+    out.update({"mean_difference": _mean(diffs), "a_better": sum(d > 0 for d in diffs),
+                "b_better": sum(d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs)})
+    if max(diffs) == min(diffs):
+        out["t_test"] = None
+        out["note"] = "every pair differs by the same amount; the t statistic is undefined"
+    else:
+        t = ttest_rel(xa, xb)
+        out["t_test"] = {"statistic": float(t.statistic), "p_value": float(t.pvalue)}
+    if all(d == 0 for d in diffs):
+        out["wilcoxon"] = None
+    else:
+        w = wilcoxon(xa, xb)
+        out["wilcoxon"] = {"statistic": float(w.statistic), "p_value": float(w.pvalue),
+                           "min_attainable_p": min(1.0, 2.0 / 2 ** len(units))}
+    return out
+
+
+def _find_row(table: BenchmarkTable, name: str, flag: str) -> Row:
+    exact = [r for r in table.rows if r.label == name]
+    if exact:
+        return exact[0]
+    by_strategy = [r for r in table.rows if r.strategy == name]
+    if len(by_strategy) == 1:
+        return by_strategy[0]
+    choices = [r.label for r in table.rows]
+    if len(by_strategy) > 1:
+        raise UserError(f"'{name}' names {len(by_strategy)} rows in {table.label}", where=flag,
+                        fix=f"give the full label, one of: {', '.join(choices)}")
+    raise UserError(f"no strategy '{name}' in {table.label}", where=flag, fix=did_you_mean(name, choices))
+
+
+def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: str | None = None) -> dict[str, Any]:
+    higher = metric not in LOWER_IS_BETTER
+    orders = table.orders
+    strategies = []
+    per_order_means: dict[str, dict[str, float]] = {}
+    for row in table.rows:
+        per_order = _per_order(row, metric, orders)
+        if not per_order:
+            continue
+        means = {o: _mean(vs) for o, vs in per_order.items()}
+        per_order_means[row.label] = means
+        values = list(means.values())
+        pick_worst = min if higher else max
+        worst_order = pick_worst(means, key=means.get)
+        best_order = (max if higher else min)(means, key=means.get)
+        strategies.append({"label": row.label, "strategy": row.strategy, "model": row.model,
+                           "per_order": means, "per_order_runs": {o: len(vs) for o, vs in per_order.items()},
+                           "mean": _mean(values), "std": _std(values), "n_orders": len(values),
+                           "n_runs": sum(len(vs) for vs in per_order.values()),
+                           "worst_order": worst_order, "worst": means[worst_order],
+                           "best_order": best_order, "best": means[best_order],
+                           "range": max(values) - min(values)})
+    strategies.sort(key=lambda s: (-s["mean"] if higher else s["mean"], s["label"]))
+    for order in orders:
+        ranks = _ranks({lab: m[order] for lab, m in per_order_means.items() if order in m}, higher)
+        for s in strategies:
+            if s["label"] in ranks:
+                s.setdefault("rank_by_order", {})[order] = ranks[s["label"]]
+    out: dict[str, Any] = {"benchmark": table.label, "orders": orders, "strategies": strategies,
+                           "rank_stability": rank_stability(per_order_means, orders)}
+    if a or b:
+        if not (a and b):
+            raise UserError("give both --a and --b for a paired test", where="--a/--b",
+                            fix="e.g. --a replay --b naive")
+        out["paired_test"] = paired_test(_find_row(table, a, "--a"), _find_row(table, b, "--b"), metric)
+    elif len(strategies) >= 2:
+        rows = {r.label: r for r in table.rows}
+        out["paired_test"] = paired_test(rows[strategies[0]["label"]], rows[strategies[1]["label"]], metric)
+    else:
+        out["paired_test"] = None
+    return out
+
+
+def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
+            b: str | None = None) -> dict[str, Any]:
+    """The comparison across task orders, as a JSON-ready dict (see the module notes)."""
+    tables = build_tables(entries)
+    known = sorted({k for e in entries if e["status"] == "ok" for k, v in e["scores"].items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    if metric not in known:
+        raise UserError(f"no score '{metric}' in these entries", where="--metric",
+                        fix=did_you_mean(metric, known or SCORES))
+    if benchmark is not None:
+        chosen = [t for t in tables if benchmark in (t.label, t.name)]
+        if not chosen:
+            raise UserError(f"no benchmark '{benchmark}' in these entries", where="--benchmark",
+                            fix=did_you_mean(benchmark, [t.label for t in tables]))
+        tables = chosen
+    return {"metric": metric, "higher_is_better": metric not in LOWER_IS_BETTER, "min_pairs": MIN_PAIRS,
+            "benchmarks": [compare_table(t, metric, a, b) for t in tables
+                           if any(_value(e, metric) is not None for row in t.rows for e in row.entries)]}
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{100 * v:.1f}"
+
+
+def print_comparison(report: dict[str, Any], console=None) -> None:
+    """The comparison as rich tables, one per benchmark, with the tau and paired-test lines."""
+    from rich.table import Table
+
+    from clbench.leaderboard.table import console_for_tables
+
+    console = console or console_for_tables()
+    metric = report["metric"]
+    for bench in report["benchmarks"]:
+        orders = bench["orders"]
+        table = Table(title=f"{bench['benchmark']}: {metric} (%) per task order", title_justify="left")
+        table.add_column("strategy", style="bold")
+        for order in orders:
+            table.add_column(order, justify="right")
+        table.add_column("mean ± std", justify="right")
+        table.add_column("worst order", justify="right")
+        table.add_column("range", justify="right")
+        table.add_column("rank per order", justify="right")
+        for s in bench["strategies"]:
+            std = f" ± {_pct(s['std'])}" if s["std"] is not None else ""
+            ranks = "/".join(str(s.get("rank_by_order", {}).get(o, "—")) for o in orders)
+            table.add_row(s["label"], *[_pct(s["per_order"].get(o)) for o in orders], f"{_pct(s['mean'])}{std}",
+                          f"{_pct(s['worst'])} ({s['worst_order']})", _pct(s["range"]), ranks)
+        console.print(table)
+        rs = bench["rank_stability"]
+        if rs["kendall_tau_mean"] is not None:
+            console.print(f"rank stability: Kendall's tau {rs['kendall_tau_mean']:.3f} (mean over "
+                          f"{len(rs['pairs'])} order pairs, min {rs['kendall_tau_min']:.3f})", highlight=False)
+        else:
+            console.print(f"rank stability: {rs['note']}", highlight=False)
+        pt = bench.get("paired_test")
+        if pt:
+            head = f"paired test {pt['a']} vs {pt['b']} on {pt['n_pairs']} (order, seed) pairs"
+            if "mean_difference" not in pt:
+                console.print(f"{head}: {pt['note']}", highlight=False)
+            else:
+                parts = [f"mean difference {100 * pt['mean_difference']:+.2f} points"]
+                if pt["t_test"]:
+                    parts.append(f"paired t p={pt['t_test']['p_value']:.3g}")
+                if pt["wilcoxon"]:
+                    parts.append(f"Wilcoxon p={pt['wilcoxon']['p_value']:.3g} "
+                                 f"(smallest possible {pt['wilcoxon']['min_attainable_p']:.3g})")
+                if pt.get("note"):
+                    parts.append(pt["note"])
+                console.print(f"{head}: " + "; ".join(parts), highlight=False)
+        console.print()

@@ -1,0 +1,228 @@
+"""Aggregate entries into leaderboard tables: one per benchmark, one row per method.
+
+A *row* is every entry whose resolved config is the same once ``seed`` and ``order`` are set
+aside: the same strategy (and hyper-parameters), model and training settings, run over
+several orders and seeds. Each score is summarised as mean ± sample standard deviation
+(``ddof=1``) over those runs; scores a run does not define (joint's BWT, G-mean on a balanced
+stream) are left out of that score's mean, and ``n`` says how many runs each mean is over.
+Rows are ranked by mean final accuracy (``acc``, higher is better; ties share the better
+rank). Failed runs are counted, never averaged.
+
+Rows are labelled by their strategy name; where two rows of one table share it (two models,
+two buffer sizes), the config fields that tell them apart are appended.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from clbench.config import canonical_json
+
+# Score columns, in display order; only those present in some entry of a table are shown.
+SCORES = ("acc", "aia", "bwt", "fwt", "forgetting", "gmean_final", "mauc_final", "global_acc", "global_gmean",
+          "global_mauc")
+TITLES = {"acc": "ACC", "aia": "AIA", "bwt": "BWT", "fwt": "FWT", "forgetting": "Forgetting",
+          "gmean_final": "G-mean", "mauc_final": "MAUC", "global_acc": "Global ACC", "global_gmean": "Global G-mean",
+          "global_mauc": "Global MAUC", "im": "IM", "fwt_ref": "FWT (ref)"}
+LOWER_IS_BETTER = frozenset({"forgetting", "im"})
+RANK_BY = "acc"
+_IGNORED = ("seed", "order", "logging")
+
+
+@dataclass
+class Stat:
+    """Mean and sample standard deviation of one score over ``n`` runs (``std`` is None for n=1)."""
+
+    mean: float
+    std: float | None
+    n: int
+
+
+@dataclass
+class Row:
+    key: str
+    label: str
+    strategy: str
+    model: str
+    entries: list[dict]
+    stats: dict[str, Stat] = field(default_factory=dict)
+    rank: int | None = None
+
+    @property
+    def ok(self) -> list[dict]:
+        return [e for e in self.entries if e["status"] == "ok"]
+
+    @property
+    def failed(self) -> list[dict]:
+        return [e for e in self.entries if e["status"] == "failed"]
+
+    @property
+    def wall_seconds(self) -> float | None:
+        values = [e["compute"]["wall_seconds"] for e in self.ok if e["compute"].get("wall_seconds") is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def params_trainable(self) -> int | None:
+        values = [e["model"].get("params_trainable") for e in self.ok]
+        return values[0] if values and values[0] is not None else None
+
+
+@dataclass
+class BenchmarkTable:
+    key: str
+    name: str
+    label: str
+    scores: list[str]
+    rows: list[Row]
+
+    @property
+    def orders(self) -> list[str]:
+        """Order labels in the order they first appear (grid order for a suite)."""
+        seen: list[str] = []
+        for row in self.rows:
+            for e in row.entries:
+                if e["order_label"] not in seen:
+                    seen.append(e["order_label"])
+        return seen
+
+
+def summarize(values: list[float]) -> Stat | None:
+    values = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    std = None
+    if len(values) > 1:
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return Stat(mean=mean, std=std, n=len(values))
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: canonical_json(node)}
+
+
+def _short(path: str) -> str:
+    return path.replace(".init_args", "").removesuffix(".class_path")
+
+
+def _plain(value: str | None) -> str:
+    """A flattened JSON value for a label: strings without quotes, absent as an em dash."""
+    if value is None:
+        return "—"
+    return value[1:-1] if value.startswith('"') and value.endswith('"') else value
+
+
+def _disambiguate(labels: list[str], configs: list[dict]) -> list[str]:
+    """Append ``field=value`` for the fields that differ between items sharing a label."""
+    out = list(labels)
+    for label in set(labels):
+        idx = [i for i, lab in enumerate(labels) if lab == label]
+        if len(idx) < 2:
+            continue
+        flat = [_flatten(configs[i]) for i in idx]
+        keys = sorted(set().union(*flat))
+        varying = [k for k in keys if len({f.get(k) for f in flat}) > 1]
+        for i, f in zip(idx, flat):
+            parts = [f"{_short(k)}={_plain(f.get(k))}" for k in varying]
+            out[i] = f"{label} ({', '.join(parts)})"
+    return out
+
+
+def _rank(rows: list[Row]) -> None:
+    """Competition ranking ("1224") by mean ``acc``: higher is better, ties share a rank."""
+    from scipy.stats import rankdata
+
+    scored = [r for r in rows if RANK_BY in r.stats]
+    if not scored:
+        return
+    ranks = rankdata([-r.stats[RANK_BY].mean for r in scored], method="min")
+    for row, rank in zip(scored, ranks):
+        row.rank = int(rank)
+
+
+def build_tables(entries: list[dict]) -> list[BenchmarkTable]:
+    """Per-benchmark tables over ``entries`` (any mix of suites, statuses, orders and seeds)."""
+    benches: dict[str, list[dict]] = {}
+    bench_cfg: dict[str, dict] = {}
+    for e in entries:
+        key = canonical_json(e["config"]["benchmark"])
+        benches.setdefault(key, []).append(e)
+        bench_cfg[key] = {"benchmark": e["config"]["benchmark"]}
+    keys = list(benches)
+    bench_labels = _disambiguate([bench_cfg[k]["benchmark"]["class_path"] for k in keys], [bench_cfg[k] for k in keys])
+    tables = []
+    for key, bench_label in zip(keys, bench_labels):
+        groups: dict[str, list[dict]] = {}
+        configs: dict[str, dict] = {}
+        for e in benches[key]:
+            cfg = {k: v for k, v in e["config"].items() if k not in _IGNORED and k != "benchmark"}
+            gkey = canonical_json(cfg)
+            groups.setdefault(gkey, []).append(e)
+            configs[gkey] = cfg
+        gkeys = list(groups)
+        labels = _disambiguate([configs[g]["strategy"]["class_path"] for g in gkeys], [configs[g] for g in gkeys])
+        rows = [Row(key=g, label=label, strategy=configs[g]["strategy"]["class_path"],
+                    model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]
+        present = {s for e in benches[key] if e["status"] == "ok" for s, v in e["scores"].items() if v is not None}
+        scores = [s for s in SCORES if s in present]
+        for row in rows:
+            for score in scores:
+                stat = summarize([e["scores"].get(score) for e in row.ok])
+                if stat is not None:
+                    row.stats[score] = stat
+        _rank(rows)
+        rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.label))
+        tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
+                                     scores=scores, rows=rows))
+    tables.sort(key=lambda t: t.label)
+    return tables
+
+
+def fmt(stat: Stat | None, digits: int = 1) -> str:
+    """``85.1 ± 1.2`` in percent; one run shows the mean only; no value shows an em dash."""
+    if stat is None:
+        return "—"
+    if stat.std is None:
+        return f"{100 * stat.mean:.{digits}f}"
+    return f"{100 * stat.mean:.{digits}f} ± {100 * stat.std:.{digits}f}"
+
+
+def runs_cell(row: Row) -> str:
+    return f"{len(row.ok)}" + (f" (+{len(row.failed)} failed)" if row.failed else "")
+
+
+def console_for_tables():
+    """A rich console; when output is not a terminal (CI logs, pipes), wide enough for the tables."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def print_tables(tables: list[BenchmarkTable], console=None) -> None:
+    """The leaderboard in the terminal: one rich table per benchmark."""
+    from rich.table import Table
+
+    console = console or console_for_tables()
+    for t in tables:
+        table = Table(title=f"{t.label}: mean ± std over orders and seeds (%), ranked by ACC", title_justify="left")
+        table.add_column("rank", justify="right")
+        table.add_column("strategy", style="bold")
+        table.add_column("runs", justify="right")
+        for score in t.scores:
+            table.add_column(TITLES.get(score, score), justify="right")
+        table.add_column("wall s", justify="right")
+        for row in t.rows:
+            wall = row.wall_seconds
+            table.add_row(str(row.rank or "—"), row.label, runs_cell(row), *[fmt(row.stats.get(s)) for s in t.scores],
+                          f"{wall:.1f}" if wall is not None else "—")
+        console.print(table)
+    if not tables:
+        console.print("no entries")

@@ -1,0 +1,49 @@
+"""clbench metrics: torchmetrics classes for evaluation, pure functions for CL scores.
+
+- :class:`GeometricMean`, :class:`MulticlassMAUC`: imbalance-aware classification metrics
+  (DDP-safe ``torchmetrics.Metric`` subclasses, functional twins in
+  :mod:`clbench.metrics.functional`).
+- :func:`make_eval_metrics`: the per-test-experience ``MetricCollection`` the harness uses.
+- :func:`cl_scores`: every CL score of an R matrix (NumPy only).
+- :class:`ExpertUtilization` and :mod:`clbench.metrics.routing` (:func:`record`,
+  :class:`RoutingRecorder`): per-domain expert utilization fed by MoE layers.
+- :func:`effective_compositions`: MH-MoE's route-wise N_eff.
+
+Names load on first access, so ``from clbench.metrics import cl_scores`` does not import torch.
+Formulas, sources and sign conventions: ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "GeometricMean": "clbench.metrics.gmean",
+    "MulticlassMAUC": "clbench.metrics.mauc",
+    "ExpertUtilization": "clbench.metrics.utilization",
+    "RoutingRecorder": "clbench.metrics.routing",
+    "record": "clbench.metrics.routing",
+    "make_eval_metrics": "clbench.metrics.collection",
+    "cl_scores": "clbench.metrics.scores",
+    "CL_SCORE_CRITERIA": "clbench.metrics.scores",
+    "DEFAULT_CL_SCORE_WEIGHTS": "clbench.metrics.scores",
+    "SCORE_KEYS": "clbench.metrics.scores",
+    "effective_compositions": "clbench.metrics.compositions",
+    "Compositions": "clbench.metrics.compositions",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clbench.metrics' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,90 @@
+"""Route-wise effective composition number N_eff (MH-MoE, Sec. 2.3, Eqs. 7-9)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Compositions:
+    """Result of :func:`effective_compositions`.
+
+    ``n_eff``: the mass-weighted mean ``sum_r mass(r) N_eff(r)`` (the per-layer figure).
+    ``routes``: the distinct routes, one per row (shape ``(R, k)``); ``route_n_eff``,
+    ``route_mass`` and ``route_counts`` are aligned with them. ``num_compositions``: the number
+    of distinct compositions seen overall.
+    """
+
+    n_eff: float
+    routes: np.ndarray
+    route_n_eff: np.ndarray
+    route_mass: np.ndarray
+    route_counts: np.ndarray
+    num_compositions: int
+
+
+def _rows(values: Any, name: str) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.ndim == 1:
+        array = array[:, None]
+    if array.ndim != 2:
+        raise ValueError(f"{name} must have shape (N,) or (N, m), got {array.shape}")
+    return array
+
+
+def effective_compositions(routes: Any, compositions: Any, *, unordered_routes: bool = False,
+                           weights: Any = None) -> Compositions:
+    """N_eff(r) = 1 / sum_c p(c|r)^2 per route, and its route-mass-weighted mean.
+
+    ``routes``: one route per routing unit (token), shape ``(N,)`` for top-1 expert ids or
+    ``(N, k)`` for a tuple (MH-MoE's per-head choices; a top-k set with
+    ``unordered_routes=True``, which sorts each row so that {2, 5} and {5, 2} are one route).
+    ``compositions``: one composition per unit, ``(N,)`` ids or ``(N, m)`` feature labels
+    (domain, stance, frequency bucket, position bucket, ...); equal rows are one composition.
+    ``weights``: optional non-negative per-unit weights (default 1 each).
+
+    p(c|r) is estimated by (weighted) counts within route r; mass(r) is r's share of all units,
+    so the mean is ``sum_r mass(r) N_eff(r)`` (the paper's "old-task mass-weighted average";
+    the exact formula is an inference from its wording). N_eff(r) is the inverse Simpson index
+    (the order-2 Hill number): 1 when a route carries one composition, m when it carries m in
+    equal shares. Pass the units of the old task to get the paper's figure.
+    """
+    r = _rows(routes, "routes")
+    c = _rows(compositions, "compositions")
+    if r.shape[0] != c.shape[0]:
+        raise ValueError(f"routes has {r.shape[0]} units but compositions {c.shape[0]}")
+    n = r.shape[0]
+    w = np.ones(n) if weights is None else np.asarray(
+        weights.detach().cpu().numpy() if hasattr(weights, "detach") else weights, dtype=float)
+    if w.shape != (n,) or (w < 0).any() or not np.isfinite(w).all():
+        raise ValueError("weights must be finite, non-negative and one per unit")
+    if n == 0 or w.sum() == 0:
+        raise ValueError("effective_compositions needs at least one unit with positive weight")
+    if unordered_routes:
+        r = np.sort(r, axis=1)
+    route_keys, route_id = np.unique(r, axis=0, return_inverse=True)
+    comp_keys, comp_id = np.unique(c, axis=0, return_inverse=True)
+    route_id, comp_id = route_id.reshape(-1), comp_id.reshape(-1)
+    num_routes, num_comps = len(route_keys), len(comp_keys)
+    # Joint (route, composition) weights without a dense R x C table.
+    pair, pair_id = np.unique(route_id * num_comps + comp_id, return_inverse=True)
+    pair_w = np.bincount(pair_id.reshape(-1), weights=w, minlength=len(pair))
+    route_w = np.bincount(route_id, weights=w, minlength=num_routes)
+    squares = np.bincount(pair // num_comps, weights=pair_w ** 2, minlength=num_routes)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        route_n_eff = np.where(squares > 0, route_w ** 2 / squares, np.nan)
+    mass = route_w / route_w.sum()
+    used = mass > 0
+    return Compositions(
+        n_eff=float(np.sum(mass[used] * route_n_eff[used])),
+        routes=route_keys,
+        route_n_eff=route_n_eff,
+        route_mass=mass,
+        route_counts=np.bincount(route_id, minlength=num_routes),
+        num_compositions=num_comps,
+    )

@@ -1,0 +1,195 @@
+"""Routing records: how MoE layers report their routing decisions to metrics.
+
+Any MoE layer in the harness reports each forward's routing with one call, and the call costs
+nothing unless an evaluation loop is recording::
+
+    from clbench.metrics import routing
+
+    class MoELayer(nn.Module):
+        records_routing = True          # lets RoutingRecorder.attach find the layer
+        def __init__(self, dim, num_experts, k):
+            ...
+            self.num_experts = num_experts
+        def forward(self, x):
+            gates = self.router(x).softmax(-1)             # (..., E)
+            top = gates.topk(self.k, dim=-1)               # indices (..., k)
+            routing.record(self, experts=top.indices, gates=gates)
+            ...
+
+The evaluation loop says which domain the following forward passes belong to::
+
+    recorder = RoutingRecorder(num_domains=D).attach(model)
+    for d, loader in enumerate(test_loaders):
+        with recorder.domain(d), torch.no_grad():
+            for x, _ in loader:
+                model(x)
+    figures = recorder.compute()   # {"blocks.8.mlp": {"utilization": (D, E), ...}, ...}
+    recorder.reset()
+
+``attach`` names every layer whose class sets ``records_routing = True`` by its qualified
+module name and creates its :class:`~clbench.metrics.ExpertUtilization` up front (its expert
+count read from ``layer.num_experts``). Creating them up front matters under DDP: every process
+then syncs the same metrics in the same order in ``compute``, even one that routed nothing.
+A layer may also be named by a string (``record("router0", ...)``); an unattached string name
+gets a metric on first use, its expert count from ``num_experts=`` or the gates' last
+dimension.
+
+Arguments of :func:`record`: ``experts`` (integer top-k indices ``(..., k)``, also for k = 1),
+``gates`` (router probabilities ``(..., E)``; their argmax is the decision when ``experts`` is
+omitted), ``mask`` (bool over routing units, False to skip, e.g. padding tokens). Inputs are
+detached. The active recording is held in a :mod:`contextvars` variable, so it follows the
+code that runs the forward passes; nesting ``domain`` contexts restores the outer one on exit.
+
+With ``keep_routes=True`` the recorder also keeps each unit's route (its expert indices) and
+domain on the CPU, for route-wise statistics such as
+:func:`clbench.metrics.effective_compositions`; those kept routes are per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import weakref
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from clbench.metrics.utilization import ExpertUtilization
+
+_ACTIVE: contextvars.ContextVar[tuple["RoutingRecorder", int] | None] = contextvars.ContextVar(
+    "clbench_routing_active", default=None)
+
+
+def record(layer: nn.Module | str, *, experts: Tensor | None = None,
+           gates: Tensor | None = None, mask: Tensor | None = None,
+           num_experts: int | None = None) -> None:
+    """Report one forward's routing decisions; a no-op unless a recorder's ``domain`` is active."""
+    active = _ACTIVE.get()
+    if active is None:
+        return
+    recorder, domain = active
+    recorder.log(layer, experts=experts, gates=gates, mask=mask, num_experts=num_experts,
+                 domain=domain)
+
+
+def is_recording() -> bool:
+    """True inside a ``RoutingRecorder.domain`` block: lets a layer skip work done only for metrics."""
+    return _ACTIVE.get() is not None
+
+
+class RoutingRecorder:
+    """Per-layer :class:`ExpertUtilization` metrics fed by :func:`record` calls.
+
+    ``num_domains``: the number of domains (test experiences) the loop will name.
+    ``metric_kwargs`` are passed to every ``ExpertUtilization`` (e.g. ``process_group``).
+    """
+
+    def __init__(self, num_domains: int, *, keep_routes: bool = False, **metric_kwargs: Any):
+        if not isinstance(num_domains, int) or num_domains < 1:
+            raise ValueError(f"num_domains must be a positive int, got {num_domains!r}")
+        self.num_domains = num_domains
+        self.keep_routes = keep_routes
+        self._metric_kwargs = metric_kwargs
+        self.metrics: dict[str, ExpertUtilization] = {}
+        self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self._routes: dict[str, list[tuple[Tensor, Tensor]]] = {}
+
+    # -- set-up ------------------------------------------------------------------------------
+    def add_layer(self, name: str, num_experts: int) -> ExpertUtilization:
+        """Create (or return) the metric for layer ``name``."""
+        metric = self.metrics.get(name)
+        if metric is None:
+            metric = ExpertUtilization(self.num_domains, int(num_experts), **self._metric_kwargs)
+            self.metrics[name] = metric
+        elif metric.num_experts != num_experts:
+            raise ValueError(f"layer {name!r} was registered with {metric.num_experts} experts, "
+                             f"now reports {num_experts}")
+        return metric
+
+    def attach(self, model: nn.Module, prefix: str = "") -> "RoutingRecorder":
+        """Register every submodule whose class sets ``records_routing = True``."""
+        found = 0
+        for name, module in model.named_modules(prefix=prefix):
+            if getattr(module, "records_routing", False):
+                num_experts = getattr(module, "num_experts", None)
+                if not isinstance(num_experts, int):
+                    raise ValueError(f"routing layer {name or type(module).__name__!r} must have "
+                                     "an int attribute num_experts")
+                label = name or type(module).__name__
+                self._names[module] = label
+                self.add_layer(label, num_experts)
+                found += 1
+        if not found:
+            raise ValueError("no submodule sets records_routing = True; nothing to record")
+        return self
+
+    @contextlib.contextmanager
+    def domain(self, domain: int) -> Iterator["RoutingRecorder"]:
+        """Attribute the routing recorded inside the block to ``domain``."""
+        if not 0 <= int(domain) < self.num_domains:
+            raise ValueError(f"domain must lie in [0, {self.num_domains}), got {domain}")
+        token = _ACTIVE.set((self, int(domain)))
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    # -- recording ---------------------------------------------------------------------------
+    def _name_of(self, layer: nn.Module | str) -> str:
+        if isinstance(layer, str):
+            return layer
+        name = self._names.get(layer)
+        if name is None:
+            raise ValueError(f"{type(layer).__name__} is not attached to this recorder: call "
+                             "recorder.attach(model) or record under a string name")
+        return name
+
+    def log(self, layer: nn.Module | str, *, domain: int, experts: Tensor | None = None,
+            gates: Tensor | None = None, mask: Tensor | None = None,
+            num_experts: int | None = None) -> None:
+        """Add one forward's routing to ``layer``'s metric (what :func:`record` calls)."""
+        name = self._name_of(layer)
+        metric = self.metrics.get(name)
+        if metric is None:
+            if num_experts is None and gates is not None:
+                num_experts = gates.shape[-1]
+            if num_experts is None:
+                raise ValueError(f"first record of layer {name!r} needs gates= or num_experts=")
+            metric = self.add_layer(name, num_experts)
+        device = (experts if experts is not None else gates).device
+        if metric.device != device:
+            metric.to(device)
+        metric.update(experts=experts, gates=gates, domain=domain, mask=mask)
+        if self.keep_routes:
+            chosen = experts if experts is not None else gates.argmax(-1, keepdim=True)
+            chosen = chosen.detach().reshape(-1, chosen.shape[-1])
+            if mask is not None:
+                chosen = chosen[mask.detach().reshape(-1).bool().to(chosen.device)]
+            domains = torch.full((chosen.shape[0],), domain, dtype=torch.long)
+            self._routes.setdefault(name, []).append((domains, chosen.cpu()))
+
+    # -- results -----------------------------------------------------------------------------
+    def compute(self) -> dict[str, dict[str, Tensor]]:
+        """Figures per layer, synced across processes (layers in name order on every rank)."""
+        return {name: self.metrics[name].compute() for name in sorted(self.metrics)}
+
+    def routes(self, layer: str) -> tuple[Tensor, Tensor]:
+        """``(domains (U,), experts (U, k))`` kept for ``layer`` (needs ``keep_routes=True``)."""
+        if not self.keep_routes:
+            raise ValueError("routes are kept only with RoutingRecorder(..., keep_routes=True)")
+        kept = self._routes.get(layer, [])
+        if not kept:
+            return torch.zeros(0, dtype=torch.long), torch.zeros((0, 1), dtype=torch.long)
+        return torch.cat([d for d, _ in kept]), torch.cat([e for _, e in kept])
+
+    def reset(self) -> None:
+        """Clear the accumulated routing (layers stay registered)."""
+        for metric in self.metrics.values():
+            metric.reset()
+        self._routes.clear()
+
+    def to(self, device: torch.device | str) -> "RoutingRecorder":
+        for metric in self.metrics.values():
+            metric.to(device)
+        return self

@@ -1,0 +1,194 @@
+"""Elastic Weight Consolidation (EWC) and its online variant.
+
+Kirkpatrick et al. 2017, "Overcoming catastrophic forgetting in neural networks" (PNAS);
+online EWC: Schwarz et al. 2018, "Progress & Compress" (ICML). After each experience the
+diagonal Fisher information F at the trained parameters θ* is estimated, and later training
+minimises ``loss + λ/2 · Σ_i F_i (θ_i − θ*_i)²``.
+
+* ``separate`` (Kirkpatrick): one penalty per past experience t with its own (F_t, θ*_t). The
+  sum of those quadratics is itself one quadratic, ``Σ_t F_t (θ − θ*_t)² = A (θ − μ)² + c``
+  with ``A = Σ_t F_t``, ``μ = Σ_t F_t θ*_t / A`` and ``c = Σ_t F_t (θ*_t − μ)²``; the strategy
+  keeps (A, μ, c), updated exactly at each experience, so a training step costs the same for
+  any number of past experiences and memory stays at two copies of the parameters.
+* ``online`` (Schwarz): ``F* ← γ F* + F_t`` and the anchor is the latest θ*. Writing the
+  penalty with ``γ F*`` instead (as some statements of online EWC do) only rescales λ by γ.
+
+Fisher: the diagonal *empirical* Fisher, the mean over ``fisher_samples`` training samples of
+the squared per-sample gradient of the log-likelihood at the observed label,
+``(∂ log p(y_n | x_n; θ*) / ∂θ)²``, computed with ``torch.func`` (vmap over per-sample grads,
+in chunks of ``fisher_batch_size``). The paper defines F as the Fisher of the model's own
+predictive distribution (the "true" Fisher, expectation over y ~ p(y | x; θ*)); the empirical
+one needs no sampling or sum over classes and is deterministic, at the cost of being a coarser
+curvature estimate away from a well-fit optimum (van de Ven 2025, "On the Computation of the
+Fisher Information in Continual Learning", compares the variants). The model is put in eval
+mode while the Fisher is estimated (dropout off, batch norm on its running statistics), so the
+estimate is deterministic and per-sample gradients are well defined.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from clbench.data import make_loader, subset
+from clbench.errors import UserError
+from clbench.strategy import Strategy
+from strategies.replay import seeded_generator
+
+
+def diagonal_fisher(model: nn.Module, dataset, *, batch_size: int = 64,
+                    device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Mean squared per-sample gradient of the log-likelihood for every trainable parameter."""
+    device = device or next(model.parameters()).device
+    trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+
+    def nll(params, x, y):
+        logits = functional_call(model, (params, frozen, buffers), (x.unsqueeze(0),))
+        return F.cross_entropy(logits, y.unsqueeze(0))
+
+    per_sample = vmap(grad(nll), in_dims=(None, 0, 0))
+    fisher = {n: torch.zeros_like(p) for n, p in trainable.items()}
+    count = 0
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in make_loader(dataset, batch_size, shuffle=False):
+            x, y = batch[0].to(device), batch[1].to(device)
+            grads = per_sample(trainable, x, y)
+            for n, g in grads.items():
+                fisher[n] += g.pow(2).sum(0)
+            count += len(y)
+    finally:
+        model.train(was_training)
+    return {n: f / max(count, 1) for n, f in fisher.items()}
+
+
+def compute_device(module) -> torch.device:
+    """The device training runs on (Lightning moves the model back to CPU after ``fit``)."""
+    try:
+        return module.trainer.strategy.root_device
+    except (RuntimeError, AttributeError):
+        return next(module.model.parameters()).device
+
+
+class EWC(Strategy):
+    """Elastic Weight Consolidation.
+
+    Args:
+        ewc_lambda: λ, the penalty strength. The paper tunes it per problem and gives no
+            general default; 100 suits the digits streams with the default MLP and Adam.
+        mode: ``separate`` (one penalty per past experience, the paper) or ``online``.
+        gamma: γ, the decay of the accumulated Fisher in ``online`` mode. Default 1.0 (no
+            decay: the recursion that follows from Bayes' rule); Progress & Compress uses
+            γ < 1 to let old experiences fade.
+        fisher_samples: training samples of each experience the Fisher is estimated on
+            (a seeded random subset); ``None`` uses all of them, as the paper does.
+        fisher_batch_size: samples per vmapped chunk; memory only, it does not change F.
+    """
+
+    def __init__(self, ewc_lambda: float = 100.0, mode: Literal["separate", "online"] = "separate",
+                 gamma: float = 1.0, fisher_samples: int | None = None, fisher_batch_size: int = 64):
+        super().__init__()
+        where = "strategy.init_args"
+        if ewc_lambda < 0:
+            raise UserError(f"ewc_lambda must be >= 0, got {ewc_lambda}", where=f"{where}.ewc_lambda",
+                            fix="give a non-negative penalty strength, e.g. 100")
+        if mode not in ("separate", "online"):
+            raise UserError(f"unknown mode '{mode}'", where=f"{where}.mode", fix="use separate or online")
+        if not 0.0 <= gamma <= 1.0:
+            raise UserError(f"gamma must be in [0, 1], got {gamma}", where=f"{where}.gamma",
+                            fix="give a decay factor such as 1.0 or 0.9")
+        if fisher_samples is not None and fisher_samples < 1:
+            raise UserError(f"fisher_samples must be >= 1, got {fisher_samples}", where=f"{where}.fisher_samples",
+                            fix="leave it unset to use every training sample")
+        if fisher_batch_size < 1:
+            raise UserError(f"fisher_batch_size must be >= 1, got {fisher_batch_size}",
+                            where=f"{where}.fisher_batch_size", fix="give e.g. 64")
+        self.ewc_lambda = ewc_lambda
+        self.mode = mode
+        self.gamma = gamma
+        self.fisher_samples = fisher_samples
+        self.fisher_batch_size = fisher_batch_size
+        self.importance: dict[str, torch.Tensor] = {}  # A (separate) or F* (online)
+        self.anchor: dict[str, torch.Tensor] = {}      # μ (separate) or the latest θ* (online)
+        self.offset = 0.0                              # c: the penalty's value at θ = μ
+        self.consolidated = 0                          # experiences folded in so far
+        self._terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+
+    def before_experience(self, module, experience):
+        self._terms = None
+
+    def penalty(self, model: nn.Module) -> torch.Tensor:
+        """``Σ_t Σ_i F_t,i (θ_i − θ*_t,i)²`` (without λ/2) for the current parameters."""
+        if self._terms is None or (self._terms and self._terms[0][1].device != self._terms[0][0].device):
+            terms = []
+            for name, p in model.named_parameters():
+                if name in self.importance:
+                    terms.append((p, self.importance[name].to(p.device), self.anchor[name].to(p.device)))
+            self._terms = terms
+        total = sum((f * (p - a).pow(2)).sum() for p, f, a in self._terms)
+        return total + self.offset
+
+    def training_loss(self, module, x, y, logits, loss):
+        if not self.importance or self.ewc_lambda == 0:
+            return loss
+        return loss + 0.5 * self.ewc_lambda * self.penalty(module.model)
+
+    def after_experience(self, module, experience):
+        dataset = experience.train
+        if self.fisher_samples is not None and self.fisher_samples < len(dataset):
+            generator = seeded_generator(self.seed, "ewc-fisher", experience.position)
+            dataset = subset(dataset, torch.randperm(len(dataset), generator=generator)[: self.fisher_samples].tolist())
+        model = module.model
+        home = next(model.parameters()).device
+        device = compute_device(module)
+        model.to(device)
+        try:
+            fisher = diagonal_fisher(model, dataset, batch_size=self.fisher_batch_size, device=device)
+            theta = {n: p.detach().clone() for n, p in model.named_parameters() if n in fisher}
+        finally:
+            model.to(home)
+        self.consolidate(fisher, theta)
+
+    def consolidate(self, fisher: dict[str, torch.Tensor], theta: dict[str, torch.Tensor]) -> None:
+        """Fold one experience's Fisher and trained parameters into the penalty."""
+        if self.mode == "online":
+            for n, f in fisher.items():
+                old = self.importance.get(n)
+                self.importance[n] = f.clone() if old is None else self.gamma * old.to(f.device) + f
+                self.anchor[n] = theta[n].clone()
+            self.offset = 0.0
+        else:
+            offset = torch.zeros((), dtype=torch.float64)
+            for n, f in fisher.items():
+                a_old = self.importance.get(n)
+                if a_old is None:
+                    self.importance[n], self.anchor[n] = f.clone(), theta[n].clone()
+                    continue
+                a_old, mu_old = a_old.to(f.device), self.anchor[n].to(f.device)
+                a_new = a_old + f
+                safe = torch.where(a_new > 0, a_new, torch.ones_like(a_new))
+                mu_new = torch.where(a_new > 0, (a_old * mu_old + f * theta[n]) / safe, theta[n])
+                offset += (a_old * (mu_old - mu_new).pow(2) + f * (theta[n] - mu_new).pow(2)).sum().double().cpu()
+                self.importance[n], self.anchor[n] = a_new, mu_new
+            self.offset += float(offset)
+        self.consolidated += 1
+        self._terms = None
+
+    def state_dict(self):
+        return {"importance": {n: t.detach().cpu() for n, t in self.importance.items()},
+                "anchor": {n: t.detach().cpu() for n, t in self.anchor.items()},
+                "offset": self.offset, "consolidated": self.consolidated}
+
+    def load_state_dict(self, state):
+        self.importance = dict(state["importance"])
+        self.anchor = dict(state["anchor"])
+        self.offset = float(state["offset"])
+        self.consolidated = int(state["consolidated"])
+        self._terms = None

@@ -1,0 +1,32 @@
+"""Test helpers (importable as ``helpers``: pytest puts tests/ on sys.path): tiny configs that run in a second or two on a laptop CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**overrides) -> dict:
+    """A raw config (before resolution) for a 3-domain digits stream, one epoch, a small MLP."""
+    from clbench.config import deep_merge
+
+    base = {
+        "seed": 0,
+        "benchmark": {"class_path": "digits-domains", "init_args": {"domains": ["rot0", "rot90", "rot180"]}},
+        "model": {"class_path": "mlp", "init_args": {"hidden": 32}},
+        "strategy": {"class_path": "naive"},
+        "train": {"epochs": 1, "batch_size": 64, "optimizer": {"class_path": "adam", "init_args": {"lr": 0.01}}},
+        "logging": {"progress": False, "tensorboard": False},
+    }
+    return deep_merge(base, overrides)
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):
+    """``python -m clbench.cli ARGS`` in a subprocess; returns the CompletedProcess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=cwd or REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,69 @@
+"""The command line: fast commands stay fast, runs write results, bad names list the valid ones."""
+
+import json
+import subprocess
+import sys
+
+from helpers import REPO, run_cli, tiny_config
+
+
+def _heavy_modules_after(code: str) -> list[str]:
+    probe = (f"import sys\n{code}\n"
+             "print('HEAVY=' + ','.join(m for m in ('torch', 'lightning', 'torchmetrics', 'avalanche') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    marker = [line for line in out.stdout.splitlines() if line.startswith("HEAVY=")][-1]
+    return [m for m in marker[len("HEAVY="):].split(",") if m]
+
+
+def test_help_and_list_do_not_import_heavy_libraries():
+    assert _heavy_modules_after("from clbench.cli import build_parser; build_parser()") == []
+    assert _heavy_modules_after("from clbench.cli import main; main(['list'])") == []
+
+
+def test_list_shows_the_builtins():
+    proc = run_cli("list")
+    assert proc.returncode == 0
+    for name in ("naive", "joint", "replay", "ewc", "lwf", "agem", "digits-domains", "digits-dirichlet", "cnn"):
+        assert name in proc.stdout
+
+
+def test_run_writes_result_and_tensorboard(tmp_path, write_yaml):
+    cfg = tiny_config(logging={"progress": False, "tensorboard": True})
+    proc = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "out"), "train.epochs=1")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert len(result["r_matrix"]) == 3
+    events = list((tmp_path / "out" / "tensorboard").glob("events.out.tfevents.*"))
+    assert events, "TensorBoard event file missing"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    images, scalars = set(), set()
+    for event_file in events:  # one file per fit; TensorBoard merges a directory's files
+        acc = EventAccumulator(str(event_file), size_guidance={"images": 0})
+        acc.Reload()
+        images |= set(acc.Tags()["images"])
+        scalars |= set(acc.Tags()["scalars"])
+    assert "r_matrix" in images
+    assert {"eval/acc/rot0", "train/loss", "scores/bwt"} <= scalars
+
+
+def test_unknown_names_list_the_valid_ones(tmp_path, write_yaml):
+    for key, bad, valid in (("strategy", "replai", "replay"), ("benchmark", "digitz-domains", "digits-domains"),
+                            ("model", "resnet9000", "mlp")):
+        proc = run_cli("run", "--config", str(write_yaml(tiny_config(**{key: {"class_path": bad}}))),
+                       "--output", str(tmp_path / key))
+        assert proc.returncode == 2
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr
+        assert f"unknown {key} '{bad}'" in lines[0] and valid in lines[0] and f"{key}.class_path" in lines[0]
+
+
+def test_missing_and_malformed_config(tmp_path):
+    proc = run_cli("run", "--config", str(tmp_path / "nope.yaml"), "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {epochs: 1\n")
+    proc = run_cli("run", "--config", str(bad), "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "bad.yaml" in proc.stderr and "line" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

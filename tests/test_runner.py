@@ -1,0 +1,101 @@
+"""The continual loop: R matrix layout, determinism, strategies by import path, per-epoch eval."""
+
+import json
+import textwrap
+
+import pytest
+
+from clbench.config import resolve_config
+from clbench.runner import run
+from helpers import tiny_config
+
+
+@pytest.fixture(scope="module")
+def naive_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("naive")
+    return run(resolve_config(tiny_config()), out), out
+
+
+def test_result_json_has_the_documented_fields(naive_result):
+    result, out = naive_result
+    on_disk = json.loads((out / "result.json").read_text())
+    assert on_disk == json.loads(json.dumps(result))
+    for key in ("schema", "benchmark", "model", "strategy", "seed", "order", "experiences", "r_matrix", "r_init",
+                "scores", "config_hash", "env", "compute"):
+        assert key in on_disk, key
+    assert on_disk["experiences"] == ["rot0", "rot90", "rot180"]
+    assert len(on_disk["r_matrix"]) == 3 and all(len(row) == 3 for row in on_disk["r_matrix"])
+    assert len(on_disk["r_init"]) == 3
+    for key in ("acc", "aia", "bwt", "fwt", "forgetting"):
+        assert key in on_disk["scores"]
+    assert on_disk["strategy"]["name"] == "naive"
+    assert on_disk["env"]["packages"]["torch"]
+    assert on_disk["compute"]["wall_seconds"] > 0
+    assert not (out / "checkpoint.pt").exists()  # removed once the result is written
+
+
+def test_scores_follow_from_the_matrix(naive_result):
+    result, _ = naive_result
+    r = result["r_matrix"]
+    assert result["scores"]["acc"] == pytest.approx(sum(r[-1]) / 3)
+    assert result["scores"]["bwt"] == pytest.approx(((r[2][0] - r[0][0]) + (r[2][1] - r[1][1])) / 2)
+    # the untrained model is near chance on 10 balanced classes, the trained one is not
+    assert max(result["r_init"]) < 0.35 and r[0][0] > 0.5
+
+
+def test_same_config_and_seed_gives_identical_r_matrix(naive_result):
+    again = run(resolve_config(tiny_config()), None)
+    assert again["r_matrix"] == naive_result[0]["r_matrix"]
+    other_seed = run(resolve_config(tiny_config(seed=1)), None)
+    assert other_seed["r_matrix"] != naive_result[0]["r_matrix"]
+
+
+def test_order_is_applied(naive_result):
+    result = run(resolve_config(tiny_config(order=["rot180", "rot0", "rot90"])), None)
+    assert result["experiences"] == ["rot180", "rot0", "rot90"]
+
+
+def test_joint_trains_once_on_everything():
+    result = run(resolve_config(tiny_config(strategy={"class_path": "joint"})), None)
+    assert len(result["r_matrix"]) == 1 and len(result["r_matrix"][0]) == 3
+    assert result["scores"]["bwt"] is None and result["scores"]["acc"] > 0.5
+
+
+def test_per_epoch_evaluation_gives_the_epoch_matrix():
+    cfg = resolve_config(tiny_config(train={"epochs": 2, "eval_every_epoch": True}))
+    result = run(cfg, None)
+    assert len(result["r_epochs"]) == 6 and result["epoch_stage"] == [0, 0, 1, 1, 2, 2]
+    # the row of each experience is its last epoch's row (no second evaluation pass)
+    assert [result["r_epochs"][k] for k in (1, 3, 5)] == result["r_matrix"]
+    assert len(result["epoch_scores"]) == 6
+
+
+def test_strategy_from_a_file_outside_the_package(tmp_path, write_yaml):
+    plugin = tmp_path / "elsewhere" / "my_strategy.py"
+    plugin.parent.mkdir()
+    plugin.write_text(textwrap.dedent('''
+        import torch
+        from clbench.strategy import Strategy
+
+        class FrozenAfterFirst(Strategy):
+            """Trains the first experience only, then freezes every parameter."""
+
+            def __init__(self, note: str = "x"):
+                super().__init__()
+                self.note = note
+                self.frozen = False
+
+            def before_experience(self, module, experience):
+                if experience.position > 0:
+                    self.frozen = True
+
+            def training_loss(self, module, x, y, logits, loss):
+                return loss * 0.0 if self.frozen else loss
+    '''))
+    cfg = resolve_config(tiny_config(strategy={"class_path": f"{plugin}:FrozenAfterFirst",
+                                               "init_args": {"note": "y"}}))
+    result = run(cfg, None)
+    r = result["r_matrix"]
+    assert r[1] == r[0] == r[2]  # nothing changed after the first experience
+    assert result["strategy"]["params"] == {"note": "y"}
+    assert result["strategy"]["class"].endswith(":FrozenAfterFirst")
