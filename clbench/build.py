@@ -144,9 +144,12 @@ def build_strategy(cfg: dict, source: str):
     return _call(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: strategy.init_args", source)
 
 
-def optimizer_factory(cfg: dict, source: str) -> Callable:
-    from clbench.module import OPTIMIZERS
+# Short optimizer names; anything else is an import path (torch.optim.SGD, my.module:MyOpt).
+OPTIMIZERS = {"adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW", "sgd": "torch.optim.SGD",
+              "rmsprop": "torch.optim.RMSprop"}
 
+
+def optimizer_factory(cfg: dict, source: str) -> Callable:
     spec = cfg["train"]["optimizer"]
     name = spec["class_path"]
     where = f"{source}: train.optimizer"

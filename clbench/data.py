@@ -83,6 +83,15 @@ def concat(datasets: Sequence[Dataset]) -> Dataset:
     return ConcatDataset(datasets)
 
 
+class _Batches(BatchSampler):
+    """A BatchSampler that forwards ``set_epoch`` to its sampler (Lightning calls it on the
+    loader's ``sampler`` once per epoch; a distributed sampler needs it to reshuffle)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
 def _first_two(batch):
     """Avalanche datasets yield (x, y, task_label); the harness uses (x, y)."""
     return batch[0], batch[1]
@@ -100,7 +109,7 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int |
     if getattr(dataset, "batched", False):
         if sampler is None:
             sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-        return DataLoader(dataset, sampler=BatchSampler(sampler, batch_size, drop_last=False),
+        return DataLoader(dataset, sampler=_Batches(sampler, batch_size, drop_last=False),
                           batch_size=None, **kwargs)
     if sampler is None and shuffle:
         sampler = RandomSampler(dataset, generator=generator)

@@ -70,10 +70,14 @@ def remove_stale_temporaries(folder: str | Path, name: str) -> None:
         stale.unlink(missing_ok=True)
 
 
+def json_text(obj: Any) -> str:
+    """``obj`` as the pretty, strict JSON (no NaN) that :func:`write_json` writes."""
+    return json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as pretty JSON, atomically."""
-    atomic_write(Path(path), lambda h: h.write(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"),
-                 "w")
+    atomic_write(Path(path), lambda h: h.write(json_text(obj)), "w")
 
 
 def write_text(path: str | Path, text: str) -> None:

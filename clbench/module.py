@@ -18,11 +18,9 @@ import torch.nn.functional as F
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
+from clbench.build import OPTIMIZERS  # noqa: F401  (re-exported: short optimizer names)
 from clbench.errors import NonFiniteLoss
 from clbench.strategy import Strategy
-
-OPTIMIZERS = {"adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW", "sgd": "torch.optim.SGD",
-              "rmsprop": "torch.optim.RMSprop"}
 
 
 def default_eval_metrics(num_classes: int):

@@ -30,7 +30,7 @@ def print_result(result: dict, output: Path | None = None, console=None) -> None
         table.add_row(stage, *map(_pct, row))
     console.print(table)
     scores = result["scores"]
-    keys = [k for k in SCORE_ORDER if k in scores] + [k for k in scores if k not in SCORE_ORDER]
+    keys = [k for k in SCORE_ORDER if k in scores]  # the rest are in result.json
     summary = Table(title="scores (%, BWT < 0 means forgetting)", title_justify="left", show_edge=False)
     for key in keys:
         summary.add_column(key, justify="right")

@@ -41,16 +41,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from clbench.config import SCHEMA_VERSION, config_hash, order_label
+from clbench.config import NON_SEMANTIC, SCHEMA_VERSION, canonical_json, config_hash, order_label
 from clbench.errors import NonFiniteLoss, UserError
 
 CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
+TENSORBOARD = "tensorboard"
+# Version of the checkpoint layout; a checkpoint of another version is refused, not misread.
+CHECKPOINT_SCHEMA = 2
 
 # Trainer arguments the runner sets itself; a config may not override them.
 _RESERVED_TRAINER_ARGS = ("max_epochs", "min_epochs", "callbacks", "logger", "enable_checkpointing",
                           "num_sanity_val_steps", "enable_progress_bar", "deterministic", "check_val_every_n_epoch",
-                          "default_root_dir", "inference_mode")
+                          "default_root_dir", "inference_mode", "use_distributed_sampler")
 
 
 def _quiet_lightning() -> None:
@@ -65,9 +68,15 @@ def _quiet_lightning() -> None:
 
 
 def prepare_output(output: Path | None, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber a finished run; check the directory is writable."""
+    """Refuse to clobber a finished run; check the directory is writable. Deletes nothing."""
     if output is None:
+        if resume:
+            raise UserError("nothing to resume without an output directory", where="--resume",
+                            fix="give the interrupted run's --output")
         return
+    if resume and overwrite:
+        raise UserError("--resume continues the run in --output, --overwrite starts it again", where="--resume",
+                        fix="pass one of them, not both")
     if output.exists() and not output.is_dir():
         raise UserError(f"output path {output} is a file", where="--output", fix="give a directory path")
     if not resume and not overwrite:
@@ -100,6 +109,100 @@ def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
             out += _diff_keys(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
         return out
     return [] if a == b else [prefix or "<root>"]
+
+
+def _lookup(cfg: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        cfg = cfg.get(key) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def _plain_config(cfg: dict) -> dict:
+    """The config as JSON sees it (tuples become lists), for storing and comparing."""
+    import json
+
+    from clbench.config import canonical_json
+
+    return json.loads(canonical_json(cfg))
+
+
+# Types ``torch.load(weights_only=True)`` reads back (besides tensors and containers).
+_SAFE_LEAVES = (int, float, bool, str, bytes, bytearray, complex, type(None))
+
+
+def _unsafe_path(value: Any, path: str = "") -> str | None:
+    """The first place in ``value`` holding something a weights-only load would refuse."""
+    import collections
+
+    import torch
+
+    kind = type(value)
+    if kind in _SAFE_LEAVES or kind in (torch.Tensor, torch.nn.Parameter, torch.Size, torch.device, torch.dtype):
+        return None
+    if kind in (dict, collections.OrderedDict, collections.Counter):
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            found = _unsafe_path(key, sub + " (key)") or _unsafe_path(item, sub)
+            if found:
+                return found
+        return None
+    if kind in (list, tuple, set):
+        for i, item in enumerate(value):
+            found = _unsafe_path(item, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    return f"{path or '<root>'} ({kind.__module__}.{kind.__qualname__})"
+
+
+def _rng_states() -> dict:
+    """Python, numpy, torch (and CUDA) global generator states, as tensors and plain values."""
+    import random
+
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": {"version": version, "state": list(internal), "gauss": gauss},
+            "numpy": {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached": float(cached)},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized()
+            else []}
+
+
+def _set_rng_states(rng: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    py = rng["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    npy = rng["numpy"]
+    np.random.set_state((npy["kind"], np.asarray(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached"]))
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def _restore_loop(trainer, state: dict) -> None:
+    """Put the Trainer's epoch and step counters where the checkpointed one left them.
+
+    A checkpoint is taken between two ``fit`` calls, never inside an epoch, so the loops must
+    then behave as the uninterrupted Trainer's would at that point, not as Lightning's
+    mid-epoch restart: the restart flags that ``load_state_dict`` raises are cleared.
+    """
+    from lightning.pytorch.loops.loop import _Loop
+
+    trainer.fit_loop.load_state_dict(state)
+    loops = [trainer.fit_loop]
+    while loops:
+        loop = loops.pop()
+        loop.on_iteration_done()
+        loops.extend(v for v in vars(loop).values() if isinstance(v, _Loop))
 
 
 def environment() -> dict[str, Any]:
@@ -144,12 +247,16 @@ class ContinualRun:
     """A configured run. ``execute()`` trains through the stream and returns the result dict."""
 
     def __init__(self, cfg: dict, output: Path | None, *, source: str = "config", resume: bool = False,
-                 progress: bool | None = None):
+                 overwrite: bool = False, progress: bool | None = None):
+        from clbench import faults
+
         self.cfg = cfg
         self.output = Path(output) if output is not None else None
         self.source = source
         self.resume = resume
+        self.overwrite = overwrite
         self.show_progress = cfg["logging"]["progress"] if progress is None else progress
+        self.kill = faults.kill_point()  # crash injection for the resume tests; None unless asked for
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -162,6 +269,8 @@ class ContinualRun:
 
         cfg, src = self.cfg, self.source
         seed = cfg["seed"]
+        build.preflight(cfg, src)
+        self._trainer_args()
         seeding.seed_all(seeding.derive(seed, "build"))
         self.scenario = build.build_benchmark(cfg, src)
         self.spec = spec_of(self.scenario)
@@ -180,7 +289,6 @@ class ContinualRun:
         self.module = ContinualModule(model, self.strategy, num_classes=self.spec.num_classes, num_columns=columns,
                                       optimizer=self.optimizer,
                                       eval_metrics=lambda k: make_eval_metrics(k, imbalance=True))
-        self._trainer_args()  # validate before any training starts
         self.strategy.setup(self.module, self.experiences, seeding.derive(seed, "strategy"))
 
     def _trainer_args(self) -> dict:
@@ -202,14 +310,32 @@ class ContinualRun:
         return pl.Trainer(max_epochs=0, logger=logger, callbacks=callbacks, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                           deterministic=self.cfg["train"]["deterministic"], check_val_every_n_epoch=1,
-                          inference_mode=False,
+                          inference_mode=False, use_distributed_sampler=False,
                           default_root_dir=str(self.output) if self.output else None, **self._trainer_args())
 
     def _loader(self, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None, **kw):
+        """A configured loader; under data parallelism each rank reads its own shard.
+
+        Sharding is done here rather than by Lightning (``use_distributed_sampler=False``):
+        training shards come from a seeded ``DistributedSampler``; evaluation shards from
+        ``UnrepeatedDistributedSampler``, which never pads, so no test sample is counted twice
+        when the per-rank metric states are summed.
+        """
         from clbench.data import make_loader
 
         train = self.cfg["train"]
         bs = batch_size or (train["batch_size"] if shuffle else train["eval_batch_size"])
+        world = getattr(self, "world_size", 1)
+        if world > 1 and "sampler" not in kw:
+            from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+            from torch.utils.data import DistributedSampler
+
+            if shuffle:
+                kw["sampler"] = DistributedSampler(dataset, num_replicas=world, rank=self.rank, shuffle=True,
+                                                   seed=seed or 0)
+            else:
+                kw["sampler"] = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=self.rank,
+                                                             shuffle=False)
         return make_loader(dataset, bs, shuffle=shuffle, seed=seed, num_workers=train["num_workers"],
                            pin_memory=self.cfg["trainer"].get("accelerator") not in ("cpu", None), **kw)
 
@@ -251,80 +377,134 @@ class ContinualRun:
         return scores
 
     # -- checkpoints ----------------------------------------------------------------------
-    def _save_checkpoint(self, state: dict) -> None:
-        if self.output is None:
-            return
-        import random
-
-        import numpy as np
+    def _save_checkpoint(self, trainer, state: dict) -> None:
+        """Everything needed to continue after ``state['stage']`` experiences, written atomically."""
         import torch
 
+        from clbench import faults
         from clbench.io import torch_save
 
-        rng = {"python": list(random.getstate()[1]), "numpy": np.random.get_state()[1].tolist(),
-               "torch": torch.get_rng_state()}
-        torch_save(self.output / CHECKPOINT, {
-            "schema": SCHEMA_VERSION, "config": self.cfg, "config_hash": config_hash(self.cfg),
-            "model": self.module.model.state_dict(), "strategy": self.strategy.state_dict(), "rng": rng, **state})
+        payload = {"schema": CHECKPOINT_SCHEMA, "config_json": canonical_json(self.cfg),
+                   "config_hash": config_hash(self.cfg), "model": self.module.model.state_dict(),
+                   "strategy": self.strategy.state_dict(), "rng": _rng_states(),
+                   "loop": trainer.fit_loop.state_dict(), "epoch": trainer.current_epoch, "state": state}
+        unsafe = _unsafe_path(payload["strategy"])
+        if unsafe:
+            raise UserError(f"strategy state holds a value a checkpoint cannot store at {unsafe}",
+                            where=f"{self.source}: strategy",
+                            fix="return only tensors and plain Python values (int, float, str, list, dict) "
+                                "from the strategy's state_dict")
+        unsafe = _unsafe_path(payload)
+        if unsafe:
+            raise TypeError(f"checkpoint holds an unstorable value at {unsafe}")
+        path = self.output / CHECKPOINT
+        if self.kill is not None and self.kill.where == "checkpoint" and self.kill.stage == state["stage"] - 1:
+            faults.interrupted_write(path, lambda handle: torch.save(payload, handle))
+        torch_save(path, payload)
 
-    def _load_checkpoint(self) -> dict:
-        import pickle
+    def _read_checkpoint(self) -> dict:
+        """The checkpoint in ``output``, refused (before anything is built) if its config differs."""
+        import json
 
         import torch
 
         path = self.output / CHECKPOINT
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
-            raise UserError(f"cannot read checkpoint {path}: {str(err).splitlines()[0]}", where="--resume",
-                            fix="delete the output directory and rerun") from None
-        if ckpt.get("schema") != SCHEMA_VERSION:
-            raise UserError(f"checkpoint {path} has schema {ckpt.get('schema')}, expected {SCHEMA_VERSION}",
-                            where="--resume", fix="rerun from scratch with this version")
-        differing = _diff_keys(ckpt["config"], self.cfg)
-        differing = [k for k in differing if not k.startswith("logging")]
+        except Exception as err:  # a damaged file can fail in many ways inside the unpickler
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"cannot read checkpoint {path}: {reason}", where="--resume",
+                            fix="delete the output directory and rerun without --resume") from None
+        schema = ckpt.get("schema") if isinstance(ckpt, dict) else None
+        if schema != CHECKPOINT_SCHEMA:
+            raise UserError(f"checkpoint {path} has format {schema}, this clbench writes {CHECKPOINT_SCHEMA}",
+                            where="--resume", fix="rerun without --resume (with --overwrite) to start again")
+        missing = [k for k in ("config_json", "model", "strategy", "rng", "loop", "epoch", "state") if k not in ckpt]
+        if missing:
+            raise UserError(f"checkpoint {path} lacks {', '.join(missing)}", where="--resume",
+                            fix="rerun without --resume (with --overwrite) to start again")
+        saved = json.loads(ckpt["config_json"])
+        current = _plain_config(self.cfg)
+        differing = [k for k in _diff_keys(saved, current) if k.split(".")[0] not in NON_SEMANTIC]
         if differing:
-            raise UserError(f"config differs from the checkpoint's at {', '.join(differing)}", where=self.source,
-                            fix="resume with the same config, or start a new run in another --output")
-        self.module.model.load_state_dict(ckpt["model"])
-        self.strategy.load_state_dict(ckpt["strategy"])
+            shown = "; ".join(f"{k}: checkpoint {_lookup(saved, k)!r}, now {_lookup(current, k)!r}"
+                              for k in differing[:4])
+            more = f" and {len(differing) - 4} more" if len(differing) > 4 else ""
+            raise UserError(f"config differs from the checkpoint's at {', '.join(differing)} ({shown}{more})",
+                            where=self.source,
+                            fix="resume with the config the run started with, or start a new run in another --output")
         return ckpt
+
+    def _restore(self, ckpt: dict, trainer) -> dict:
+        """Strategy, model, trainer counters and RNG states as they were at the checkpoint."""
+        # The strategy first: one that grows the model re-creates its modules before the weights load.
+        self.strategy.load_state_dict(ckpt["strategy"])
+        self.module.model.load_state_dict(ckpt["model"])
+        _restore_loop(trainer, ckpt["loop"])
+        _set_rng_states(ckpt["rng"])
+        return ckpt["state"]
+
+    def _clear_previous(self) -> None:
+        """Remove what a replaced or crashed earlier run left (never before the new one is built)."""
+        from clbench.io import remove_stale_temporaries
+
+        for name in (CHECKPOINT, RESULT):
+            remove_stale_temporaries(self.output, name)
+        if self.resume:
+            return
+        for name in (CHECKPOINT, RESULT):  # only present with --overwrite
+            (self.output / name).unlink(missing_ok=True)
+        tensorboard = self.output / TENSORBOARD
+        for stale in (*tensorboard.glob("events.out.tfevents.*"), tensorboard / "hparams.yaml"):
+            stale.unlink(missing_ok=True)
 
     # -- the loop -------------------------------------------------------------------------
     def execute(self) -> dict:
-        import torch
-
-        from clbench import seeding
+        from clbench import faults, seeding
 
         _quiet_lightning()
         start = time.perf_counter()
+        ckpt = self._read_checkpoint() if self.resume else None
         self._build()
         cfg, seed = self.cfg, self.cfg["seed"]
         epochs = cfg["train"]["epochs"]
-        T = len(self.experiences)
         stages = [self.experiences[-1]] if self.strategy.single_stage else self.experiences
-
         callbacks, progress = [], None
         if self.show_progress:
             from clbench.progress import ContinualProgress
 
             progress = ContinualProgress(len(stages))
             callbacks.append(progress)
+        if self.kill is not None:
+            kill = faults.callback(self.kill)
+            if kill is not None:
+                callbacks.append(kill)
         logger = False
         if self.output is not None and cfg["logging"]["tensorboard"]:
             from lightning.pytorch.loggers import TensorBoardLogger
 
-            logger = TensorBoardLogger(save_dir=str(self.output), name="tensorboard", version="")
+            # On resume, TensorBoard hides what the killed process logged after the checkpoint.
+            logger = TensorBoardLogger(save_dir=str(self.output), name=TENSORBOARD, version="",
+                                       **({"purge_step": ckpt["epoch"]} if ckpt else {}))
         trainer = self._make_trainer(callbacks, logger)
+        writes = self.output is not None and trainer.is_global_zero
+        if writes:
+            self._clear_previous()  # the logger writes nothing before the first metric
         eval_loaders = [self._loader(exp.test, shuffle=False) for exp in self.experiences]
         if self.imbalance:
             eval_loaders.append(self._loader(self.spec.global_test, shuffle=False))
 
         state: dict[str, Any] = {"stage": 0, "rows": [], "global_rows": [], "epoch_rows": [], "epoch_stage": [],
-                                 "r_init": None, "global_init": None, "train_seconds": 0.0, "eval_seconds": 0.0}
-        if self.resume:
-            ckpt = self._load_checkpoint()
-            state.update({k: ckpt[k] for k in state})
+                                 "r_init": None, "global_init": None, "train_seconds": 0.0, "eval_seconds": 0.0,
+                                 "wall_seconds": 0.0, "resumes": 0}
+        if ckpt is not None:
+            state.update(self._restore(ckpt, trainer))
+            state["resumes"] += 1
+            if progress is not None:
+                done = state["stage"]
+                last = f" ({stages[done - 1].name})" if done and not self.strategy.single_stage else ""
+                progress.console.print(f"resuming after experience {done}/{len(stages)}{last}")
+        wall_before = state["wall_seconds"]
         if state["r_init"] is None:
             t0 = time.perf_counter()
             state["r_init"], state["global_init"] = self._split(self._evaluate(trainer, eval_loaders))
@@ -334,6 +514,7 @@ class ContinualRun:
         try:
             for stage in range(state["stage"], len(stages)):
                 exp = stages[stage]
+                label = exp.name if not self.strategy.single_stage else "joint"
                 seeding.seed_all(seeding.derive(seed, "train", stage))
                 self.module.experience = stage
                 self.strategy.before_experience(self.module, exp)
@@ -342,14 +523,21 @@ class ContinualRun:
                 loader = self.strategy.train_loader(
                     self.module, dataset,
                     lambda ds, **kw: self._loader(ds, shuffle=True, seed=kw.pop("seed", loader_seed), **kw))
+                first_epoch = trainer.current_epoch
                 if progress is not None:
-                    progress.start_stage(stage, exp.name if not self.strategy.single_stage else "joint", epochs,
-                                         trainer.current_epoch)
+                    progress.start_stage(stage, label, epochs, first_epoch)
                 self.module.epoch_evals = []
-                trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
+                trainer.fit_loop.max_epochs = first_epoch + epochs
                 t0 = time.perf_counter()
-                trainer.fit(self.module, train_dataloaders=loader,
-                            val_dataloaders=eval_loaders if eval_every_epoch else None)
+                try:
+                    trainer.fit(self.module, train_dataloaders=loader,
+                                val_dataloaders=eval_loaders if eval_every_epoch else None)
+                except NonFiniteLoss as err:
+                    raise NonFiniteLoss(
+                        f"training diverged on experience {stage + 1}/{len(stages)} '{label}': loss became "
+                        f"{err.value} in epoch {trainer.current_epoch - first_epoch + 1}/{epochs}",
+                        where=self.source, fix="lower train.optimizer.init_args.lr, or check the data, the model "
+                                               "and the strategy's loss") from None
                 if self.module.epoch_evals:
                     evaluation = self.module.epoch_evals[-1]
                     for epoch_eval in self.module.epoch_evals:
@@ -363,13 +551,14 @@ class ContinualRun:
                     evaluation = self._evaluate(trainer, eval_loaders)
                     state["eval_seconds"] += time.perf_counter() - t0
                 columns, global_ = self._split(evaluation)
-                self._check_finite(columns, exp)
+                self._check_finite(columns, stage, len(stages), label)
                 state["rows"].append(columns)
                 state["global_rows"].append(global_)
                 self.strategy.after_experience(self.module, exp)
                 state["stage"] = stage + 1
-                if trainer.is_global_zero:
-                    self._save_checkpoint(state)
+                state["wall_seconds"] = wall_before + time.perf_counter() - start
+                if writes:
+                    self._save_checkpoint(trainer, state)
         finally:
             if progress is not None:
                 progress.close()
@@ -377,21 +566,24 @@ class ContinualRun:
         reference = None
         if cfg["metrics"]["reference_models"]:
             reference = self._reference_scores(epochs)
-        result = self._result(state, reference, wall=time.perf_counter() - start)
+        result = self._result(state, reference, wall=wall_before + time.perf_counter() - start)
         if logger:
             self._log_tensorboard(logger, result)
-        if self.output is not None and trainer.is_global_zero:
-            from clbench.io import write_json
+        if writes:
+            from clbench.io import json_text, write_json
 
+            if self.kill is not None and self.kill.where == "result":
+                faults.interrupted_write(self.output / RESULT, lambda h: h.write(json_text(result).encode()))
             write_json(self.output / RESULT, result)
             (self.output / CHECKPOINT).unlink(missing_ok=True)
         return result
 
-    def _check_finite(self, columns: dict[str, list[float]], exp) -> None:
+    def _check_finite(self, columns: dict[str, list[float]], stage: int, total: int, label: str) -> None:
         import math
 
         if any(math.isnan(v) for v in columns.get("acc", [])):
-            raise NonFiniteLoss(f"evaluation produced NaN on experience '{exp.name}'")
+            raise NonFiniteLoss(f"evaluation after experience {stage + 1}/{total} '{label}' produced NaN accuracy",
+                                where=self.source, fix="check the model's outputs and the test data")
 
     # -- results --------------------------------------------------------------------------
     def _result(self, state: dict, reference: list[float] | None, wall: float) -> dict:
@@ -446,7 +638,8 @@ class ContinualRun:
             "config_hash": config_hash(cfg),
             "env": environment(),
             "compute": {"wall_seconds": round(wall, 3), "train_seconds": round(state["train_seconds"], 3),
-                        "eval_seconds": round(state["eval_seconds"], 3), **_peak_memory_mb()},
+                        "eval_seconds": round(state["eval_seconds"], 3), "resumes": state["resumes"],
+                        **_peak_memory_mb()},
         })
         return result
 
@@ -492,10 +685,12 @@ class ContinualRun:
 
 def run(cfg: dict, output: str | Path | None = None, *, source: str = "config", resume: bool = False,
         overwrite: bool = False, progress: bool | None = None) -> dict:
-    """Run ``cfg`` (a resolved config), write ``output/result.json``, return the result."""
+    """Run ``cfg`` (a resolved config), write ``output/result.json``, return the result.
+
+    ``resume`` continues from ``output/checkpoint.pt``; ``overwrite`` replaces a finished or
+    unfinished run in ``output`` (its files are removed only once the new run is built).
+    """
     output = Path(output) if output is not None else None
     prepare_output(output, resume=resume, overwrite=overwrite)
-    if overwrite and output is not None:
-        (output / CHECKPOINT).unlink(missing_ok=True)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    return ContinualRun(cfg, output, source=source, resume=resume, progress=progress).execute()
+    return ContinualRun(cfg, output, source=source, resume=resume, overwrite=overwrite, progress=progress).execute()

@@ -99,3 +99,20 @@ def test_strategy_from_a_file_outside_the_package(tmp_path, write_yaml):
     assert r[1] == r[0] == r[2]  # nothing changed after the first experience
     assert result["strategy"]["params"] == {"note": "y"}
     assert result["strategy"]["class"].endswith(":FrozenAfterFirst")
+
+
+def test_ddp_two_cpu_processes_count_every_test_sample_once(tmp_path, write_yaml):
+    """Under DDP (2 gloo processes) evaluation shards are never padded: the untrained model's
+    scores equal the single-process ones exactly, on test sets not divisible by the world size."""
+    from helpers import run_cli
+
+    odd = {"benchmark": {"init_args": {"test_fraction": 0.2505}}}  # 451 test samples per domain
+    single = run(resolve_config(tiny_config(**odd)), None)
+    cfg = tiny_config(**odd, trainer={"accelerator": "cpu", "devices": 2, "strategy": "ddp"},
+                      train={"eval_batch_size": 100})
+    proc = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "ddp"), "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "ddp" / "result.json").read_text())
+    assert result["r_init"] == single["r_init"]
+    assert len(result["r_matrix"]) == 3
+    assert proc.stdout.count("R matrix") == 1  # only rank 0 reports

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -27,7 +28,8 @@ def handle(args: argparse.Namespace) -> int:
 
     result = run(cfg, Path(args.output), source=args.config, resume=args.resume, overwrite=args.overwrite,
                  progress=False if args.no_progress else None)
-    from clbench.report import print_result
+    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+        from clbench.report import print_result
 
-    print_result(result, Path(args.output))
+        print_result(result, Path(args.output))
     return 0

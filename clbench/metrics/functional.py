@@ -149,37 +149,62 @@ def _pairwise_auc(probs: Tensor, target: Tensor, k: int) -> Tensor:
     below_sum = torch.zeros((k, k), dtype=torch.int64, device=device)
     doubled = torch.ones(k, dtype=torch.int64, device=device)
     block = max(1, _AUC_BLOCK_ELEMENTS // n_samples)
+    transposed = probs.T.contiguous()                                     # (K, N): p(i|x)
     for first in range(0, k, block):
         last = min(k, first + block)
-        columns = probs[:, first:last].T.contiguous()                     # (b, N): p(i|x)
+        columns = transposed[first:last]
         order = _argsort_rows(columns).to(device)
         label = target[order]                                             # true classes, sorted
         is_own = label == torch.arange(first, last, device=device)[:, None]
         upto = torch.cumsum(is_own, dim=1)                                # class-i points so far
-        ordered = torch.gather(columns, 1, order)
-        tied = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
-        if not bool(tied.any()):
-            # no ties: for a point x of another class, below = at-or-below = upto(x)
-            below_sum[first:last].scatter_add_(1, label, upto)
-            doubled[first:last] = 2
-            continue
-        # Tie groups: "below" is the running count before the group's first element and "at or
-        # below" the count at its last element, for every element of the group.
-        starts = torch.ones_like(is_own)
-        starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-        ends = torch.ones_like(starts)
-        ends[:, :-1] = starts[:, 1:]
-        before = upto - is_own.long()
-        below = torch.cummax(torch.where(starts, before, torch.zeros_like(before)), 1).values
-        never = torch.full_like(upto, n_samples + 1)
-        at_or_below = torch.cummin(torch.where(ends, upto, never).flip(1), 1).values.flip(1)
-        below_sum[first:last].scatter_add_(1, label, below + at_or_below)
+        # Without a tie between a class-i point and another, below = at-or-below = upto(x).
+        below_sum[first:last].scatter_add_(1, label, upto)
+        doubled[first:last] = 2
+        tied = torch.nonzero(_rows_with_cross_ties(columns, order, is_own)).flatten()
+        if tied.numel():
+            below_sum[first + tied] = _tied_below_sums(
+                columns[tied], order[tied], label[tied], is_own[tied], upto[tied], k)
+            doubled[first + tied] = 1
     twice_wins = 2 * counts[:, None] * counts[None, :] - doubled[:, None] * below_sum
     pairs = counts[:, None].double() * counts[None, :].double()
     defined = pairs > 0
     out[defined] = twice_wins[defined].double() / (2.0 * pairs[defined])
     out.fill_diagonal_(float("nan"))
     return out
+
+
+def _rows_with_cross_ties(columns: Tensor, order: Tensor, is_own: Tensor) -> Tensor:
+    """Rows where some class-i point ties with a point of another class (only those ties change
+    an AUC). Any tie group holding both kinds has such a pair side by side in sorted order, so
+    looking at the sorted neighbours of the class-i points (n_i per row, not N) is enough."""
+    rows, pos = torch.nonzero(is_own, as_tuple=True)
+    n = columns.shape[1]
+    value = columns[rows, order[rows, pos]]
+    tied = torch.zeros(columns.shape[0], dtype=torch.bool, device=columns.device)
+    for step in (-1, 1):
+        nb = pos + step
+        ok = (nb >= 0) & (nb < n)
+        r, p, nb = rows[ok], pos[ok], nb[ok]
+        hit = (columns[r, order[r, nb]] == value[ok]) & ~is_own[r, nb]
+        tied[r[hit]] = True
+    return tied
+
+
+def _tied_below_sums(columns: Tensor, order: Tensor, label: Tensor, is_own: Tensor,
+                     upto: Tensor, k: int) -> Tensor:
+    """``below_sum`` rows for columns with ties: within a group of equal scores, "below" is the
+    running count before the group's first element and "at or below" the count at its last."""
+    ordered = torch.gather(columns, 1, order)
+    starts = torch.ones_like(is_own)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    ends = torch.ones_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    before = upto - is_own.long()
+    below = torch.cummax(torch.where(starts, before, torch.zeros_like(before)), 1).values
+    never = torch.full_like(upto, columns.shape[1] + 1)
+    at_or_below = torch.cummin(torch.where(ends, upto, never).flip(1), 1).values.flip(1)
+    sums = torch.zeros((columns.shape[0], k), dtype=torch.int64, device=columns.device)
+    return sums.scatter_add_(1, label, below + at_or_below)
 
 
 def multiclass_mauc_compute(probs: Tensor, target: Tensor, num_classes: int) -> Tensor:
