@@ -4,8 +4,9 @@ Each subcommand lives in its own module under :mod:`clbench.commands` with ``reg
 (adds its parser) and ``handle(args) -> int``. Importing them is cheap: nothing heavy is
 imported until a handler runs, so ``clbench --help`` and ``clbench list`` start fast.
 
-Bad input (:class:`~clbench.errors.UserError`) is printed as one line and exits with status 2,
-without a traceback.
+Bad input (:class:`~clbench.errors.UserError`, or a command-line usage mistake) is printed as
+one line and exits with status 2, without a traceback. A subcommand whose module is not part of
+this installation is left out of the parser rather than breaking every other command.
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ from clbench.errors import UserError
 COMMANDS = ("run", "list", "leaderboard", "compare", "data")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are bad input too: one line, exit status 2 (subcommands inherit this)."""
+
+    def error(self, message: str):
+        self.exit(2, f"clbench: error: {self.prog}: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="clbench", description="Continual-learning benchmark harness: run streams, strategies and leaderboards.")
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -84,13 +84,19 @@ def _type_names(types) -> str:
 
 
 def deep_merge(base: dict, update: dict) -> dict:
-    """``base`` with ``update`` laid over it; mappings merge, everything else replaces."""
+    """``base`` with ``update`` laid over it; mappings merge, everything else replaces.
+
+    A component whose ``class_path`` changes is replaced whole: the old component's
+    ``init_args`` mean nothing to the new one.
+    """
     out = copy.deepcopy(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "init_args":
-            out[key] = deep_merge(out[key], value)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict) and key == "init_args":
-            out[key] = {**out[key], **copy.deepcopy(value)}
+        current = out.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            if "class_path" in value and value["class_path"] != current.get("class_path"):
+                out[key] = copy.deepcopy(value)
+            else:
+                out[key] = deep_merge(current, value)
         else:
             out[key] = copy.deepcopy(value)
     return out

@@ -164,6 +164,19 @@ def test_mauc_metric_accumulates_batches_and_rejects_non_probabilities():
         MulticlassMAUC(7, input="probs").update(torch.tensor(logits[:4]), torch.tensor(target[:4]))
 
 
+def test_mauc_ties_in_some_columns_only():
+    # ties only in columns 0 and 3, and one column where class-2 points tie only among themselves
+    _, probs, target = _random_problem(15, 1200, 5)
+    probs[:, 0] = np.round(probs[:, 0], 1)
+    probs[:, 3] = np.round(probs[:, 3], 1)
+    probs[target == 2, 2] = 0.5
+    probs[(target != 2) & (probs[:, 2] == 0.5), 2] = 0.49
+    got = multiclass_mauc(torch.tensor(probs), torch.tensor(target), 5, input="probs")
+    assert float(got) == pytest.approx(_hand_till(probs, target), abs=1e-12)
+    grad = torch.tensor(probs, requires_grad=True)       # metric values never need gradients
+    assert float(multiclass_mauc(grad, torch.tensor(target), 5, input="probs")) == float(got)
+
+
 def test_mauc_blocks_over_columns(monkeypatch):
     import clbench.metrics.functional as functional
 

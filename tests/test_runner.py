@@ -116,3 +116,34 @@ def test_ddp_two_cpu_processes_count_every_test_sample_once(tmp_path, write_yaml
     assert result["r_init"] == single["r_init"]
     assert len(result["r_matrix"]) == 3
     assert proc.stdout.count("R matrix") == 1  # only rank 0 reports
+
+
+def test_timm_vit_on_8x8_digits():
+    cfg = resolve_config(tiny_config(model={"class_path": "vit",
+                                            "init_args": {"embed_dim": 32, "depth": 1, "num_heads": 2}}))
+    result = run(cfg, None)
+    assert result["model"]["params_total"] > 0 and len(result["r_matrix"]) == 3
+
+
+def test_reference_models_give_intransigence_and_reference_fwt():
+    cfg = resolve_config(tiny_config(metrics={"reference_models": True}))
+    result = run(cfg, None)
+    reference = result["reference"]
+    assert len(reference) == 3 and all(0.0 <= v <= 1.0 for v in reference)
+    r = result["r_matrix"]
+    # the first experience's reference starts from the same weights with the same data and
+    # seeds as the continual run's first stage: it is the same training
+    assert reference[0] == r[0][0]
+    assert reference[1:] != [r[1][1], r[2][2]]  # later ones start from the untrained weights
+    assert result["scores"]["im"] is not None and result["scores"]["fwt_ref"] is not None
+
+
+def test_imbalanced_stream_reports_gmean_mauc_matrices_and_global_test_set():
+    cfg = resolve_config(tiny_config(benchmark={"class_path": "digits-dirichlet", "init_args": {"num_experiences": 3}}))
+    result = run(cfg, None)
+    for name in ("gmean", "mauc"):
+        matrix = result["matrices"][name]
+        assert len(matrix) == 3 and all(len(row) == 3 for row in matrix)
+        assert len(result["global_test"][name]) == 3
+        assert result["scores"][f"global_{name}"] == result["global_test"][name][-1]
+    assert 0.5 < result["scores"]["global_mauc"] <= 1.0

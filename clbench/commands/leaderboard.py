@@ -38,8 +38,8 @@ def handle_run(args: argparse.Namespace) -> int:
 
     outcome = run_suite(suite, args.output, progress=not args.no_progress, retry_failed=args.retry_failed,
                         console=console)
-    entries = load_entries(args.output, [r.hash for r in suite.runs])
-    print_tables(build_tables(entries), console)
+    hashes = [r.hash for r in suite.runs]
+    print_tables(build_tables(load_entries(args.output, hashes), hashes), console)
     done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered)
     console.print(f"{done} run, {len(outcome.failed)} failed, {len(outcome.skipped)} already done; "
                   f"render with: clbench leaderboard render {args.output}", highlight=False)

@@ -357,8 +357,9 @@ def render(root: str | Path) -> tuple[Path, Path]:
     if not entries:
         raise UserError(f"no entries in {root / 'entries'}", where=root_arg,
                         fix="run 'clbench leaderboard run --output DIR' first")
-    tables = build_tables(entries)
-    info = _provenance(entries, root, _manifest(root))
+    manifest = _manifest(root)
+    tables = build_tables(entries, [r.get("hash") for r in manifest["runs"]] if manifest else None)
+    info = _provenance(entries, root, manifest)
     readme, index = root / README, root / INDEX
     write_text(readme, render_readme(tables, entries, info, root_arg))
     write_text(index, render_html(tables, entries, info, root_arg))

@@ -15,6 +15,7 @@ two buffer sizes), the config fields that tell them apart are appended.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,8 +148,26 @@ def _rank(rows: list[Row]) -> None:
         row.rank = int(rank)
 
 
-def build_tables(entries: list[dict]) -> list[BenchmarkTable]:
-    """Per-benchmark tables over ``entries`` (any mix of suites, statuses, orders and seeds)."""
+def _order_key(label: str) -> tuple:
+    """Named orders first (default, reverse), then the rest with numbers compared as numbers."""
+    named = {"default": 0, "reverse": 1}
+    parts = tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label) if p)
+    return (named.get(label, 2), tuple((0, p) if isinstance(p, int) else (1, p) for p in parts))
+
+
+def build_tables(entries: list[dict], sequence: list[str] | None = None) -> list[BenchmarkTable]:
+    """Per-benchmark tables over ``entries`` (any mix of suites, statuses, orders and seeds).
+
+    ``sequence`` (config hashes, e.g. a suite's grid order) orders benchmarks and task orders as
+    the suite lists them; without it benchmarks are alphabetical and orders go default,
+    reverse, then the rest.
+    """
+    if sequence:
+        position = {h: i for i, h in enumerate(sequence)}
+        entries = sorted(entries, key=lambda e: (position.get(e["config_hash"], len(position)), e["config_hash"]))
+    else:
+        entries = sorted(entries, key=lambda e: (e["benchmark"]["name"], _order_key(e["order_label"]), e["seed"],
+                                                 e["config_hash"]))
     benches: dict[str, list[dict]] = {}
     bench_cfg: dict[str, dict] = {}
     for e in entries:
@@ -181,7 +200,6 @@ def build_tables(entries: list[dict]) -> list[BenchmarkTable]:
         rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.label))
         tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
                                      scores=scores, rows=rows))
-    tables.sort(key=lambda t: t.label)
     return tables
 
 

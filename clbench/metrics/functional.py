@@ -114,7 +114,7 @@ def _argsort_rows(values: Tensor) -> Tensor:
     if values.device.type == "cpu":
         import numpy as np
 
-        return torch.from_numpy(np.argsort(values.numpy(), axis=1))
+        return torch.from_numpy(np.argsort(values.detach().numpy(), axis=1))
     return torch.argsort(values, dim=1)
 
 
@@ -135,7 +135,7 @@ def pairwise_auc(probs: Tensor, target: Tensor, num_classes: int) -> Tensor:
     target = _check_target(target, num_classes, probs.shape[0])
     if probs.numel() and bool(torch.isnan(probs).any()):
         raise ValueError("preds contain NaN")
-    return _pairwise_auc(probs, target, num_classes)
+    return _pairwise_auc(probs.detach(), target, num_classes)
 
 
 def _pairwise_auc(probs: Tensor, target: Tensor, k: int) -> Tensor:
@@ -235,7 +235,7 @@ def multiclass_mauc(preds: Tensor, target: Tensor, num_classes: int, *,
     """
     _check_scores(preds, num_classes)
     target = _check_target(target, num_classes, preds.shape[0])
-    return multiclass_mauc_compute(_to_probs(preds, input), target, num_classes)
+    return multiclass_mauc_compute(_to_probs(preds.detach(), input), target, num_classes)
 
 
 # -- expert utilization --------------------------------------------------------------------
