@@ -35,7 +35,8 @@ class ContinualModule(pl.LightningModule):
 
     def __init__(self, model: nn.Module, strategy: Strategy, *, num_classes: int, num_columns: int,
                  optimizer: Callable[[Any], torch.optim.Optimizer],
-                 eval_metrics: Callable[[int], Any] = default_eval_metrics):
+                 eval_metrics: Callable[[int], Any] = default_eval_metrics,
+                 column_domains: list[int | None] | None = None):
         super().__init__()
         self.model = model
         self.strategy = strategy
@@ -44,6 +45,16 @@ class ContinualModule(pl.LightningModule):
         self.eval_metrics = nn.ModuleList([eval_metrics(num_classes) for _ in range(num_columns)])
         self.experience = 0          # position of the experience being trained
         self.last_eval: dict[str, list[float]] = {}
+        # Per-domain expert utilization, when the model has MoE layers that record their routing
+        # (clbench.metrics.routing). column_domains[j] is test column j's domain id (None: skip).
+        self.column_domains = column_domains
+        self.routing = None
+        self.last_routing: dict[str, dict[str, Any]] = {}
+        if column_domains and any(getattr(m, "records_routing", False) for m in model.modules()):
+            from clbench.metrics.routing import RoutingRecorder
+
+            domains = [d for d in column_domains if d is not None]
+            self.routing = RoutingRecorder(num_domains=max(domains) + 1).attach(model)
         self.epoch_evals: list[dict[str, list[float]]] = []  # per-epoch evaluation during fit
         self._loss_sum = torch.zeros(())
         self._steps = 0
@@ -86,9 +97,19 @@ class ContinualModule(pl.LightningModule):
         return self.make_optimizer([p for p in self.model.parameters() if p.requires_grad])
 
     # -- evaluation -----------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        if self.routing is not None:
+            self.routing.to(self.device)
+
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         x, y = batch[0], batch[1]
-        self.eval_metrics[dataloader_idx].update(self.model(x), y)
+        domain = self.column_domains[dataloader_idx] if self.routing is not None else None
+        if domain is None:
+            logits = self.model(x)
+        else:
+            with self.routing.domain(domain):
+                logits = self.model(x)
+        self.eval_metrics[dataloader_idx].update(logits, y)
 
     def on_validation_epoch_end(self) -> None:
         results: dict[str, list[float]] = {}
@@ -97,5 +118,9 @@ class ContinualModule(pl.LightningModule):
                 results.setdefault(name, []).append(float(value))
             column.reset()
         self.last_eval = results
+        if self.routing is not None:
+            self.last_routing = {layer: {k: v.tolist() for k, v in figures.items()}
+                                 for layer, figures in self.routing.compute().items()}
+            self.routing.reset()
         if self.trainer.state.fn == TrainerFn.FITTING:
             self.epoch_evals.append(results)

@@ -286,7 +286,9 @@ class ContinualRun:
         columns = len(self.experiences) + (1 if self.imbalance else 0)
         self.module = ContinualModule(model, self.strategy, num_classes=self.spec.num_classes, num_columns=columns,
                                       optimizer=self.optimizer,
-                                      eval_metrics=lambda k: make_eval_metrics(k, imbalance=True))
+                                      eval_metrics=lambda k: make_eval_metrics(k, imbalance=True),
+                                      column_domains=[exp.domain_id for exp in self.experiences]
+                                      + ([None] if self.imbalance else []))
         self.strategy.setup(self.module, self.experiences, seeding.derive(seed, "strategy"))
 
     def _trainer_args(self) -> dict:
@@ -505,7 +507,7 @@ class ContinualRun:
 
         state: dict[str, Any] = {"stage": 0, "rows": [], "global_rows": [], "epoch_rows": [], "epoch_stage": [],
                                  "r_init": None, "global_init": None, "train_seconds": 0.0, "eval_seconds": 0.0,
-                                 "wall_seconds": 0.0, "resumes": 0}
+                                 "wall_seconds": 0.0, "resumes": 0, "routing": []}
         if ckpt is not None:
             state.update(self._restore(ckpt, trainer))
             state["resumes"] += 1
@@ -563,6 +565,8 @@ class ContinualRun:
                 self._check_finite(columns, stage, len(stages), label)
                 state["rows"].append(columns)
                 state["global_rows"].append(global_)
+                if self.module.routing is not None:
+                    state["routing"].append(self.module.last_routing)
                 self.strategy.after_experience(self.module, exp)
                 state["stage"] = stage + 1
                 state["wall_seconds"] = wall_before + time.perf_counter() - start
@@ -638,6 +642,10 @@ class ContinualRun:
                 scores[f"global_{name}"] = values[-1]
         if reference is not None:
             result["reference"] = reference
+        if state.get("routing"):
+            # per stage, per MoE layer: utilization[d][e] (fraction of domain d's units routed to
+            # expert e), routing entropy and load imbalance (clbench.metrics.ExpertUtilization)
+            result["expert_utilization"] = state["routing"]
         if state["epoch_rows"]:
             result["r_epochs"] = [row["acc"] for row in state["epoch_rows"]]
             result["epoch_stage"] = state["epoch_stage"]

@@ -147,3 +147,40 @@ def test_imbalanced_stream_reports_gmean_mauc_matrices_and_global_test_set():
         assert len(result["global_test"][name]) == 3
         assert result["scores"][f"global_{name}"] == result["global_test"][name][-1]
     assert 0.5 < result["scores"]["global_mauc"] <= 1.0
+
+
+def test_moe_layers_report_per_domain_expert_utilization(tmp_path):
+    """A model whose MoE layer records routing gets U[d, e] per stage in result.json."""
+    plugin = tmp_path / "moe_model.py"
+    plugin.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+        from clbench.metrics import routing
+
+        class TopOneMoE(nn.Module):
+            records_routing = True
+
+            def __init__(self, dim, num_experts):
+                super().__init__()
+                self.num_experts = num_experts
+                self.router = nn.Linear(dim, num_experts)
+                self.experts = nn.ModuleList(nn.Linear(dim, dim) for _ in range(num_experts))
+
+            def forward(self, x):
+                gates = self.router(x).softmax(-1)
+                top = gates.argmax(-1)
+                routing.record(self, experts=top[:, None], gates=gates)
+                out = torch.stack([e(x) for e in self.experts], 1)
+                return out[torch.arange(len(x)), top] * gates.gather(1, top[:, None])
+
+        def moe_mlp(num_classes, input_shape, num_experts: int = 3):
+            return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), TopOneMoE(32, num_experts),
+                                 nn.Linear(32, num_classes))
+    '''))
+    result = run(resolve_config(tiny_config(model={"class_path": f"{plugin}:moe_mlp"})), None)
+    stages = result["expert_utilization"]
+    assert len(stages) == 3
+    u = stages[-1]["3"]["utilization"]  # the MoE layer is module "3" of the Sequential
+    assert len(u) == 3 and all(len(row) == 3 for row in u)
+    for row in u:  # each domain's units are all routed somewhere
+        assert sum(row) == pytest.approx(1.0)

@@ -26,8 +26,10 @@ def handle(args: argparse.Namespace) -> int:
     from clbench.io import write_json
     from clbench.leaderboard.compare import compare, print_comparison
     from clbench.leaderboard.entries import load_entries
+    from clbench.leaderboard.execute import manifest_hashes
 
-    report = compare(load_entries(args.dir), metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b)
+    report = compare(load_entries(args.dir), metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b,
+                     sequence=manifest_hashes(args.dir))
     print_comparison(report)
     if args.json:
         write_json(args.json, report)

@@ -41,7 +41,7 @@ def handle_run(args: argparse.Namespace) -> int:
     hashes = [r.hash for r in suite.runs]
     print_tables(build_tables(load_entries(args.output, hashes), hashes), console)
     done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered)
-    console.print(f"{done} run, {len(outcome.failed)} failed, {len(outcome.skipped)} already done; "
+    console.print(f"{done} ran, {len(outcome.failed)} failed, {len(outcome.skipped)} already done; "
                   f"render with: clbench leaderboard render {args.output}", highlight=False)
     return 0
 

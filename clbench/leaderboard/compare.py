@@ -177,9 +177,12 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
 
 
 def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
-            b: str | None = None) -> dict[str, Any]:
-    """The comparison across task orders, as a JSON-ready dict (see the module notes)."""
-    tables = build_tables(entries)
+            b: str | None = None, sequence: list[str] | None = None) -> dict[str, Any]:
+    """The comparison across task orders, as a JSON-ready dict (see the module notes).
+
+    ``sequence`` (config hashes in suite order) only orders benchmarks and task orders.
+    """
+    tables = build_tables(entries, sequence)
     known = sorted({k for e in entries if e["status"] == "ok" for k, v in e["scores"].items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if metric not in known:

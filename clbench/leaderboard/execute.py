@@ -54,6 +54,23 @@ class SuiteOutcome:
     failed: list[str] = field(default_factory=list)
 
 
+def read_manifest(root: str | Path) -> dict | None:
+    """``DIR/suite.json`` if it is there and readable (it only orders and annotates the output)."""
+    path = Path(root) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("runs"), list) and isinstance(data.get("name"), str)):
+        return None
+    return data
+
+
+def manifest_hashes(root: str | Path) -> list[str] | None:
+    manifest = read_manifest(root)
+    return [r.get("hash") for r in manifest["runs"] if isinstance(r, dict)] if manifest else None
+
+
 def _one_line_error(err: BaseException) -> str:
     if isinstance(err, UserError):
         return err.one_line()

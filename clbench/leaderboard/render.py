@@ -16,12 +16,11 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from pathlib import Path
 
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
-from clbench.leaderboard.execute import MANIFEST
+from clbench.leaderboard.execute import manifest_hashes, read_manifest
 from clbench.leaderboard.table import (LOWER_IS_BETTER, RANK_BY, TITLES, BenchmarkTable, build_tables, fmt,
                                        runs_cell)
 
@@ -31,17 +30,6 @@ BAR_METRIC = "acc"
 
 
 # -- provenance -----------------------------------------------------------------------------
-def _manifest(root: Path) -> dict | None:
-    path = root / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("runs"), list) else None
-
-
 def _provenance(entries: list[dict], root: Path, manifest: dict | None) -> dict:
     def distinct(values) -> list[str]:
         return sorted({str(v) for v in values if v})
@@ -59,7 +47,7 @@ def _provenance(entries: list[dict], root: Path, manifest: dict | None) -> dict:
     if manifest:
         have = {e["config_hash"] for e in entries}
         info["suite"] = manifest
-        info["missing"] = sum(r.get("hash") not in have for r in manifest["runs"])
+        info["missing"] = sum(h not in have for h in manifest_hashes(root) or [])
     return info
 
 
@@ -151,7 +139,7 @@ def _png(fig) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72, metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=72, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -357,8 +345,8 @@ def render(root: str | Path) -> tuple[Path, Path]:
     if not entries:
         raise UserError(f"no entries in {root / 'entries'}", where=root_arg,
                         fix="run 'clbench leaderboard run --output DIR' first")
-    manifest = _manifest(root)
-    tables = build_tables(entries, [r.get("hash") for r in manifest["runs"]] if manifest else None)
+    manifest = read_manifest(root)
+    tables = build_tables(entries, manifest_hashes(root))
     info = _provenance(entries, root, manifest)
     readme, index = root / README, root / INDEX
     write_text(readme, render_readme(tables, entries, info, root_arg))

@@ -17,8 +17,8 @@ from torch import Tensor
 Absent = Literal["ignore", "zero"]
 InputKind = Literal["logits", "probs"]
 
-# Elements per block of score columns in the pairwise AUC: bounds peak memory (a handful of
-# int64 arrays of this size, ~200 MB) whatever N and K are.
+# Elements per block of score columns in the pairwise AUC: bounds peak memory (three int64
+# arrays of this size and a bool one, ~100 MB) whatever N and K are.
 _AUC_BLOCK_ELEMENTS = 1 << 22
 
 
@@ -143,6 +143,8 @@ def _pairwise_auc(probs: Tensor, target: Tensor, k: int) -> Tensor:
     out = torch.full((k, k), float("nan"), dtype=torch.float64, device=device)
     if n_samples == 0:
         return out
+    if probs.dtype in (torch.float16, torch.bfloat16):
+        probs = probs.float()                    # exact; NumPy has no bfloat16 to sort
     counts = torch.bincount(target, minlength=k)
     # below_sum[i, j] = sum over class-j points x of (#class-i points below x + #at or below x)
     # in column i; then 2 * wins(i over j) = 2 n_i n_j - below_sum[i, j] for j != i.

@@ -1,0 +1,347 @@
+"""The catalogue of bad inputs, each through the real CLI in its own process.
+
+Every case must end with exit status 2 and exactly one line on stderr, ``clbench: error: ...``,
+naming the file or field and the fix, with no traceback, and must leave the disk exactly as
+it found it: by default the output folder holds a previous finished run and ``--overwrite`` is
+passed, so a bad config must not destroy the run it would replace. The table is mirrored in
+``docs/reliability.md``.
+
+The cases run concurrently in one module fixture (each is a separate ``python -m clbench.cli``
+process), then every case is asserted on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from clbench.config import deep_merge
+from helpers import REPO, tiny_config
+
+BASE = tiny_config()
+
+NOT_A_STRATEGY = '''
+class Helper:
+    """Not a Strategy subclass."""
+'''
+
+CLASS_IL_ONLY = '''
+from clbench.strategy import Strategy
+
+
+class ClassILOnly(Strategy):
+    supports = frozenset({"class-il"})
+'''
+
+
+def cfg(**overrides) -> dict:
+    return deep_merge(BASE, overrides)
+
+
+@dataclass
+class Case:
+    """One bad input. ``message`` holds substrings the error line must contain; ``{cfg}``,
+    ``{out}`` and ``{dir}`` stand for the config path, the output folder and the case folder."""
+
+    id: str
+    config: Any = None            # dict: written as YAML; str: written as is; bytes: raw; None: not written
+    args: tuple[str, ...] = ()
+    message: tuple[str, ...] = ()
+    output: str = "previous"      # previous | empty | checkpoint | complete | none
+    overwrite: bool = True        # pass --overwrite (with output "previous")
+    setup: Callable[[Path], None] | None = None
+    config_name: str = "config.yaml"
+    skip: str | None = None
+
+
+def _write_file(name: str, text: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / name).write_text(textwrap.dedent(text))
+    return setup
+
+
+def _core50_corrupt(d: Path) -> None:
+    from clbench.fixtures import write_core50
+
+    write_core50(d / "core50", sessions=[1, 2], objects=[1, 2], frames=3, size=8)
+    (d / "core50" / "core50_128x128" / "s2" / "o1" / "C_02_01_001.png").write_bytes(b"not a png at all")
+
+
+def _output_is_file(d: Path) -> None:
+    (d / "out").write_text("I am a file\n")
+
+
+def _readonly_output(d: Path) -> None:
+    (d / "out").mkdir()
+    (d / "out").chmod(0o500)
+
+
+def _truncate_checkpoint(d: Path) -> None:
+    path = d / "out" / "checkpoint.pt"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+
+
+CORE50 = {"class_path": "benchmarks.core50:core50",
+          "init_args": {"root": "{dir}/core50", "sessions": [1, 2], "objects": [1, 2], "image_size": 8,
+                        "augment": False}}
+
+CASES = [
+    # -- the config file itself
+    Case("missing config file", config=None, message=("{cfg}", "does not exist", "--config")),
+    Case("config is a directory", config=None, setup=lambda d: (d / "config.yaml").mkdir(),
+         message=("{cfg}", "is a directory", "give a .yaml file")),
+    Case("malformed YAML", config="seed: [1, 2\ntrain: {epochs: 1}\n", message=("{cfg}", "malformed YAML", "line")),
+    Case("not a text file", config=b"\xff\xfe\x00\x81binary", message=("{cfg}", "not a text file")),
+    Case("top level not a mapping", config="- seed\n- 1\n", message=("{cfg}", "expected a mapping")),
+    # -- keys and types
+    Case("unknown top-level key", config={**BASE, "sed": 1}, message=("{cfg}: sed", "did you mean 'seed'")),
+    Case("unknown nested key", config=cfg(train={"epoch": 2}), message=("{cfg}: train.epoch", "did you mean 'epochs'")),
+    Case("missing required key", config={**BASE, "benchmark": {"class_path": "benchmarks.core50:core50"}},
+         message=("{cfg}: benchmark.init_args", "missing required argument(s) root", "add root")),
+    Case("wrong type", config=cfg(train={"epochs": "three"}), message=("{cfg}: train.epochs", "expected int", "str")),
+    Case("bool where int expected", config=cfg(train={"epochs": True}), message=("{cfg}: train.epochs", "bool")),
+    Case("zero epochs", config=cfg(train={"epochs": 0}), message=("{cfg}: train.epochs", "must be positive")),
+    Case("negative batch size", config=cfg(train={"batch_size": -8}),
+         message=("{cfg}: train.batch_size", "must be positive")),
+    Case("wrong type for a flag", config=cfg(train={"eval_every_epoch": "yes"}),
+         message=("{cfg}: train.eval_every_epoch", "bool")),
+    Case("seed a float", config={**BASE, "seed": 1.5}, message=("{cfg}: seed", "expected int", "float")),
+    Case("seed a string", config={**BASE, "seed": "a"}, message=("{cfg}: seed", "expected int", "str")),
+    Case("seed negative", config={**BASE, "seed": -1}, message=("{cfg}: seed", "must be >= 0")),
+    Case("init_args not a mapping", config={**BASE, "strategy": {"class_path": "naive", "init_args": [1]}},
+         message=("{cfg}: strategy.init_args", "mapping")),
+    Case("class_path not a string", config={**BASE, "model": {"class_path": 3}},
+         message=("{cfg}: model.class_path", "expected str")),
+    Case("trainer not a mapping", config={**BASE, "trainer": 5}, message=("{cfg}: trainer", "expected a mapping")),
+    # -- names
+    Case("unknown strategy", config={**BASE, "strategy": "replai"},
+         message=("{cfg}: strategy.class_path", "unknown strategy 'replai'", "did you mean 'replay'", "naive")),
+    Case("unknown benchmark", config={**BASE, "benchmark": "digits-domain"},
+         message=("{cfg}: benchmark.class_path", "did you mean 'digits-domains'", "digits-dirichlet")),
+    Case("unknown model", config={**BASE, "model": "mlpp"},
+         message=("{cfg}: model.class_path", "unknown model 'mlpp'", "did you mean 'mlp'")),
+    Case("unknown optimizer", config=cfg(train={"optimizer": {"class_path": "adamx"}}),
+         message=("{cfg}: train.optimizer.class_path", "did you mean 'adam'")),
+    Case("import path to a missing file", config={**BASE, "strategy": "{dir}/nothere.py:Mine"},
+         message=("{cfg}: strategy.class_path", "nothere.py does not exist")),
+    Case("import path to a missing class", config={**BASE, "strategy": "{dir}/mine.py:Mine"},
+         setup=_write_file("mine.py", NOT_A_STRATEGY), message=("{cfg}: strategy.class_path", "no attribute 'Mine'")),
+    Case("import path to a non-strategy", config={**BASE, "strategy": "{dir}/mine.py:Helper"},
+         setup=_write_file("mine.py", NOT_A_STRATEGY),
+         message=("{cfg}: strategy.class_path", "not a clbench Strategy subclass")),
+    Case("import path to a missing module", config={**BASE, "strategy": "no_such_pkg.strats:Thing"},
+         message=("{cfg}: strategy.class_path", "cannot import module 'no_such_pkg.strats'")),
+    Case("strategy does not support the stream", config={**BASE, "strategy": "{dir}/mine.py:ClassILOnly"},
+         setup=_write_file("mine.py", CLASS_IL_ONLY), message=("{cfg}: strategy", "does not support domain-il")),
+    # -- init_args
+    Case("unknown strategy init_args key", config={**BASE, "strategy": {"class_path": "replay",
+                                                                     "init_args": {"mem_sise": 10}}},
+         message=("{cfg}: strategy.init_args.mem_sise", "did you mean 'mem_size'")),
+    Case("wrong strategy init_args type", config={**BASE, "strategy": {"class_path": "replay",
+                                                                    "init_args": {"mem_size": "lots"}}},
+         message=("{cfg}: strategy.init_args.mem_size", "expected int")),
+    Case("strategy init_args value refused", config={**BASE, "strategy": {"class_path": "replay",
+                                                                       "init_args": {"mem_size": -5}}},
+         message=("{cfg}: strategy.init_args.mem_size", "mem_size must be >= 0")),
+    Case("unknown model init_args key", config=cfg(model={"init_args": {"hiden": 8}}),
+         message=("{cfg}: model.init_args.hiden", "did you mean 'hidden'")),
+    Case("unknown optimizer init_args key", config=cfg(train={"optimizer": {"init_args": {"lrr": 0.1}}}),
+         message=("{cfg}: train.optimizer.init_args.lrr", "did you mean 'lr'")),
+    # -- orders
+    Case("order with a duplicate", config={**BASE, "order": ["rot0", "rot0", "rot90"]},
+         message=("{cfg}: order", "rot0 appear more than once")),
+    Case("order with an unknown experience", config={**BASE, "order": ["rot0", "rot90", "rot45"]},
+         message=("{cfg}: order", "unknown experience(s) rot45", "rot180")),
+    Case("order leaving one out", config={**BASE, "order": ["rot0", "rot90"]},
+         message=("{cfg}: order", "leaves out rot180")),
+    Case("bad permutation spec", config={**BASE, "order": {"permutation": "x"}},
+         message=("{cfg}: order", "unrecognised order", "permutation")),
+    Case("unknown named order", config={**BASE, "order": "backwards"},
+         message=("{cfg}: order", "unknown order 'backwards'", "reverse")),
+    # -- streams
+    Case("unknown digits domain", config=cfg(benchmark={"init_args": {"domains": ["rot0", "rot45"]}}),
+         message=("{cfg}: benchmark.init_args.domains", "rot45", "did you mean")),
+    Case("empty experience after a Dirichlet split",
+         config={**BASE, "benchmark": {"class_path": "digits-dirichlet",
+                                       "init_args": {"num_experiences": 8, "alpha": 0.01, "min_size": 0}}},
+         message=("{cfg}: benchmark.init_args.min_size", "empty", "min_size >= 1")),
+    Case("more experiences than samples",
+         config={**BASE, "benchmark": {"class_path": "digits-dirichlet", "init_args": {"num_experiences": 2000}}},
+         message=("{cfg}: benchmark.init_args", "2000 experiences exceeds")),
+    Case("min_size infeasible",
+         config={**BASE, "benchmark": {"class_path": "digits-dirichlet",
+                                       "init_args": {"min_size": 250, "alpha": 0.05}}},
+         message=("{cfg}: benchmark.init_args.min_size", "no Dirichlet draw", "raise alpha")),
+    Case("data root missing", config={**BASE, "benchmark": {**CORE50, "init_args": {"root": "{dir}/nowhere"}}},
+         message=("{dir}/nowhere", "does not exist")),
+    Case("malformed image", config={**BASE, "benchmark": CORE50}, setup=_core50_corrupt, output="empty",
+         message=("C_02_01_001.png", "cannot decode image", "delete the corrupt file")),
+    # -- trainer
+    Case("reserved trainer key", config=cfg(trainer={"max_epochs": 5}),
+         message=("{cfg}: trainer.max_epochs", "set by the runner", "train.epochs")),
+    Case("unknown trainer argument", config=cfg(trainer={"acelerator": "cpu"}),
+         message=("{cfg}: trainer.acelerator", "did you mean 'accelerator'")),
+    # -- command line
+    Case("override without '='", config=BASE, args=("train.epochs",),
+         message=("override 'train.epochs' has no '='", "key.path=value")),
+    Case("override to an unknown key", config=BASE, args=("train.epoch=3",),
+         message=("command line: train.epoch", "did you mean 'epochs'")),
+    Case("override of the wrong type", config=BASE, args=("train.epochs=abc",),
+         message=("command line: train.epochs", "expected int")),
+    Case("unknown command-line option", config=BASE, args=("--resum",),
+         message=("unrecognized arguments: --resum", "--help")),
+    # -- the output folder
+    Case("output path is a file", config=BASE, output="none", setup=_output_is_file,
+         message=("--output", "is a file", "directory")),
+    Case("output parent is a file", config=BASE, output="none", setup=_output_is_file, args=("--output", "{out}/sub"),
+         message=("--output", "cannot write", "writable")),
+    Case("output not writable", config=BASE, output="none", setup=_readonly_output,
+         message=("--output", "cannot write", "Permission denied"),
+         skip="running as root: permissions do not stop root's writes" if os.geteuid() == 0 else None),
+    Case("output under a read-only file system", config=BASE, output="none",
+         args=("--output", "/proc/clbench-output"), message=("--output", "cannot write", "writable"),
+         skip=None if Path("/proc/self").exists() else "no /proc on this system"),
+    Case("output holds a finished run", config=BASE, overwrite=False,
+         message=("--output", "already holds a finished run", "--overwrite")),
+    Case("output holds an unfinished run", config=BASE, output="checkpoint", overwrite=False,
+         message=("--output", "holds an unfinished run", "--resume")),
+    # -- resume
+    Case("resume without a checkpoint", config=BASE, output="empty", args=("--resume",),
+         message=("--resume", "no checkpoint to resume", "run without --resume")),
+    Case("resume a complete run", config=BASE, output="complete", args=("--resume",),
+         message=("--resume", "already complete")),
+    Case("resume with a differing config", config=cfg(train={"epochs": 2}), output="checkpoint", args=("--resume",),
+         message=("{cfg}", "differs from the checkpoint's at train.epochs", "checkpoint 1, now 2")),
+    Case("resume and overwrite together", config=BASE, output="checkpoint", args=("--resume", "--overwrite"),
+         message=("--resume", "not both")),
+    Case("resume from a damaged checkpoint", config=BASE, output="checkpoint", args=("--resume",),
+         setup=_truncate_checkpoint, message=("--resume", "cannot read checkpoint", "rerun without --resume")),
+]
+
+
+def _subst(value: Any, d: Path, out: Path, config: Path) -> Any:
+    if isinstance(value, str):
+        return value.replace("{dir}", str(d)).replace("{out}", str(out)).replace("{cfg}", str(config))
+    if isinstance(value, dict):
+        return {k: _subst(v, d, out, config) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_subst(v, d, out, config) for v in value]
+    return value
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root``, with its bytes (None for folders)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        out[str(path.relative_to(root))] = None if path.is_dir() else path.read_bytes()
+    return out
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory) -> Path:
+    """An output folder holding a real checkpoint (killed during the second experience)."""
+    d = tmp_path_factory.mktemp("interrupted")
+    config = d / "config.yaml"
+    config.write_text(yaml.safe_dump(BASE))
+    env = {**os.environ, "CLBENCH_TEST_KILL_AT": "stage:1:step:0"}
+    proc = subprocess.run([sys.executable, "-m", "clbench.cli", "run", "--config", str(config), "--output",
+                           str(d / "out"), "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == -9, proc.stderr
+    assert (d / "out" / "checkpoint.pt").is_file()
+    return d / "out"
+
+
+def _prepare(case: Case, d: Path, interrupted: Path) -> tuple[list[str], Path]:
+    out = d / "out"
+    config = d / case.config_name
+    if case.output == "previous":
+        out.mkdir()
+        (out / "result.json").write_text('{"status": "ok", "note": "a previous finished run"}\n')
+        (out / "tensorboard").mkdir()
+        (out / "tensorboard" / "events.out.tfevents.1.previous").write_bytes(b"previous events")
+        (out / "notes.txt").write_text("keep me\n")
+    elif case.output == "empty":
+        out.mkdir()
+    elif case.output == "checkpoint":
+        shutil.copytree(interrupted, out)
+    elif case.output == "complete":
+        out.mkdir()
+        (out / "result.json").write_text('{"status": "ok"}\n')
+    if case.setup is not None:
+        case.setup(d)
+    if isinstance(case.config, (dict, list)):
+        config.write_text(yaml.safe_dump(_subst(case.config, d, out, config), sort_keys=False))
+    elif isinstance(case.config, str):
+        config.write_text(case.config)
+    elif isinstance(case.config, bytes):
+        config.write_bytes(case.config)
+    argv = ["run", "--config", str(config), "--output", str(out), "--no-progress"]
+    if case.output == "previous" and case.overwrite:
+        argv.append("--overwrite")
+    argv += [_subst(a, d, out, config) for a in case.args]
+    return argv, out
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, interrupted_run) -> dict[str, dict]:
+    """Run every case (concurrently, one process each); return what each did."""
+    jobs = {}
+    for case in CASES:
+        if case.skip:
+            continue
+        d = tmp_path_factory.mktemp("case")
+        argv, out = _prepare(case, d, interrupted_run)
+        jobs[case.id] = (d, argv, out, _snapshot(d))
+
+    def run(item):
+        name, (d, argv, out, before) = item
+        proc = subprocess.run([sys.executable, "-m", "clbench.cli", *argv], cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
+        return name, {"proc": proc, "dir": d, "out": out, "config": d / "config.yaml", "before": before,
+                      "after": _snapshot(d)}
+
+    with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
+        results = dict(pool.map(run, jobs.items()))
+    for d, *_ in jobs.values():  # let pytest clean up read-only folders
+        for path in d.rglob("*"):
+            if path.is_dir():
+                path.chmod(0o755)
+    return results
+
+
+def test_the_catalogue_is_large_enough():
+    assert len(CASES) >= 22
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_clean_line_and_exit_2(case: Case, outcomes):
+    if case.skip:
+        pytest.skip(case.skip)
+    got = outcomes[case.id]
+    proc = got["proc"]
+    assert proc.returncode == 2, f"exit {proc.returncode}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{proc.stderr}"
+    line = lines[0]
+    assert line.startswith("clbench: error: ")
+    assert "(" in line and line.endswith(")"), f"no fix given: {line}"
+    for needle in case.message:
+        needle = needle.replace("{cfg}", str(got["config"])).replace("{out}", str(got["out"])) \
+            .replace("{dir}", str(got["dir"]))
+        assert needle in line, f"{needle!r} not in:\n{line}"
+    # nothing written, nothing removed, nothing changed
+    assert got["after"] == got["before"]
