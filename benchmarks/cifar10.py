@@ -116,7 +116,7 @@ def cifar10_dirichlet(root: str, num_experiences: int = 5, alpha: float = 0.3, m
         train_x = torch.from_numpy(x_tr)
         train = [ArrayDataset(train_x[idx], torch.from_numpy(y_tr[idx]), eval_tf) for idx in split.train_indices]
     else:
-        train_tf = image_transform(image_size, aug, normalize, jitter_first=True)
+        train_tf = image_transform(image_size, aug, normalize, jitter_first=image_size > 32)
         train = [ImageArray(x_tr, idx, y_tr[idx], train_tf, channels_last=False) for idx in split.train_indices]
     test_x, test_y = torch.from_numpy(x_te), torch.from_numpy(y_te)
     test = [ArrayDataset(test_x[idx], test_y[idx], eval_tf) for idx in split.test_indices]

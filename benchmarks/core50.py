@@ -50,6 +50,7 @@ NI_TRAIN_SESSIONS = (1, 2, 4, 5, 6, 8, 9, 11)
 NI_TEST_SESSIONS = (3, 7, 10)
 NUM_OBJECTS = 50
 OBJECTS_PER_CATEGORY = 5
+NATIVE_SIZE = 128
 # In the order the dataset's page lists them; objects o1-o5 form the first category, and so on.
 CATEGORY_NAMES = ("plug_adapter", "mobile_phone", "scissors", "light_bulb", "can", "glasses", "ball", "marker",
                   "cup", "remote_control")
@@ -62,13 +63,9 @@ FIX = "see docs/datasets.md: download core50_128x128.zip from the CORe50 page an
 DEFAULT_AUGMENT = Augment()
 
 
-def category_of(obj: int) -> int:
-    """Category index (0..9) of object number ``obj`` (1..50)."""
-    return (obj - 1) // OBJECTS_PER_CATEGORY
-
-
 def _missing(kind: str, paths: list[str], fix: str = FIX) -> UserError:
-    more = f" (and {len(paths) - 1} more: {', '.join(Path(p).name for p in paths[1:6])}" \
+    """One error naming the first path in full and up to five more by their last two parts."""
+    more = f" (and {len(paths) - 1} more: {', '.join('/'.join(Path(p).parts[-2:]) for p in paths[1:6])}" \
            f"{', ...' if len(paths) > 6 else ''})" if len(paths) > 1 else ""
     return UserError(f"{kind}{more}", where=paths[0], fix=fix)
 
@@ -230,13 +227,17 @@ def core50(root: str, protocol: Literal["domains11", "ni"] = "domains11",
 
     if use_npz:
         array, rows, sess, obj = scan_arrays(arrays[0], arrays[1], needed, objs)
-        make = lambda idx, y, tf: ImageArray(array, rows[idx], y, tf, channels_last=True)  # noqa: E731
     else:
         samples = scan_folder(folder, needed, objs)
         paths = [p for p, *_ in samples]
         sess = np.array([s for _, s, _, _ in samples], dtype=np.int64)
         obj = np.array([o for _, _, o, _ in samples], dtype=np.int64)
-        make = lambda idx, y, tf: ImageFiles([paths[i] for i in idx], y, tf)  # noqa: E731
+
+    def make(idx: np.ndarray, targets: np.ndarray, transform):
+        """The dataset of samples ``idx`` (positions in the scan) in the form being read."""
+        if use_npz:
+            return ImageArray(array, rows[idx], targets, transform, channels_last=True)
+        return ImageFiles([paths[i] for i in idx], targets, transform)
 
     raw = obj - 1 if labels == "object" else (obj - 1) // OBJECTS_PER_CATEGORY
     classes_used = sorted(set(raw.tolist()))
@@ -245,7 +246,7 @@ def core50(root: str, protocol: Literal["domains11", "ni"] = "domains11",
     y = relabel[raw]
     names_all = [f"o{o}" for o in range(1, NUM_OBJECTS + 1)] if labels == "object" else list(CATEGORY_NAMES)
 
-    train_tf = image_transform(image_size, aug, normalize, jitter_first=True)
+    train_tf = image_transform(image_size, aug, normalize, jitter_first=image_size > NATIVE_SIZE)
     eval_tf = image_transform(image_size, None, normalize)
     train, test, names = [], [], []
     if protocol == "ni":

@@ -4,7 +4,8 @@ Two per-sample datasets feed every image stream:
 
 * :class:`ImageFiles` decodes one file per sample with PIL (CORe50 PNGs, Office-Home JPEGs).
 * :class:`ImageArray` indexes a uint8 array already in memory or memory-mapped (CIFAR-10's
-  pickled batches, CORe50's ``core50_imgs.npz``), so nothing is decoded at all.
+  pickled batches, CORe50's ``core50_imgs.npz``, Office-Home decoded once by
+  :func:`preload_images`), so nothing is decoded while training.
 
 Both are per-sample on purpose: the training augmentations are random *per image*, and
 torchvision's v2 transforms draw one set of parameters per call, so a batch-level call would
@@ -17,16 +18,29 @@ images to the same size, used random resized crops, random flips over the vertic
 low levels of color jitter", plus Gaussian blur and noise for some CIFAR-10 runs. The thesis
 states none of the strengths; the defaults of :class:`Augment` are this harness's choices.
 
-Decoding cost and worker count. Measured on one core of a 2-core x86 VM (Pillow 12, torchvision
-0.25), per 128x128 CORe50 PNG at ``image_size=224``: decode 0.5 ms, full training pipeline
-2-2.5 ms (eval pipeline 1-2 ms); hue jitter alone adds 2-3 ms at 224x224, which is why ``hue``
-defaults to 0 and colour jitter runs at the smaller of the native and target resolutions. One
-worker therefore delivers roughly 400-500 training images per second. A ViT-small/16 training
-step at 224 px on a current data-centre GPU processes a few thousand images per second, so
-``train.num_workers`` should be about ``gpu_images_per_second / 450``: 8 workers for an
-H100-class GPU with batch 128 (the experiment configs set 8). Measure the real rate on a
-machine with ``clbench data check BENCHMARK --root DIR --speed 50``. Loader workers are
-separate processes, so keep the datasets light to copy: paths and labels are numpy arrays (no
+Decoding cost and worker count. CPU time per image on one core of an x86 VM (Pillow 13,
+torchvision 0.29), training pipeline at ``image_size=224`` unless noted:
+
+==========================================  =========  ===================
+input                                       ms/image   images/s per worker
+==========================================  =========  ===================
+CORe50 PNG (128 px; decode alone 0.4 ms)    1.8        ~550
+CORe50 from ``core50_imgs.npz``             1.2        ~850
+Office-Home JPEG, 800x600 (draft decode)    4.0        ~250
+Office-Home preloaded (``preload: true``)   1.4        ~700
+CIFAR-10 at 32 px, thesis augmentations     0.35       ~2800
+==========================================  =========  ===================
+
+Evaluation (resize only) costs about 1.1 ms per CORe50 PNG. Hue jitter adds about 1.5 ms per
+image, which is why ``hue`` defaults to 0 and why colour jitter runs at the smaller of the
+native and target resolutions. A ViT-small/16 training step in bf16 on an H100-class GPU
+consumes a few thousand 224 px images per second (an estimate: no GPU was at hand for these
+measurements), so ``train.num_workers`` should be about that rate divided by the last column:
+8 workers for CORe50 (the experiment configs set 8), 5-6 from the npz or for preloaded
+Office-Home, while Office-Home decoded from its JPEGs would need every core of a 16-core
+machine, hence ``preload``. Measure the real rate with
+``clbench data check BENCHMARK --root DIR --speed 50 --workers N``. Loader workers are
+separate processes, so the datasets stay light to copy: paths and labels are numpy arrays (no
 per-item Python objects whose reference counts would un-share forked memory), and a
 memory-mapped npz is reopened in each worker rather than pickled.
 """
@@ -117,6 +131,29 @@ def verify_images(paths: Sequence[str], workers: int = 8) -> list[tuple[str, str
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return [bad for bad in pool.map(one, paths, chunksize=64) if bad is not None]
+
+
+def preload_images(paths: Sequence[str], size: int, threads: int | None = None) -> np.ndarray:
+    """Every file decoded once and resized to ``size`` x ``size``, as one uint8 array (N, size, size, 3).
+
+    The pipeline's first step resizes every image to that square anyway (and skips the resize
+    when it is already that size), so training on the preloaded array sees the same images
+    (up to PIL's versus torchvision's bilinear resampling) while the loader workers only
+    augment. Decoding runs in threads; Pillow releases the GIL while it decodes and resizes.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+
+    out = np.empty((len(paths), size, size, 3), dtype=np.uint8)
+
+    def one(i: int) -> None:
+        image = open_rgb(str(paths[i]), size)
+        out[i] = np.asarray(image.resize((size, size), Image.BILINEAR))
+
+    with ThreadPoolExecutor(max_workers=threads or min(16, os.cpu_count() or 1)) as pool:
+        list(pool.map(one, range(len(paths)), chunksize=32))
+    return out
 
 
 class ImageFiles(Dataset):

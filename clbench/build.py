@@ -118,8 +118,14 @@ def preflight(cfg: dict, source: str) -> None:
     """Resolve every component and check every ``init_args`` before anything is built.
 
     Building a stream can take minutes (decoding a dataset); a typo in the strategy's
-    arguments should not wait for it. Only imports the components' modules.
+    arguments should not wait for it. Only imports the components' modules, and names that
+    are neither registered nor import paths are refused before anything is imported.
     """
+    for key, kind in (("benchmark", "benchmarks"), ("model", "models"), ("strategy", "strategies")):
+        name = cfg[key]["class_path"]
+        if isinstance(name, str) and name not in registry.available(kind) and not registry._looks_like_path(name):
+            registry.resolve(kind, name, where=f"{source}: {key}.class_path")  # raises: unknown name
+    _optimizer_path(cfg, source)
     for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", ("num_classes", "input_shape"))):
         target = registry.resolve(kind, cfg[key]["class_path"], where=f"{source}: {key}.class_path")
         check_init_args(target, cfg[key]["init_args"], f"{source}: {key}.init_args", provided=provided)
@@ -149,15 +155,19 @@ OPTIMIZERS = {"adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW", "sgd": "
               "rmsprop": "torch.optim.RMSprop"}
 
 
-def optimizer_factory(cfg: dict, source: str) -> Callable:
-    spec = cfg["train"]["optimizer"]
-    name = spec["class_path"]
-    where = f"{source}: train.optimizer"
+def _optimizer_path(cfg: dict, source: str) -> str:
+    name = cfg["train"]["optimizer"]["class_path"]
     path = OPTIMIZERS.get(name.lower(), name)
     if "." not in path and ":" not in path:
-        raise UserError(f"unknown optimizer '{name}'", where=f"{where}.class_path",
+        raise UserError(f"unknown optimizer '{name}'", where=f"{source}: train.optimizer.class_path",
                         fix=did_you_mean(name, OPTIMIZERS) + ", or an import path like torch.optim.SGD")
-    target = registry._load_import_path(path, f"{where}.class_path")
+    return path
+
+
+def optimizer_factory(cfg: dict, source: str) -> Callable:
+    spec = cfg["train"]["optimizer"]
+    where = f"{source}: train.optimizer"
+    target = registry._load_import_path(_optimizer_path(cfg, source), f"{where}.class_path")
     args = dict(spec["init_args"])
     check_init_args(target, args, f"{where}.init_args", provided=("params",))
     return lambda params: target(params, **args)

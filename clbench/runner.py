@@ -270,10 +270,10 @@ class ContinualRun:
         cfg, src = self.cfg, self.source
         seed = cfg["seed"]
         seeding.seed_all(seeding.derive(seed, "build"))
+        self.strategy = build.build_strategy(cfg, src)  # before the stream: it checks its arguments cheaply
         self.scenario = build.build_benchmark(cfg, src)
         self.spec = spec_of(self.scenario)
         self.experiences = ordered_experiences(self.scenario, cfg["order"], where=f"{src}: order")
-        self.strategy = build.build_strategy(cfg, src)
         if self.spec.scenario_type not in self.strategy.supports:
             raise UserError(f"strategy '{cfg['strategy']['class_path']}' does not support "
                             f"{self.spec.scenario_type} streams like '{self.spec.name}'", where=f"{src}: strategy",
@@ -291,16 +291,19 @@ class ContinualRun:
                                       + ([None] if self.imbalance else []))
         self.strategy.setup(self.module, self.experiences, seeding.derive(seed, "strategy"))
 
+    def _reserved_trainer_args(self) -> None:
+        for key in self.cfg["trainer"] or {}:
+            if key in _RESERVED_TRAINER_ARGS:
+                raise UserError(f"'{key}' is set by the runner", where=f"{self.source}: trainer.{key}",
+                                fix="use train.epochs / train.eval_every_epoch instead, or remove it")
+
     def _trainer_args(self) -> dict:
         import lightning.pytorch as pl
 
         from clbench.build import check_init_args
 
+        self._reserved_trainer_args()
         args = dict(self.cfg["trainer"] or {})
-        for key in args:
-            if key in _RESERVED_TRAINER_ARGS:
-                raise UserError(f"'{key}' is set by the runner", where=f"{self.source}: trainer.{key}",
-                                fix="use train.epochs / train.eval_every_epoch instead, or remove it")
         check_init_args(pl.Trainer, args, f"{self.source}: trainer")
         return args
 
@@ -468,11 +471,11 @@ class ContinualRun:
     # -- the loop -------------------------------------------------------------------------
     def execute(self) -> dict:
         from clbench import faults, seeding
-
         from clbench.build import preflight
 
         start = time.perf_counter()
         preflight(self.cfg, self.source)  # imports the components only; fails fast on a typo
+        self._reserved_trainer_args()
         ckpt = self._read_checkpoint() if self.resume else None
         _quiet_lightning()
         self._trainer_args()

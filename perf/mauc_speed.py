@@ -7,6 +7,10 @@ Prints the time of ``clbench.metrics.functional.multiclass_mauc``, of the ``Mult
 metric (batched updates + compute), and of ``sklearn.metrics.roc_auc_score(multi_class="ovo",
 average="macro")`` on the same random probabilities, the speed-up, and the difference between
 the values. Exits 1 if the values differ by more than 1e-6.
+
+The probabilities are float32 by default, the dtype the metric stores; scikit-learn gets the
+same values as float64, so all three rank identical numbers (``--dtype float64`` for doubles).
+Float32 softmax outputs tie across samples, so the tie handling is part of what is timed.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sklearn-repeats", type=int, default=1, help="sklearn: best of R")
     parser.add_argument("--batch", type=int, default=4096, help="metric update batch size")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -48,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     target = rng.integers(0, args.k, args.n)
     logits = rng.normal(size=(args.n, args.k)) + 1.0 * np.eye(args.k)[target]
-    probs = torch.tensor(logits).softmax(dim=1)            # float64, rows sum to 1
-    probs_np, target_t = probs.numpy(), torch.tensor(target)
+    dtype = getattr(torch, args.dtype)
+    probs = torch.tensor(logits).softmax(dim=1).to(dtype)  # rows sum to 1 (to float32 precision)
+    probs_np, target_t = probs.double().numpy(), torch.tensor(target)
 
     multiclass_mauc(probs[:1000], target_t[:1000], args.k, input="probs")   # warm-up
 
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return multiclass_mauc(probs, target_t, args.k, input="probs")
 
     def metric():
-        m = MulticlassMAUC(args.k, input="probs").set_dtype(torch.float64)
+        m = MulticlassMAUC(args.k, input="probs").set_dtype(dtype)
         for start in range(0, args.n, args.batch):
             m.update(probs[start:start + args.batch], target_t[start:start + args.batch])
         return m.compute()
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     t_fun, v_fun = _best_time(functional, args.repeats)
     t_met, v_met = _best_time(metric, args.repeats)
     t_skl, v_skl = _best_time(sklearn, args.sklearn_repeats)
-    print(f"MAUC on N={args.n:,} samples, K={args.k} classes "
+    print(f"MAUC on N={args.n:,} samples, K={args.k} classes, {args.dtype} probabilities "
           f"(torch {torch.__version__}, {torch.get_num_threads()} threads)")
     print(f"  sklearn roc_auc_score(ovo, macro)  {t_skl:9.3f} s   value {v_skl:.12f}")
     print(f"  clbench multiclass_mauc            {t_fun:9.3f} s   value {v_fun:.12f}   "

@@ -22,6 +22,8 @@ Choices:
 * Distributed: the memory gradient of each rank is averaged with an all-reduce so that every
   rank projects the same all-reduced g onto the same g_ref, and the ranks stay identical.
   Sharded parameters (FSDP) are not handled: the dot products would only cover each shard.
+* The memory forward runs in training mode, like the current batch (batch norm statistics see
+  memory samples too, as they do in replay).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Callable, Literal
 
 import torch
+from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import WeightedRandomSampler
 
 from clbench.data import concat, subset, targets_of
@@ -116,8 +117,6 @@ def with_memory(current, memory, make_loader: Callable, batch_size: int, generat
     (which would drop replacement and the sample count), while any other sampler is wrapped and
     split across ranks with its draws intact.
     """
-    from lightning.pytorch.utilities import CombinedLoader
-
     sampler = WeightedRandomSampler(torch.ones(len(memory), dtype=torch.double), len(current) * batch_size,
                                     replacement=True, generator=generator)
     memory_loader = make_loader(memory, batch_size=batch_size, sampler=sampler)

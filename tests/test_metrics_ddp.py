@@ -58,27 +58,35 @@ def _evaluate(indices):
     return out
 
 
-def _worker(rank, world, port, out_dir):
-    import torch.distributed as dist
+def _shards(world):
+    """Per-rank sample indices from Lightning's unpadded sampler and PyTorch's padded one."""
     from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
     from torch.utils.data import DistributedSampler
+
+    samples = range(N)
+    return {
+        "unrepeated": [list(UnrepeatedDistributedSampler(samples, num_replicas=world, rank=r,
+                                                         shuffle=False)) for r in range(world)],
+        "padded": [list(DistributedSampler(samples, num_replicas=world, rank=r, shuffle=False))
+                   for r in range(world)],
+        # one process gets every sample, the other none: its empty states must still sync
+        "lopsided": [list(samples)] + [[] for _ in range(world - 1)],
+    }
+
+
+def _worker(rank, world, port, shards, out_dir):
+    import warnings
+
+    import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
     try:
-        samples = range(N)
-        unrepeated = list(UnrepeatedDistributedSampler(samples, num_replicas=world, rank=rank,
-                                                       shuffle=False))
-        padded = list(DistributedSampler(samples, num_replicas=world, rank=rank, shuffle=False))
-        # one process gets every sample, the other none: its empty states must still sync
-        lopsided = list(samples) if rank == 0 else []
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")      # "compute before update" on the empty rank
-            results = {"shard_size": len(unrepeated), "unrepeated": _evaluate(unrepeated),
-                       "padded": _evaluate(padded), "lopsided": _evaluate(lopsided)}
+            results = {name: _evaluate(per_rank[rank]) for name, per_rank in shards.items()}
+        results["shard_size"] = len(shards["unrepeated"][rank])
         torch.save(results, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -93,7 +101,7 @@ def _free_port():
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _free_port(), _shards(2), str(out)), nprocs=2, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

@@ -177,6 +177,15 @@ def test_mauc_ties_in_some_columns_only():
     assert float(multiclass_mauc(grad, torch.tensor(target), 5, input="probs")) == float(got)
 
 
+@pytest.mark.parametrize("decimals", [2, 3, 5])
+def test_mauc_float32_with_tie_groups_of_every_size(decimals):
+    # float32 probabilities rounded to a grid: tie groups from pairs to thousands of points
+    _, probs, target = _random_problem(16 + decimals, 6000, 12)
+    probs32 = torch.tensor(np.round(probs, decimals), dtype=torch.float32)
+    got = multiclass_mauc(probs32, torch.tensor(target), 12, input="probs")
+    assert float(got) == pytest.approx(_hand_till(probs32.double().numpy(), target), abs=1e-12)
+
+
 def test_mauc_blocks_over_columns(monkeypatch):
     import clbench.metrics.functional as functional
 

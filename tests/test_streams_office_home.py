@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmarks.images import ImageFiles, open_rgb
+from benchmarks.images import ImageArray, ImageFiles, open_rgb
 from benchmarks.office_home import CLASSES, DOMAINS, FOLDER, office_home
 from clbench.errors import UserError
 from clbench.fixtures import write_office_home
@@ -162,3 +162,25 @@ def test_corrupt_image_is_named_when_read(base, tmp_path):
     with pytest.raises(UserError) as err:
         dataset[index]
     assert str(bad) in one_line(err) and "cannot decode" in str(err.value)
+
+
+def test_preload_gives_the_same_stream_from_memory(base):
+    files = ordered_experiences(office_home(str(base), image_size=16, augment=False), "default")
+    memory = ordered_experiences(office_home(str(base), image_size=16, augment=False, preload=True), "default")
+    for a, b in zip(files, memory):
+        assert isinstance(b.train, ImageArray) and isinstance(b.test, ImageArray)
+        assert a.train.targets.tolist() == b.train.targets.tolist()
+        assert a.test.targets.tolist() == b.test.targets.tolist()
+    for i in (0, 30, 64):
+        x_file, x_mem = files[3].test[i][0], memory[3].test[i][0]
+        assert x_file.shape == x_mem.shape == (3, 16, 16)
+        assert (x_file - x_mem).abs().mean() < 0.05  # the same picture, resampled by PIL instead of torchvision
+
+
+def test_preload_names_a_corrupt_image(base, tmp_path):
+    dst = copy(base, tmp_path)
+    bad = dst / "Art" / "Pen" / "00004.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 broken")
+    with pytest.raises(UserError) as err:
+        office_home(str(dst), image_size=8, preload=True)
+    assert str(bad) in one_line(err)

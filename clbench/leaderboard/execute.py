@@ -121,6 +121,7 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
               console=None) -> SuiteOutcome:
     """Run every grid point of ``suite`` that has no entry in ``output``; see the module notes."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from clbench.io import write_json
@@ -158,7 +159,7 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
         for k, spec in enumerate(todo, 1):
             head = f"run {k} of {len(todo)}"
             if bar is not None:
-                bar.update(task, description=f"{head}: {spec.label()}")
+                bar.update(task, description=f"{head}: {escape(spec.label())}")
             workdir = output / RUNS_DIR / spec.hash
             start = time.perf_counter()
             recovered = _recover(workdir, spec)
@@ -177,7 +178,7 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
                     if not isinstance(err, UserError):
                         console.print(traceback.format_exc(), markup=False, highlight=False, style="dim")
                     shutil.rmtree(workdir, ignore_errors=True)  # a retry starts over
-                    note = f"[red]failed[/]: {message}"
+                    note = f"[red]failed[/]: {escape(message)}"
                 else:
                     entry = entry_from_result(result, suite=suite.name)
                     (outcome.resumed if resumed else outcome.ran).append(spec.hash)
@@ -186,7 +187,7 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
                         f" in {time.perf_counter() - start:.1f}s" + (" (resumed)" if resumed else "")
             write_entry(output, entry)
             _finish_workdir(workdir)
-            console.print(f"{head}: {spec.label()} · {note}", highlight=False)
+            console.print(f"{head}: {escape(spec.label())} · {note}", highlight=False)
             if bar is not None:
                 bar.advance(task)
     except KeyboardInterrupt:

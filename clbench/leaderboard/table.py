@@ -27,6 +27,7 @@ SCORES = ("acc", "aia", "bwt", "fwt", "forgetting", "gmean_final", "mauc_final",
 TITLES = {"acc": "ACC", "aia": "AIA", "bwt": "BWT", "fwt": "FWT", "forgetting": "Forgetting",
           "gmean_final": "G-mean", "mauc_final": "MAUC", "global_acc": "Global ACC", "global_gmean": "Global G-mean",
           "global_mauc": "Global MAUC", "im": "IM", "fwt_ref": "FWT (ref)"}
+CORE_SCORES = ("acc", "aia", "bwt", "fwt", "forgetting")
 LOWER_IS_BETTER = frozenset({"forgetting", "im"})
 RANK_BY = "acc"
 _IGNORED = ("seed", "order", "logging")
@@ -225,22 +226,41 @@ def console_for_tables():
 
 
 def print_tables(tables: list[BenchmarkTable], console=None) -> None:
-    """The leaderboard in the terminal: one rich table per benchmark."""
+    """The leaderboard in the terminal: one rich table per benchmark.
+
+    A terminal too narrow for every score column gets the core ones (ACC to Forgetting) and a
+    note naming the rest, rather than cells wrapped over three lines.
+    """
+    from rich import box
     from rich.table import Table
 
     console = console or console_for_tables()
     for t in tables:
-        table = Table(title=f"{t.label}: mean ± std over orders and seeds (%), ranked by ACC", title_justify="left")
+        label_width = max([len(r.label) for r in t.rows] + [8])
+        scores, narrow = t.scores, 30 + label_width + 14 * len(t.scores) > console.width
+        if narrow:
+            scores = [s for s in t.scores if s in CORE_SCORES]
+        table = Table(title=f"{t.label}: mean ± std over orders and seeds (%), ranked by ACC", title_justify="left",
+                      box=box.SIMPLE_HEAVY, padding=(0, 1))
         table.add_column("rank", justify="right")
-        table.add_column("strategy", style="bold")
+        table.add_column("strategy", style="bold", no_wrap=True)
         table.add_column("runs", justify="right")
-        for score in t.scores:
-            table.add_column(TITLES.get(score, score), justify="right")
-        table.add_column("wall s", justify="right")
+        for score in scores:
+            table.add_column(TITLES.get(score, score), justify="right", no_wrap=True)
+        if not narrow:
+            table.add_column("wall s", justify="right")
         for row in t.rows:
-            wall = row.wall_seconds
-            table.add_row(str(row.rank or "—"), row.label, runs_cell(row), *[fmt(row.stats.get(s)) for s in t.scores],
-                          f"{wall:.1f}" if wall is not None else "—")
+            cells = [fmt(row.stats.get(s)) for s in scores]
+            if narrow:
+                cells = [c.replace(" ± ", "±") for c in cells]
+            else:
+                wall = row.wall_seconds
+                cells.append(f"{wall:.1f}" if wall is not None else "—")
+            table.add_row(str(row.rank or "—"), row.label, runs_cell(row), *cells)
         console.print(table)
+        hidden = [TITLES.get(s, s) for s in t.scores if s not in scores] + (["wall time"] if narrow else [])
+        if hidden:
+            console.print(f"  (also {', '.join(hidden)}: widen the terminal, or see the rendered README.md)",
+                          style="dim", highlight=False)
     if not tables:
         console.print("no entries")

@@ -146,28 +146,25 @@ def _pairwise_auc(probs: Tensor, target: Tensor, k: int) -> Tensor:
     if probs.dtype in (torch.float16, torch.bfloat16):
         probs = probs.float()                    # exact; NumPy has no bfloat16 to sort
     counts = torch.bincount(target, minlength=k)
-    # below_sum[i, j] = sum over class-j points x of (#class-i points below x + #at or below x)
-    # in column i; then 2 * wins(i over j) = 2 n_i n_j - below_sum[i, j] for j != i.
-    below_sum = torch.zeros((k, k), dtype=torch.int64, device=device)
-    doubled = torch.ones(k, dtype=torch.int64, device=device)
+    # For a class-j point x in column i, below(x) / at_or_below(x) count the class-i points with
+    # a score < / <= p(i|x); then 2 * wins(i over j) = 2 n_i n_j - sum_x (below + at_or_below).
+    # Without ties both equal upto(x), the running count of class-i points along the sorted
+    # column, so the sum is 2 * upto_sum[i, j]; tie_fix[i, j] adds what ties change.
+    upto_sum = torch.zeros((k, k), dtype=torch.int64, device=device)
+    tie_fix = torch.zeros((k, k), dtype=torch.int64, device=device)
     block = max(1, _AUC_BLOCK_ELEMENTS // n_samples)
     transposed = probs.T.contiguous()                                     # (K, N): p(i|x)
     for first in range(0, k, block):
         last = min(k, first + block)
         columns = transposed[first:last]
         order = _argsort_rows(columns).to(device)
-        label = target[order]                                             # true classes, sorted
+        label = target.index_select(0, order.reshape(-1)).view_as(order)  # true classes, sorted
         is_own = label == torch.arange(first, last, device=device)[:, None]
-        upto = torch.cumsum(is_own, dim=1)                                # class-i points so far
-        # Without a tie between a class-i point and another, below = at-or-below = upto(x).
-        below_sum[first:last].scatter_add_(1, label, upto)
-        doubled[first:last] = 2
-        tied = torch.nonzero(_rows_with_cross_ties(columns, order, is_own)).flatten()
-        if tied.numel():
-            below_sum[first + tied] = _tied_below_sums(
-                columns[tied], order[tied], label[tied], is_own[tied], upto[tied], k)
-            doubled[first + tied] = 1
-    twice_wins = 2 * counts[:, None] * counts[None, :] - doubled[:, None] * below_sum
+        upto = torch.cumsum(is_own, dim=1)
+        upto_sum[first:last].scatter_add_(1, label, upto)
+        if bool(_rows_with_cross_ties(columns, order, is_own).any()):
+            tie_fix[first:last] = _tie_corrections(columns, order, label, is_own, upto, k)
+    twice_wins = 2 * counts[:, None] * counts[None, :] - 2 * upto_sum - tie_fix
     pairs = counts[:, None].double() * counts[None, :].double()
     defined = pairs > 0
     out[defined] = twice_wins[defined].double() / (2.0 * pairs[defined])
@@ -179,34 +176,48 @@ def _rows_with_cross_ties(columns: Tensor, order: Tensor, is_own: Tensor) -> Ten
     """Rows where some class-i point ties with a point of another class (only those ties change
     an AUC). Any tie group holding both kinds has such a pair side by side in sorted order, so
     looking at the sorted neighbours of the class-i points (n_i per row, not N) is enough."""
-    rows, pos = torch.nonzero(is_own, as_tuple=True)
     n = columns.shape[1]
-    value = columns[rows, order[rows, pos]]
+    values, ranks, own = columns.reshape(-1), order.reshape(-1), is_own.reshape(-1)
+    at = torch.nonzero(own).flatten()                     # flat (row, sorted position) of own
+    rows = at // n
+    value = values.take(rows * n + ranks.take(at))
     tied = torch.zeros(columns.shape[0], dtype=torch.bool, device=columns.device)
     for step in (-1, 1):
-        nb = pos + step
-        ok = (nb >= 0) & (nb < n)
-        r, p, nb = rows[ok], pos[ok], nb[ok]
-        hit = (columns[r, order[r, nb]] == value[ok]) & ~is_own[r, nb]
+        pos = at - rows * n + step
+        ok = (pos >= 0) & (pos < n)
+        nb, r = at[ok] + step, rows[ok]
+        hit = (values.take(r * n + ranks.take(nb)) == value[ok]) & ~own.take(nb)
         tied[r[hit]] = True
     return tied
 
 
-def _tied_below_sums(columns: Tensor, order: Tensor, label: Tensor, is_own: Tensor,
+def _tie_corrections(columns: Tensor, order: Tensor, label: Tensor, is_own: Tensor,
                      upto: Tensor, k: int) -> Tensor:
-    """``below_sum`` rows for columns with ties: within a group of equal scores, "below" is the
-    running count before the group's first element and "at or below" the count at its last."""
+    """``(b, K)`` sums over class-j points of ``below + at_or_below - 2 upto``, which is zero
+    outside tie groups. In a group of equal scores, "below" is the count before the group's
+    first element and "at or below" the count at its last. Beyond one pass to find the groups,
+    only tied elements are visited."""
     ordered = torch.gather(columns, 1, order)
-    starts = torch.ones_like(is_own)
-    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    b, n = ordered.shape
+    same_as_next = ordered[:, 1:] == ordered[:, :-1]
+    in_group = torch.zeros_like(is_own)
+    in_group[:, 1:] |= same_as_next
+    in_group[:, :-1] |= same_as_next
+    at = torch.nonzero(in_group.reshape(-1)).flatten()   # flat positions, row-major
+    rows, pos = at // n, at % n
+    continues = torch.zeros_like(at, dtype=torch.bool)
+    inner = pos > 0
+    continues[inner] = same_as_next.reshape(-1).take(rows[inner] * (n - 1) + pos[inner] - 1)
+    starts = ~continues
     ends = torch.ones_like(starts)
-    ends[:, :-1] = starts[:, 1:]
-    before = upto - is_own.long()
-    below = torch.cummax(torch.where(starts, before, torch.zeros_like(before)), 1).values
-    never = torch.full_like(upto, columns.shape[1] + 1)
-    at_or_below = torch.cummin(torch.where(ends, upto, never).flip(1), 1).values.flip(1)
-    sums = torch.zeros((columns.shape[0], k), dtype=torch.int64, device=columns.device)
-    return sums.scatter_add_(1, label, below + at_or_below)
+    ends[:-1] = starts[1:]
+    group = torch.cumsum(starts, 0) - 1
+    upto_at = upto.reshape(-1).take(at)
+    before_at = upto_at - is_own.reshape(-1).take(at).long()
+    change = before_at[starts][group] + upto_at[ends][group] - 2 * upto_at
+    fix = torch.zeros((b, k), dtype=torch.int64, device=columns.device)
+    fix.view(-1).index_add_(0, rows * k + label.reshape(-1).take(at), change)
+    return fix
 
 
 def multiclass_mauc_compute(probs: Tensor, target: Tensor, num_classes: int) -> Tensor:

@@ -32,7 +32,7 @@ count read from ``layer.num_experts``). Creating them up front matters under DDP
 then syncs the same metrics in the same order in ``compute``, even one that routed nothing.
 A layer may also be named by a string (``record("router0", ...)``); an unattached string name
 gets a metric on first use, its expert count from ``num_experts=`` or the gates' last
-dimension.
+dimension. Importing this module loads torch only; torchmetrics loads with the first metric.
 
 Arguments of :func:`record`: ``experts`` (integer top-k indices ``(..., k)``, also for k = 1),
 ``gates`` (router probabilities ``(..., E)``; their argmax is the decision when ``experts`` is
@@ -50,12 +50,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import weakref
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor, nn
 
-from clbench.metrics.utilization import ExpertUtilization
+if TYPE_CHECKING:
+    from clbench.metrics.utilization import ExpertUtilization
 
 _ACTIVE: contextvars.ContextVar[tuple["RoutingRecorder", int] | None] = contextvars.ContextVar(
     "clbench_routing_active", default=None)
@@ -98,6 +99,9 @@ class RoutingRecorder:
     # -- set-up ------------------------------------------------------------------------------
     def add_layer(self, name: str, num_experts: int) -> ExpertUtilization:
         """Create (or return) the metric for layer ``name``."""
+        # imported here so that MoE layers can import ``record`` without loading torchmetrics
+        from clbench.metrics.utilization import ExpertUtilization
+
         metric = self.metrics.get(name)
         if metric is None:
             metric = ExpertUtilization(self.num_domains, int(num_experts), **self._metric_kwargs)
@@ -149,6 +153,8 @@ class RoutingRecorder:
             gates: Tensor | None = None, mask: Tensor | None = None,
             num_experts: int | None = None) -> None:
         """Add one forward's routing to ``layer``'s metric (what :func:`record` calls)."""
+        if experts is None and gates is None:
+            raise ValueError("record routing with experts=, gates= or both")
         name = self._name_of(layer)
         metric = self.metrics.get(name)
         if metric is None:

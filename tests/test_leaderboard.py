@@ -1,0 +1,372 @@
+"""Suites, leaderboard entries and ``clbench leaderboard run``: skip what is done, rerun what is missing."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from clbench.cli import main
+from clbench.config import config_hash, deep_merge, resolve_config
+from clbench.errors import NonFiniteLoss, UserError
+from clbench.leaderboard import entries as E
+from clbench.leaderboard.execute import RUNS_DIR, run_suite
+from clbench.leaderboard.suite import default_suite_path, load_suite, preflight
+from clbench.leaderboard.table import build_tables
+from helpers import run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
+
+
+def smoke(**changes) -> dict:
+    """The smoke suite as a dict, with top-level keys replaced."""
+    data = yaml.safe_load(SMOKE.read_text())
+    data.update(changes)
+    return data
+
+
+def write_suite(folder: Path, data: dict, name: str = "suite.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=200)
+
+
+def spy_runner(monkeypatch, fail_on=None):
+    """Record the config hashes ``clbench.runner.run`` is called with (and optionally fail)."""
+    import clbench.runner
+
+    calls: list[tuple[str, bool]] = []
+    real = clbench.runner.run
+
+    def spy(cfg, output=None, **kw):
+        calls.append((config_hash(cfg), kw.get("resume", False)))
+        if fail_on is not None:
+            fail_on(cfg, len(calls))
+        return real(cfg, output, **kw)
+
+    monkeypatch.setattr(clbench.runner, "run", spy)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    """The smoke suite run once through the CLI; returns (dir, stdout)."""
+    out = tmp_path_factory.mktemp("board") / "lb"
+    buf = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stdout(buf):
+        code = main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--no-progress"])
+    assert code == 0
+    return out, buf.getvalue()
+
+
+def copy_board(board, tmp_path) -> Path:
+    dst = tmp_path / "lb"
+    shutil.copytree(board[0], dst)
+    return dst
+
+
+# -- suites -----------------------------------------------------------------------------------
+def test_suite_expands_the_grid_into_resolved_configs():
+    suite = load_suite(SMOKE)
+    assert [(r.strategy, r.order) for r in suite.runs] == [("naive", "default"), ("naive", "reverse"),
+                                                            ("joint", "default"), ("joint", "reverse")]
+    raw = {"seed": 0, "benchmark": {"class_path": "digits-domains", "init_args": {"domains": ["rot0", "rot90"]}},
+           "model": {"class_path": "mlp", "init_args": {"hidden": 32}}, "strategy": "joint", "order": "reverse",
+           "train": {"epochs": 1, "batch_size": 64, "optimizer": {"class_path": "adam", "init_args": {"lr": 0.01}}},
+           "logging": {"tensorboard": False}}
+    same = resolve_config(raw)
+    assert suite.runs[3].config == same  # a suite run is the run `clbench run` makes from the same config
+    assert suite.runs[3].hash == config_hash(same)
+    assert len({r.hash for r in suite.runs}) == 4
+
+
+def test_benchmark_orders_override_the_suite_orders(tmp_path):
+    data = smoke(benchmarks=[{"class_path": "digits-domains", "init_args": {"domains": ["rot0", "rot90"]},
+                              "orders": [["rot90", "rot0"]]}])
+    suite = load_suite(write_suite(tmp_path, data))
+    assert [r.config["order"] for r in suite.runs] == [["rot90", "rot0"], ["rot90", "rot0"]]
+
+
+def test_quickstart_is_the_default_suite():
+    path = default_suite_path()
+    assert Path(path).resolve() == (REPO / "configs" / "suites" / "quickstart.yaml").resolve()
+    suite = load_suite(REPO / path)
+    assert suite.name == "quickstart"
+    assert {r.strategy for r in suite.runs} == {"naive", "joint", "replay", "ewc", "lwf", "agem"}
+    assert {r.benchmark for r in suite.runs} == {"digits-domains", "digits-dirichlet"}
+    assert {r.order for r in suite.runs} == {"default", "reverse", "perm1"} and {r.seed for r in suite.runs} == {0}
+    assert len(suite.runs) == 2 * 6 * 3
+    assert {r.config["model"]["class_path"] for r in suite.runs} <= {"mlp", "cnn"}
+    preflight(suite)  # every strategy's init_args match its signature
+
+
+@pytest.mark.parametrize("change, where, what", [
+    ({"strategy_list": ["naive"]}, "strategy_list", "unknown key"),
+    ({"strategies": ["naiv"]}, "strategies[0].class_path", "did you mean 'naive'"),
+    ({"strategies": []}, "strategies", "non-empty list"),
+    ({"strategies": ["naive", "naive"]}, "strategies[1]", "same run as"),
+    ({"strategies": [{"class_path": "naive", "args": {}}]}, "strategies[0].args", "unknown key"),
+    ({"orders": ["default", {"shuffle": 3}]}, "orders[1]", "unrecognised order"),
+    ({"orders": ["default", "default"]}, "orders", "listed twice"),
+    ({"seeds": [0, -1]}, "seeds[1]", "non-negative integer"),
+    ({"seeds": "0"}, "seeds", "non-empty list"),
+    ({"name": "my suite"}, "name", "invalid suite name"),
+    ({"base": {"seed": 3}}, "base.seed", "set by the grid"),
+    ({"base": {"train": {"epochs": "two"}}}, "train.epochs", "expected int"),
+    ({"base": {"train": {"epochz": 2}}}, "train.epochz", "did you mean 'epochs'"),
+])
+def test_bad_suites_are_one_line_errors_naming_file_and_field(tmp_path, change, where, what):
+    path = write_suite(tmp_path, smoke(**change))
+    with pytest.raises(UserError) as info:
+        load_suite(path)
+    message = info.value.one_line()
+    assert str(path) in message and where in message and what in message
+    assert "\n" not in message
+
+
+def test_missing_field_and_missing_file(tmp_path):
+    data = smoke()
+    del data["orders"]
+    with pytest.raises(UserError, match="missing 'orders'"):
+        load_suite(write_suite(tmp_path, data))
+    with pytest.raises(UserError, match="does not exist"):
+        load_suite(tmp_path / "nope.yaml")
+
+
+def test_preflight_checks_init_args_before_any_run(tmp_path, monkeypatch):
+    path = write_suite(tmp_path, smoke(strategies=[{"class_path": "naive", "init_args": {"lr": 1}}]))
+    calls = spy_runner(monkeypatch)
+    with pytest.raises(UserError) as info:
+        run_suite(load_suite(path), tmp_path / "out", console=quiet())
+    assert f"{path}: strategies[0].init_args.lr" in info.value.one_line()
+    assert calls == []
+
+
+# -- running a suite ----------------------------------------------------------------------------
+def test_run_writes_one_verified_entry_per_grid_point_and_prints_the_table(board):
+    out, stdout = board
+    suite = load_suite(SMOKE)
+    files = sorted(p.name for p in (out / "entries").glob("*.json"))
+    assert files == sorted(f"{r.hash}.json" for r in suite.runs)
+    for k in range(1, 5):
+        assert f"run {k} of 4: " in stdout
+    assert "naive" in stdout and "joint" in stdout and "ranked by ACC" in stdout
+    entries = E.load_entries(out)
+    for e in entries:
+        assert e["status"] == "ok" and e["error"] is None and e["suite"] == "smoke"
+        assert e["entry_schema"] == E.ENTRY_SCHEMA and e["harness"]["version"]
+        assert e["config_hash"] == config_hash(e["config"])
+        assert len(e["r_matrix"]) == (1 if e["strategy"]["name"] == "joint" else 2)
+        for key in ("wall_seconds", "cpu_peak_rss_mb"):
+            assert e["compute"][key] > 0
+        assert e["model"]["params_trainable"] == e["model"]["params_total"] > 0
+        assert "gmean" in e["matrices"] and "mauc" in e["matrices"]
+    manifest = json.loads((out / "suite.json").read_text())
+    assert [r["hash"] for r in manifest["runs"]] == [r.hash for r in suite.runs]
+    assert not (out / RUNS_DIR).exists()  # working folders are cleaned up once entries exist
+
+
+def test_second_run_does_no_work_and_deleting_an_entry_reruns_only_it(board, tmp_path, monkeypatch):
+    out = copy_board(board, tmp_path)
+    suite = load_suite(SMOKE)
+    before = {p.name: p.read_bytes() for p in (out / "entries").glob("*.json")}
+    calls = spy_runner(monkeypatch)
+    outcome = run_suite(suite, out, console=quiet())
+    assert calls == [] and outcome.ran == [] and sorted(outcome.skipped) == sorted(r.hash for r in suite.runs)
+    assert {p.name: p.read_bytes() for p in (out / "entries").glob("*.json")} == before
+
+    victim = suite.runs[1]
+    old = json.loads(E.entry_path(out, victim.hash).read_text())
+    E.entry_path(out, victim.hash).unlink()
+    outcome = run_suite(suite, out, console=quiet())
+    assert calls == [(victim.hash, False)] and outcome.ran == [victim.hash]
+    new = E.read_entry(E.entry_path(out, victim.hash))
+    assert new["r_matrix"] == old["r_matrix"]  # same config, same seed, same numbers
+    for other in (r for r in suite.runs if r is not victim):
+        assert E.entry_path(out, other.hash).read_bytes() == before[f"{other.hash}.json"]
+
+
+def test_interrupted_suite_keeps_finished_entries_and_continues(tmp_path, monkeypatch):
+    suite = load_suite(SMOKE)
+    out = tmp_path / "lb"
+
+    def interrupt_second(cfg, n):
+        if n == 2:
+            raise KeyboardInterrupt
+
+    spy_runner(monkeypatch, fail_on=interrupt_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(suite, out, console=quiet())
+    assert [p.stem for p in (out / "entries").glob("*.json")] == [suite.runs[0].hash]
+
+    monkeypatch.undo()
+    calls = spy_runner(monkeypatch)
+    outcome = run_suite(suite, out, console=quiet())
+    assert [h for h, _ in calls] == [r.hash for r in suite.runs[1:]]
+    assert outcome.skipped == [suite.runs[0].hash]
+    assert len(E.load_entries(out)) == 4
+
+
+def test_a_killed_suite_resumes_the_interrupted_run_from_its_checkpoint(board, tmp_path, monkeypatch):
+    """SIGKILL ``clbench leaderboard run`` in the second experience; the rerun continues that run."""
+    from clbench.faults import ENV
+    from clbench.runner import CHECKPOINT
+
+    suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"], orders=["default"])))
+    digest = suite.runs[0].hash
+    out = tmp_path / "lb"
+    killed = run_cli("leaderboard", "run", "--suite", str(suite.path), "--output", str(out), "--no-progress",
+                     env={ENV: "stage:1:step:0"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (out / RUNS_DIR / digest / CHECKPOINT).is_file()
+    assert not E.entry_path(out, digest).exists()
+
+    calls = spy_runner(monkeypatch)
+    outcome = run_suite(suite, out, console=quiet())
+    assert calls == [(digest, True)] and outcome.resumed == [digest]
+    resumed = E.read_entry(E.entry_path(out, digest))
+    uninterrupted = E.read_entry(E.entry_path(board[0], digest))
+    assert resumed["r_matrix"] == uninterrupted["r_matrix"]  # bit-identical to the run that was never killed
+    assert not (out / RUNS_DIR).exists()
+
+
+def test_stale_working_folder_starts_over_and_finished_result_is_recovered(board, tmp_path, monkeypatch):
+    suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"], orders=["default", "reverse"])))
+    first, second = suite.runs
+    out = tmp_path / "lb"
+    stale = out / RUNS_DIR / first.hash
+    stale.mkdir(parents=True)
+    (stale / "leftover.txt").write_text("from an older attempt")
+    finished = out / RUNS_DIR / second.hash
+    finished.mkdir(parents=True)
+    result = {k: v for k, v in E.read_entry(E.entry_path(board[0], second.hash)).items()
+              if k not in ("entry_schema", "error", "harness", "suite", "created_at", "content_hash")}
+    (finished / "result.json").write_text(json.dumps(result))
+
+    calls = spy_runner(monkeypatch)
+    outcome = run_suite(suite, out, console=quiet())
+    assert calls == [(first.hash, False)]
+    assert outcome.ran == [first.hash] and outcome.recovered == [second.hash]
+    assert E.read_entry(E.entry_path(out, second.hash))["r_matrix"] == result["r_matrix"]
+    assert not (out / RUNS_DIR).exists()
+
+
+def test_failed_runs_are_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
+    suite = load_suite(SMOKE)
+    out = tmp_path / "lb"
+
+    def diverge_joint(cfg, n):
+        if cfg["strategy"]["class_path"] == "joint":
+            raise NonFiniteLoss("training loss became nan in epoch 0 (experience 0)")
+
+    spy_runner(monkeypatch, fail_on=diverge_joint)
+    outcome = run_suite(suite, out, console=quiet())
+    joint = [r.hash for r in suite.runs if r.strategy == "joint"]
+    assert sorted(outcome.failed) == sorted(joint) and len(outcome.ran) == 2
+    for digest in joint:
+        entry = E.read_entry(E.entry_path(out, digest))
+        assert entry["status"] == "failed" and "loss became nan" in entry["error"]
+        assert entry["config_hash"] == digest and "r_matrix" not in entry
+        assert not (out / RUNS_DIR / digest).exists()
+    table = build_tables(E.load_entries(out))[0]
+    joint_row = next(r for r in table.rows if r.strategy == "joint")
+    assert len(joint_row.failed) == 2 and joint_row.stats == {} and joint_row.rank is None
+
+    monkeypatch.undo()
+    calls = spy_runner(monkeypatch)
+    run_suite(suite, out, console=quiet())
+    assert calls == []  # a failed entry is a result too
+    run_suite(suite, out, console=quiet(), retry_failed=True)
+    assert sorted(h for h, _ in calls) == sorted(joint)
+    assert all(E.read_entry(E.entry_path(out, h))["status"] == "ok" for h in joint)
+
+
+# -- entries ------------------------------------------------------------------------------------
+def _one_entry(board, tmp_path) -> tuple[Path, Path, dict]:
+    out = copy_board(board, tmp_path)
+    path = sorted((out / "entries").glob("*.json"))[0]
+    return out, path, json.loads(path.read_text())
+
+
+def test_tampered_score_is_refused(board, tmp_path, capsys):
+    out, path, entry = _one_entry(board, tmp_path)
+    entry["scores"]["acc"] = 0.999
+    path.write_text(json.dumps(entry, indent=2))
+    with pytest.raises(UserError, match="content hash mismatch"):
+        E.read_entry(path)
+    assert main(["leaderboard", "render", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(path) in err and "content hash mismatch" in err
+    assert not (out / "README.md").exists()
+
+
+def test_tampered_config_is_refused_even_with_a_fresh_content_hash(board, tmp_path):
+    _, path, entry = _one_entry(board, tmp_path)
+    entry["config"]["train"]["epochs"] = 50
+    entry["content_hash"] = E.content_hash(entry)
+    path.write_text(json.dumps(entry))
+    with pytest.raises(UserError, match="config does not match its config_hash"):
+        E.read_entry(path)
+
+
+def test_entry_under_another_name_is_refused(board, tmp_path):
+    _, path, _ = _one_entry(board, tmp_path)
+    moved = path.with_name("0" * 64 + ".json")
+    path.rename(moved)
+    with pytest.raises(UserError, match="file name does not match"):
+        E.read_entry(moved)
+
+
+def test_newer_schema_is_refused(board, tmp_path, capsys):
+    out, path, entry = _one_entry(board, tmp_path)
+    entry["entry_schema"] = E.ENTRY_SCHEMA + 1
+    entry["content_hash"] = E.content_hash(entry)
+    path.write_text(json.dumps(entry))
+    with pytest.raises(UserError, match="newer than this clbench reads") as info:
+        E.read_entry(path)
+    assert "upgrade clbench" in info.value.one_line()
+    assert main(["compare", str(out)]) == 2
+    assert "newer than this clbench reads" in capsys.readouterr().err
+    # run refuses too, instead of silently redoing or overwriting the entry
+    with pytest.raises(UserError, match="newer"):
+        run_suite(load_suite(SMOKE), out, console=quiet())
+
+
+def test_broken_json_and_foreign_files_are_refused(board, tmp_path):
+    _, path, _ = _one_entry(board, tmp_path)
+    path.write_text('{"entry_schema": 1,')
+    with pytest.raises(UserError, match="not valid JSON"):
+        E.read_entry(path)
+    path.write_text(json.dumps({"hello": "world"}))
+    with pytest.raises(UserError, match="not a clbench leaderboard entry"):
+        E.read_entry(path)
+
+
+def test_missing_directory_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        E.load_entries(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no entries/ folder"):
+        E.load_entries(tmp_path / "empty")
+
+
+def test_failed_entry_has_the_identifying_fields():
+    cfg = resolve_config(deep_merge(smoke()["base"], {"strategy": "naive"}))
+    entry = E.failed_entry(cfg, "boom\nsecond line", env={"git_commit": "abc", "device": "cpu"}, wall_seconds=1.5)
+    assert entry["error"] == "boom second line"
+    assert E.verify_entry(copy.deepcopy(entry), "x") == entry
+    assert entry["strategy"]["name"] == "naive" and entry["config_hash"] == config_hash(cfg)

@@ -1,0 +1,196 @@
+"""``clbench compare``: per-order scores, worst order, Kendall's tau across orders, paired tests."""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+from scipy.stats import kendalltau, ttest_rel, wilcoxon
+
+from clbench.cli import main
+from clbench.config import SCHEMA_VERSION, config_hash, order_label, resolve_config
+from clbench.errors import UserError
+from clbench.leaderboard import entries as E
+from clbench.leaderboard.compare import MIN_PAIRS, compare
+from clbench.leaderboard.suite import load_suite
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "leaderboard"
+ORDERS = ["default", "reverse", {"permutation": 1}]
+
+
+def fake_entry(strategy: str, order, seed: int, scores: dict, benchmark: str = "digits-domains") -> dict:
+    """An entry as the runner would write it, with given scores (the R matrix is not read here)."""
+    cfg = resolve_config({"seed": seed, "strategy": strategy, "order": order, "benchmark": benchmark,
+                          "logging": {"tensorboard": False}})
+    result = {"schema": SCHEMA_VERSION, "status": "ok",
+              "benchmark": {"name": benchmark, "init_args": {}, "scenario_type": "domain-il", "num_classes": 10},
+              "model": {"name": "mlp", "init_args": {}, "params_total": 10, "params_trainable": 10},
+              "strategy": {"name": strategy, "params": {}}, "seed": seed, "order": order,
+              "order_label": order_label(order), "experiences": ["a", "b"], "r_matrix": [[0.5, 0.5], [0.5, 0.5]],
+              "r_init": [0.1, 0.1], "scores": scores, "config": cfg, "config_hash": config_hash(cfg),
+              "env": {"git_commit": None, "device": "cpu"}, "compute": {"wall_seconds": 1.0}}
+    return E.entry_from_result(result)
+
+
+def brute_tau(x: list[float], y: list[float]) -> float:
+    """Kendall's tau-a from concordant and discordant pairs (no ties in these inputs)."""
+    pairs = list(combinations(range(len(x)), 2))
+    score = sum((x[i] - x[j]) * (y[i] - y[j]) > 0 for i, j in pairs) - sum(
+        (x[i] - x[j]) * (y[i] - y[j]) < 0 for i, j in pairs)
+    return score / len(pairs)
+
+
+# acc[strategy][order index][seed]
+ACC = {
+    "naive": [[0.40, 0.42], [0.60, 0.58], [0.45, 0.47]],
+    "replay": [[0.70, 0.72], [0.55, 0.57], [0.75, 0.71]],
+    "ewc": [[0.50, 0.52], [0.65, 0.61], [0.50, 0.54]],
+    "joint": [[0.90, 0.91], [0.89, 0.90], [0.92, 0.90]],
+}
+
+
+@pytest.fixture
+def synthetic():
+    return [fake_entry(s, order, seed, {"acc": ACC[s][k][seed], "forgetting": 1 - ACC[s][k][seed]})
+            for s in ACC for k, order in enumerate(ORDERS) for seed in (0, 1)]
+
+
+def test_per_order_worst_order_and_range(synthetic):
+    report = compare(synthetic)
+    (bench,) = report["benchmarks"]
+    assert bench["orders"] == ["default", "reverse", "perm1"]
+    rows = {s["label"]: s for s in bench["strategies"]}
+    for name, per_order in ACC.items():
+        means = {order_label(o): sum(v) / 2 for o, v in zip(ORDERS, per_order)}
+        row = rows[name]
+        assert row["per_order"] == pytest.approx(means)
+        assert row["mean"] == pytest.approx(sum(means.values()) / 3)
+        worst = min(means, key=means.get)
+        assert row["worst_order"] == worst and row["worst"] == pytest.approx(means[worst])
+        assert row["range"] == pytest.approx(max(means.values()) - min(means.values()))
+        assert row["n_runs"] == 6
+    assert [s["label"] for s in bench["strategies"]][0] == "joint"  # sorted by mean, best first
+
+
+def test_lower_is_better_scores_flip_the_worst_order(synthetic):
+    (bench,) = compare(synthetic, metric="forgetting")["benchmarks"]
+    naive = next(s for s in bench["strategies"] if s["label"] == "naive")
+    assert naive["worst_order"] == "default"  # lowest accuracy = most forgetting here
+    assert bench["strategies"][0]["label"] == "joint"  # least forgetting ranks first
+
+
+def test_kendall_tau_between_per_order_rankings(synthetic):
+    (bench,) = compare(synthetic)["benchmarks"]
+    names = list(ACC)
+    per_order = {o: [sum(ACC[s][k]) / 2 for s in names] for k, o in enumerate(["default", "reverse", "perm1"])}
+    expected = [brute_tau(per_order[a], per_order[b]) for a, b in combinations(per_order, 2)]
+    rs = bench["rank_stability"]
+    assert [p["orders"] for p in rs["pairs"]] == [["default", "reverse"], ["default", "perm1"], ["reverse", "perm1"]]
+    assert [p["tau"] for p in rs["pairs"]] == pytest.approx(expected)
+    assert rs["kendall_tau_mean"] == pytest.approx(sum(expected) / 3)
+    assert rs["kendall_tau_min"] == pytest.approx(min(expected))
+    ranks = {s["label"]: s["rank_by_order"] for s in bench["strategies"]}
+    assert ranks["joint"] == {"default": 1, "reverse": 1, "perm1": 1}
+    assert ranks["naive"]["default"] == 4 and ranks["naive"]["reverse"] == 3 and ranks["replay"]["reverse"] == 4
+
+
+def test_paired_test_matches_runs_on_order_and_seed(synthetic):
+    (bench,) = compare(synthetic, a="replay", b="naive")["benchmarks"]
+    pt = bench["paired_test"]
+    a = [ACC["replay"][k][seed] for k in range(3) for seed in (0, 1)]
+    b = [ACC["naive"][k][seed] for k in range(3) for seed in (0, 1)]
+    # pairs are listed sorted by (order label, seed): default, perm1, reverse
+    by_unit = {(p["order"], p["seed"]): (p["a"], p["b"]) for p in pt["pairs"]}
+    assert pt["n_pairs"] == 6 >= MIN_PAIRS and len(by_unit) == 6
+    assert by_unit[("reverse", 1)] == (ACC["replay"][1][1], ACC["naive"][1][1])
+    assert pt["mean_difference"] == pytest.approx(sum(x - y for x, y in zip(a, b)) / 6)
+    assert pt["t_test"]["p_value"] == pytest.approx(ttest_rel(a, b).pvalue)
+    assert pt["wilcoxon"]["p_value"] == pytest.approx(wilcoxon(a, b).pvalue)
+    assert pt["a_better"] == sum(x > y for x, y in zip(a, b))
+
+
+def test_default_paired_test_is_between_the_two_best(synthetic):
+    (bench,) = compare(synthetic)["benchmarks"]
+    assert (bench["paired_test"]["a"], bench["paired_test"]["b"]) == ("joint", "replay")
+
+
+def test_too_few_pairs_says_so():
+    few = [fake_entry(s, o, 0, {"acc": v}) for s, o, v in
+           [("naive", "default", 0.4), ("naive", "reverse", 0.5), ("replay", "default", 0.6), ("replay", "reverse", 0.7)]]
+    (bench,) = compare(few)["benchmarks"]
+    assert bench["paired_test"]["n_pairs"] == 2 and "not enough paired runs" in bench["paired_test"]["note"]
+    assert bench["rank_stability"]["kendall_tau_mean"] == pytest.approx(1.0)
+
+
+def test_bad_requests_are_user_errors(synthetic):
+    with pytest.raises(UserError, match="no score 'acuracy'.*did you mean 'acc'"):
+        compare(synthetic, metric="acuracy")
+    with pytest.raises(UserError, match="no benchmark 'cifar'"):
+        compare(synthetic, benchmark="cifar")
+    with pytest.raises(UserError, match="no strategy 'gem'"):
+        compare(synthetic, a="gem", b="naive")
+    with pytest.raises(UserError, match="give both --a and --b"):
+        compare(synthetic, a="replay")
+
+
+# -- the committed quickstart leaderboard -------------------------------------------------------
+needs_committed = pytest.mark.skipif(not (COMMITTED / "entries").is_dir(),
+                                     reason="no committed leaderboard/ (generate it with 'clbench leaderboard run')")
+
+
+@needs_committed
+def test_committed_leaderboard_is_the_quickstart_suite_and_shows_the_expected_effects():
+    suite = load_suite(REPO / "configs" / "suites" / "quickstart.yaml")
+    entries = E.load_entries(COMMITTED)  # every committed entry verifies
+    assert sorted(e["config_hash"] for e in entries) == sorted(r.hash for r in suite.runs), \
+        "leaderboard/ is stale: regenerate it with 'clbench leaderboard run && clbench leaderboard render leaderboard'"
+    assert all(e["status"] == "ok" for e in entries)
+
+    def mean(strategy, score, bench="digits-domains"):
+        values = [e["scores"][score] for e in entries if e["strategy"]["name"] == strategy
+                  and e["benchmark"]["name"] == bench]
+        return sum(values) / len(values)
+
+    assert mean("naive", "bwt") < -0.1  # clear forgetting
+    accs = {s: mean(s, "acc") for s in ("naive", "joint", "replay", "ewc", "lwf", "agem")}
+    assert max(accs, key=accs.get) == "joint"
+    assert accs["replay"] > accs["naive"]
+
+
+@needs_committed
+def test_compare_on_the_committed_leaderboard_matches_its_entries(tmp_path, capsys):
+    out = tmp_path / "compare.json"
+    assert main(["compare", str(COMMITTED), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert "Kendall's tau" in printed
+    entries = E.load_entries(COMMITTED)
+    assert {b["benchmark"] for b in report["benchmarks"]} == {"digits-domains", "digits-dirichlet"}
+    for bench in report["benchmarks"]:
+        mine = [e for e in entries if e["benchmark"]["name"] == bench["benchmark"]]
+        assert bench["orders"] == ["default", "reverse", "perm1"]
+        for s in bench["strategies"]:
+            for order, value in s["per_order"].items():
+                (entry,) = [e for e in mine if e["strategy"]["name"] == s["label"] and e["order_label"] == order]
+                assert value == entry["scores"]["acc"]
+                assert f"{100 * value:.1f}" in printed
+        labels = [s["label"] for s in bench["strategies"]]
+        vectors = {o: [next(s for s in bench["strategies"] if s["label"] == lab)["per_order"][o] for lab in labels]
+                   for o in bench["orders"]}
+        taus = [kendalltau(vectors[a], vectors[b]).statistic for a, b in combinations(bench["orders"], 2)]
+        assert bench["rank_stability"]["kendall_tau_mean"] == pytest.approx(sum(taus) / len(taus))
+        assert -1.0 <= bench["rank_stability"]["kendall_tau_mean"] <= 1.0
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys, synthetic):
+    root = tmp_path / "lb"
+    for entry in synthetic:
+        E.write_entry(root, entry)
+    assert main(["compare", str(root), "--metric", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--metric" in err
+    assert main(["compare", str(root), "--benchmark", "digits-domains", "--a", "ewc", "--b", "naive"]) == 0
+    assert "paired test ewc vs naive on 6" in capsys.readouterr().out

@@ -1,0 +1,165 @@
+"""``clbench leaderboard render``: README tables and a self-contained page that loads in headless Chromium."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from clbench.cli import main
+from clbench.leaderboard import entries as E
+from clbench.leaderboard.execute import run_suite
+from clbench.leaderboard.suite import load_suite
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
+COMMITTED = REPO / "leaderboard"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("render") / "lb"
+    run_suite(load_suite(SMOKE), out, progress=False, console=Console(file=io.StringIO()))
+    assert main(["leaderboard", "render", str(out)]) == 0
+    return out
+
+
+def _mean_std(values: list[float]) -> str:
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+    return f"{100 * m:.1f} ± {100 * s:.1f}"
+
+
+def _table_rows(readme: str, benchmark: str) -> list[list[str]]:
+    section = readme.split(f"## {benchmark}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def test_readme_has_one_row_per_strategy_with_mean_and_std(rendered):
+    readme = (rendered / "README.md").read_text()
+    rows = _table_rows(readme, "digits-domains")
+    entries = E.load_entries(rendered)
+    assert sorted(r["Strategy"] for r in rows) == ["joint", "naive"]
+    for row in rows:
+        mine = [e for e in entries if e["strategy"]["name"] == row["Strategy"]]
+        assert row["Runs"] == "2"
+        assert row["ACC"] == _mean_std([e["scores"]["acc"] for e in mine])
+        if row["Strategy"] == "naive":
+            assert row["BWT"] == _mean_std([e["scores"]["bwt"] for e in mine])
+        else:
+            assert row["BWT"] == "—"  # joint has no stages to forget between
+    accs = {r["Strategy"]: float(r["ACC"].split(" ± ")[0]) for r in rows}
+    ranks = {r["Strategy"]: int(r["Rank"]) for r in rows}
+    assert ranks[max(accs, key=accs.get)] == 1 and ranks[min(accs, key=accs.get)] == 2
+    assert "clbench leaderboard run --suite" in readme and "index.html" in readme
+
+
+def test_page_is_self_contained_and_has_every_heatmap(rendered):
+    page = (rendered / "index.html").read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    entries = E.load_entries(rendered)
+    assert page.count('<figure class="heatmap"') == len(entries) == 4
+    for e in entries:
+        assert f'data-hash="{e["config_hash"]}"' in page
+    assert page.count('<img class="orders"') == 1
+    assert page.count("data:image/png;base64,") == 5
+
+
+def test_render_is_deterministic(rendered, tmp_path):
+    copy = tmp_path / "again"
+    shutil.copytree(rendered, copy)
+    assert main(["leaderboard", "render", str(copy)]) == 0
+    for name in ("index.html", "README.md"):  # identical but for the directory named in "Regenerate:"
+        assert (copy / name).read_text() == (rendered / name).read_text().replace(str(rendered), str(copy))
+
+
+def test_render_without_entries_is_a_user_error(tmp_path, capsys):
+    (tmp_path / "entries").mkdir()
+    assert main(["leaderboard", "render", str(tmp_path)]) == 2
+    assert "no entries" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (COMMITTED / "entries").is_dir(), reason="no committed leaderboard/")
+def test_committed_readme_is_up_to_date(tmp_path):
+    copy = tmp_path / "leaderboard"
+    shutil.copytree(COMMITTED / "entries", copy / "entries")
+    if (COMMITTED / "suite.json").exists():
+        shutil.copy(COMMITTED / "suite.json", copy / "suite.json")
+    from clbench.leaderboard.render import render
+
+    readme, _ = render(copy)
+    expected = (COMMITTED / "README.md").read_text()
+    assert readme.read_text().replace(str(copy), "leaderboard") == expected, \
+        "leaderboard/README.md is stale: run 'clbench leaderboard render leaderboard'"
+
+
+# -- headless Chromium -------------------------------------------------------------------------
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+CHROMIUM = _chromium()
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary on PATH (install Debian's "
+                                                             "'chromium' package; .ci/run does)")
+
+
+def _chromium_run(tmp_path: Path, url: str, *extra: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--disable-extensions", "--hide-scrollbars", f"--user-data-dir={profile}",
+                           "--enable-logging=stderr", "--v=0", *extra, url],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _console_messages(stderr: str) -> list[str]:
+    """Chromium logs every page console message (errors, CSP violations, uncaught exceptions) as CONSOLE."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+@needs_chromium
+def test_page_loads_in_headless_chromium_without_console_errors(rendered, tmp_path):
+    from PIL import Image
+
+    shot = tmp_path / "page.png"
+    url = (rendered / "index.html").resolve().as_uri()
+    proc = _chromium_run(tmp_path, url, f"--screenshot={shot}", "--window-size=1280,1600")
+    assert shot.is_file(), proc.stderr[-3000:]
+    assert _console_messages(proc.stderr) == []
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1280, 1600)
+    colours = image.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # text, table rules and heatmaps, not a blank page
+
+    dom = _chromium_run(tmp_path, url, "--dump-dom")
+    assert _console_messages(dom.stderr) == []
+    assert 'data-ready="1"' in dom.stdout  # the inline script ran to its end
+    assert 'data-sortable-ready="1"' in dom.stdout
+    assert dom.stdout.count('<figure class="heatmap"') == 4
+
+
+@needs_chromium
+def test_sortable_table_sorts_in_the_browser(rendered, tmp_path):
+    entries = E.load_entries(rendered)
+    acc = {s: sum(e["scores"]["acc"] for e in entries if e["strategy"]["name"] == s) / 2 for s in ("naive", "joint")}
+    low, high = sorted(acc, key=acc.get)
+    base = (rendered / "index.html").resolve().as_uri()
+    for direction, first in (("asc", low), ("desc", high)):
+        dom = _chromium_run(tmp_path, f"{base}?sort=acc&dir={direction}", "--dump-dom")
+        assert _console_messages(dom.stderr) == []
+        order = re.findall(r'<tr data-strategy="([^"]+)"', dom.stdout)
+        assert order[0] == first, (direction, order)
+        assert re.search(rf'data-key="acc"[^>]*aria-sort="{"ascending" if direction == "asc" else "descending"}"',
+                         dom.stdout)

@@ -1,0 +1,167 @@
+"""Crash and resume: a run SIGKILLed anywhere and resumed gives the uninterrupted result exactly.
+
+Real ``clbench run`` processes are killed with SIGKILL (no cleanup runs, as with an OOM kill
+or preemption) at the points ``CLBENCH_TEST_KILL_AT`` names (:mod:`clbench.faults`): in the
+middle of an experience's training, during its evaluation, halfway through writing a
+checkpoint and halfway through writing ``result.json``. Each is resumed with ``--resume`` and
+compared with an uninterrupted run: R matrix, per-epoch matrices, scores and the TensorBoard
+training curve must be identical, not close.
+
+The model uses dropout and the strategy is replay, so the result depends on the global torch
+generator, the trainer's epoch counter and the strategy's memory: restoring any of them wrongly
+changes the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from helpers import REPO, tiny_config
+
+CONFIG = tiny_config(model={"class_path": "mlp", "init_args": {"hidden": 32, "dropout": 0.25}},
+                     strategy={"class_path": "replay", "init_args": {"mem_size": 60}},
+                     train={"epochs": 2, "batch_size": 32, "eval_every_epoch": True},
+                     logging={"progress": False, "tensorboard": True})
+
+# kill point -> experiences complete in the checkpoint the kill leaves behind
+KILL_POINTS = {
+    "stage:1:step:5": 1,        # early in the second experience
+    "stage:2:step:50": 2,       # in the second epoch of the third experience
+    "stage:1:eval": 1,          # evaluating after the second experience's first epoch
+    "stage:1:checkpoint": 1,    # writing the second checkpoint: the first must survive intact
+    "result": 3,                # writing result.json: everything is done but the result
+}
+FIRST_EXPERIENCE = "stage:0:step:60"  # in its second epoch: the first one is logged
+
+
+def _cli(args: list[str], kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "CLBENCH_TEST_KILL_AT"}
+    if kill_at:
+        env["CLBENCH_TEST_KILL_AT"] = kill_at
+    return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _parallel(jobs: dict):
+    with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
+        futures = {name: pool.submit(fn) for name, fn in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _listing(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir()) if out.exists() else []
+
+
+def _scalars(out: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The reference run, every kill point killed and then resumed, and the first-experience kill."""
+    root = tmp_path_factory.mktemp("resume")
+    config = root / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    outs = {name: root / name.replace(":", "_") for name in [*KILL_POINTS, FIRST_EXPERIENCE]}
+
+    def run(out: Path, *extra: str, kill_at: str | None = None):
+        return lambda: _cli(["run", "--config", str(config), "--output", str(out), "--no-progress", *extra], kill_at)
+
+    jobs = {"reference": run(root / "reference")}
+    jobs.update({name: run(out, kill_at=name) for name, out in outs.items()})
+    killed = _parallel(jobs)
+    after_kill = {}
+    for name, out in outs.items():
+        ckpt = out / "checkpoint.pt"
+        after_kill[name] = {
+            "listing": _listing(out),
+            "checkpoint": torch.load(ckpt, map_location="cpu", weights_only=True) if ckpt.exists() else None,
+        }
+    resumed = _parallel({name: run(out, "--resume") for name, out in outs.items()})
+    rerun = _cli(["run", "--config", str(config), "--output", str(outs[FIRST_EXPERIENCE]), "--no-progress"])
+    return {"root": root, "config": config, "outs": outs, "killed": killed, "after_kill": after_kill,
+            "resumed": resumed, "rerun": rerun}
+
+
+@pytest.fixture(scope="module")
+def reference(runs) -> dict:
+    proc = runs["killed"]["reference"]
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((runs["root"] / "reference" / "result.json").read_text())
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_killed_run_resumes_to_the_uninterrupted_result(point, runs, reference):
+    killed = runs["killed"][point]
+    assert killed.returncode == -9, f"the run was not killed at {point}:\n{killed.stderr}"
+    assert "result.json" not in runs["after_kill"][point]["listing"]
+
+    resumed = runs["resumed"][point]
+    assert resumed.returncode == 0, resumed.stderr
+    out = runs["outs"][point]
+    result = json.loads((out / "result.json").read_text())
+    assert result["r_matrix"] == reference["r_matrix"]
+    assert result["r_init"] == reference["r_init"]
+    assert result["r_epochs"] == reference["r_epochs"] and result["epoch_stage"] == reference["epoch_stage"]
+    assert result["matrices"] == reference["matrices"]
+    assert result["scores"] == reference["scores"]
+    assert result["epoch_scores"] == reference["epoch_scores"]
+    assert result["config_hash"] == reference["config_hash"]
+    assert result["compute"]["resumes"] == 1 and reference["compute"]["resumes"] == 0
+    # finished cleanly: no checkpoint, no half-written temporaries
+    assert _listing(out) == ["result.json", "tensorboard"]
+    # the training curve reads as one run: the killed process's events after the checkpoint are purged
+    assert _scalars(out, "train/loss") == _scalars(runs["root"] / "reference", "train/loss")
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_checkpoint_left_by_a_kill_is_complete_and_loads_weights_only(point, runs):
+    ckpt = runs["after_kill"][point]["checkpoint"]
+    assert ckpt is not None, f"no checkpoint after a kill at {point}"
+    done = KILL_POINTS[point]
+    assert ckpt["state"]["stage"] == done and len(ckpt["state"]["rows"]) == done
+    assert json.loads(ckpt["config_json"])["strategy"] == {"class_path": "replay", "init_args": {"mem_size": 60}}
+    assert set(ckpt["rng"]) == {"python", "numpy", "torch", "cuda"}
+    assert isinstance(ckpt["rng"]["torch"], torch.Tensor)
+    assert ckpt["epoch"] == 2 * done  # two epochs per experience
+    assert len(ckpt["strategy"]["buffer"]) == 60  # the replay memory after the first experience on
+    assert set(ckpt["model"]) == {"1.weight", "1.bias", "4.weight", "4.bias", "7.weight", "7.bias"}
+
+
+def test_a_kill_while_writing_leaves_the_previous_file_whole(runs):
+    listing = runs["after_kill"]["stage:1:checkpoint"]["listing"]
+    assert "checkpoint.pt" in listing
+    assert any(name.startswith(".checkpoint.pt.") and name.endswith(".tmp") for name in listing), listing
+    listing = runs["after_kill"]["result"]["listing"]
+    assert "result.json" not in listing
+    assert any(name.startswith(".result.json.") and name.endswith(".tmp") for name in listing), listing
+
+
+def test_killed_in_the_first_experience_there_is_nothing_to_resume(runs, reference):
+    assert runs["killed"][FIRST_EXPERIENCE].returncode == -9
+    assert runs["after_kill"][FIRST_EXPERIENCE]["checkpoint"] is None
+    refused = runs["resumed"][FIRST_EXPERIENCE]
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [refused.stderr.strip()]
+    assert refused.stderr.startswith("clbench: error: --resume: no checkpoint to resume in ")
+    assert "Traceback" not in refused.stderr
+    rerun = runs["rerun"]
+    assert rerun.returncode == 0, rerun.stderr
+    result = json.loads((runs["outs"][FIRST_EXPERIENCE] / "result.json").read_text())
+    assert result["r_matrix"] == reference["r_matrix"]
+    # the plain rerun replaced the killed run's TensorBoard events instead of mixing them in
+    assert _scalars(runs["outs"][FIRST_EXPERIENCE], "train/loss") == _scalars(runs["root"] / "reference",
+                                                                               "train/loss")
