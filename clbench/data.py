@@ -59,8 +59,12 @@ def targets_of(dataset: Dataset) -> torch.Tensor:
     if isinstance(dataset, ConcatDataset):
         return torch.cat([targets_of(d) for d in dataset.datasets])
     targets = getattr(dataset, "targets", None)
+    if isinstance(targets, torch.Tensor):
+        return targets.long()
     if targets is not None:
-        return torch.as_tensor(list(targets), dtype=torch.long)
+        import numpy as np
+
+        return torch.as_tensor(np.asarray(targets), dtype=torch.long)
     return torch.as_tensor([int(dataset[i][1]) for i in range(len(dataset))], dtype=torch.long)
 
 
@@ -98,14 +102,16 @@ def _first_two(batch):
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int | None = None,
-                num_workers: int = 0, sampler=None, pin_memory: bool = False) -> DataLoader:
+                num_workers: int = 0, sampler=None, pin_memory: bool = False,
+                persistent_workers: bool | None = None) -> DataLoader:
     """A DataLoader whose shuffling is driven by its own seeded generator (reproducible, and
     independent of how much global randomness the model or strategy consumed)."""
     generator = None
     if seed is not None:
         generator = torch.Generator()
         generator.manual_seed(seed)
-    kwargs = dict(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=num_workers > 0)
+    persistent = num_workers > 0 if persistent_workers is None else (persistent_workers and num_workers > 0)
+    kwargs = dict(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent)
     if getattr(dataset, "batched", False):
         if sampler is None:
             sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)

@@ -243,6 +243,20 @@ def _peak_memory_mb() -> dict[str, float | None]:
     return {"cpu_peak_rss_mb": round(rss, 1), "gpu_peak_allocated_mb": round(gpu, 1) if gpu is not None else None}
 
 
+def _finite_or_none(value: Any) -> Any:
+    """NaN/Inf (a score undefined on this data, e.g. MAUC on a one-class test set) -> None,
+    so result.json is strict JSON and readers see ``null`` for "undefined"."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
 class ContinualRun:
     """A configured run. ``execute()`` trains through the stream and returns the result dict."""
 
@@ -283,12 +297,23 @@ class ContinualRun:
         model = build.build_model(cfg, self.spec, src)
         self.initial_model_state = copy.deepcopy(model.state_dict()) if cfg["metrics"]["reference_models"] else None
         self.imbalance = self.spec.global_test is not None
-        columns = len(self.experiences) + (1 if self.imbalance else 0)
-        self.module = ContinualModule(model, self.strategy, num_classes=self.spec.num_classes, num_columns=columns,
+        # Experiences that share one test set (CORe50's NI protocol) are evaluated once.
+        self.test_sets: list = []
+        self.column_of: list[int] = []
+        for exp in self.experiences:
+            found = next((i for i, data in enumerate(self.test_sets) if data is exp.test), None)
+            if found is None:
+                self.test_sets.append(exp.test)
+                found = len(self.test_sets) - 1
+            self.column_of.append(found)
+        # Routing is attributed to a test set's domain only when the set belongs to one experience.
+        domains = [self.experiences[self.column_of.index(i)].domain_id if self.column_of.count(i) == 1 else None
+                   for i in range(len(self.test_sets))]
+        self.module = ContinualModule(model, self.strategy, num_classes=self.spec.num_classes,
+                                      num_columns=len(self.test_sets) + (1 if self.imbalance else 0),
                                       optimizer=self.optimizer,
                                       eval_metrics=lambda k: make_eval_metrics(k, imbalance=True),
-                                      column_domains=[exp.domain_id for exp in self.experiences]
-                                      + ([None] if self.imbalance else []))
+                                      column_domains=domains + ([None] if self.imbalance else []))
         self.strategy.setup(self.module, self.experiences, seeding.derive(seed, "strategy"))
 
     def _reserved_trainer_args(self) -> None:
@@ -339,8 +364,14 @@ class ContinualRun:
             else:
                 kw["sampler"] = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=self.rank,
                                                              shuffle=False)
+        import torch
+
+        pin = torch.cuda.is_available() and self.cfg["trainer"].get("accelerator") != "cpu"
+        # Evaluation loaders do not keep workers alive: with one loader per test experience,
+        # persistent workers would hold T x num_workers processes between evaluations.
+        kw.setdefault("persistent_workers", shuffle)
         return make_loader(dataset, bs, shuffle=shuffle, seed=seed, num_workers=train["num_workers"],
-                           pin_memory=self.cfg["trainer"].get("accelerator") not in ("cpu", None), **kw)
+                           pin_memory=pin, **kw)
 
     # -- evaluation -----------------------------------------------------------------------
     def _evaluate(self, trainer, loaders) -> dict[str, list[float]]:
@@ -348,10 +379,10 @@ class ContinualRun:
         return self.module.last_eval
 
     def _split(self, evaluation: dict[str, list[float]]) -> tuple[dict[str, list[float]], dict[str, float]]:
-        """Per-experience columns, and the global balanced test set's values (last column)."""
-        T = len(self.experiences)
-        columns = {k: v[:T] for k, v in evaluation.items()}
-        global_ = {k: v[T] for k, v in evaluation.items()} if self.imbalance else {}
+        """Per-experience columns (shared test sets fanned out), and the global balanced test
+        set's values (the last loader)."""
+        columns = {k: [v[i] for i in self.column_of] for k, v in evaluation.items()}
+        global_ = {k: v[len(self.test_sets)] for k, v in evaluation.items()} if self.imbalance else {}
         return columns, global_
 
     def _reference_scores(self, stage_epochs: int) -> list[float]:
@@ -504,7 +535,7 @@ class ContinualRun:
         writes = self.output is not None and trainer.is_global_zero
         if writes:
             self._clear_previous()  # the logger writes nothing before the first metric
-        eval_loaders = [self._loader(exp.test, shuffle=False) for exp in self.experiences]
+        eval_loaders = [self._loader(data, shuffle=False) for data in self.test_sets]
         if self.imbalance:
             eval_loaders.append(self._loader(self.spec.global_test, shuffle=False))
 
@@ -661,7 +692,7 @@ class ContinualRun:
                         "eval_seconds": round(state["eval_seconds"], 3), "resumes": state["resumes"],
                         **_peak_memory_mb()},
         })
-        return result
+        return _finite_or_none(result)
 
     def _epoch_scores(self, r_epochs, epoch_stage, r_init, reference) -> list[dict]:
         """Scores on the intermediate R matrix after every epoch (thesis appendix A.11).

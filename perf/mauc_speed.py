@@ -11,11 +11,16 @@ the values. Exits 1 if the values differ by more than 1e-6.
 The probabilities are float32 by default, the dtype the metric stores; scikit-learn gets the
 same values as float64, so all three rank identical numbers (``--dtype float64`` for doubles).
 Float32 softmax outputs tie across samples, so the tie handling is part of what is timed.
+Both sides run on one thread by default (scikit-learn's pairwise loop is single-threaded), so
+the ratio measures the algorithm, not the core count. On a machine with more runnable
+processes than cores, more torch threads can be much slower: every parallel operation waits
+for its slowest thread; the printed load average shows whether that was the case.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -36,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="clbench timings: best of R")
     parser.add_argument("--sklearn-repeats", type=int, default=1, help="sklearn: best of R")
     parser.add_argument("--batch", type=int, default=4096, help="metric update batch size")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1, like scikit-learn's loop; 0: torch's "
+                             "default)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -75,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     t_met, v_met = _best_time(metric, args.repeats)
     t_skl, v_skl = _best_time(sklearn, args.sklearn_repeats)
     print(f"MAUC on N={args.n:,} samples, K={args.k} classes, {args.dtype} probabilities "
-          f"(torch {torch.__version__}, {torch.get_num_threads()} threads)")
+          f"(torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f})")
     print(f"  sklearn roc_auc_score(ovo, macro)  {t_skl:9.3f} s   value {v_skl:.12f}")
     print(f"  clbench multiclass_mauc            {t_fun:9.3f} s   value {v_fun:.12f}   "
           f"{t_skl / t_fun:6.1f}x faster")

@@ -59,6 +59,8 @@ class AGEM(Strategy):
         sample_size: memory samples per reference gradient (the paper: 256).
     """
 
+    supports_distributed = True  # DDP: the memory gradient is all-reduced before the projection
+
     def __init__(self, patterns_per_experience: int = 250, sample_size: int = 256):
         super().__init__()
         if patterns_per_experience < 0:

@@ -39,6 +39,8 @@ from clbench.errors import UserError
 from clbench.strategy import Strategy
 from strategies.replay import seeded_generator
 
+_CHUNK_BUDGET = 2**28  # per-sample gradient numbers held at once when the chunk size is automatic
+
 
 def diagonal_fisher(model: nn.Module, dataset, *, batch_size: int = 64,
                     device: torch.device | None = None) -> dict[str, torch.Tensor]:
@@ -89,11 +91,15 @@ class EWC(Strategy):
             γ < 1 to let old experiences fade.
         fisher_samples: training samples of each experience the Fisher is estimated on
             (a seeded random subset); ``None`` uses all of them, as the paper does.
-        fisher_batch_size: samples per vmapped chunk; memory only, it does not change F.
+        fisher_batch_size: samples per vmapped chunk; it changes memory use, not F. ``None``
+            takes the largest chunk (up to 256) whose per-sample gradients hold at most 2^28
+            numbers (1 GiB in float32), so a large model gets small chunks.
     """
 
+    supports_distributed = True  # DDP: every rank estimates the same Fisher on the same samples
+
     def __init__(self, ewc_lambda: float = 100.0, mode: Literal["separate", "online"] = "separate",
-                 gamma: float = 1.0, fisher_samples: int | None = None, fisher_batch_size: int = 64):
+                 gamma: float = 1.0, fisher_samples: int | None = None, fisher_batch_size: int | None = None):
         super().__init__()
         where = "strategy.init_args"
         if ewc_lambda < 0:
@@ -107,9 +113,9 @@ class EWC(Strategy):
         if fisher_samples is not None and fisher_samples < 1:
             raise UserError(f"fisher_samples must be >= 1, got {fisher_samples}", where=f"{where}.fisher_samples",
                             fix="leave it unset to use every training sample")
-        if fisher_batch_size < 1:
+        if fisher_batch_size is not None and fisher_batch_size < 1:
             raise UserError(f"fisher_batch_size must be >= 1, got {fisher_batch_size}",
-                            where=f"{where}.fisher_batch_size", fix="give e.g. 64")
+                            where=f"{where}.fisher_batch_size", fix="give e.g. 64, or leave it unset")
         self.ewc_lambda = ewc_lambda
         self.mode = mode
         self.gamma = gamma
@@ -146,11 +152,15 @@ class EWC(Strategy):
             generator = seeded_generator(self.seed, "ewc-fisher", experience.position)
             dataset = subset(dataset, torch.randperm(len(dataset), generator=generator)[: self.fisher_samples].tolist())
         model = module.model
+        chunk = self.fisher_batch_size
+        if chunk is None:
+            numbers = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            chunk = max(1, min(256, _CHUNK_BUDGET // max(numbers, 1)))
         home = next(model.parameters()).device
         device = compute_device(module)
         model.to(device)
         try:
-            fisher = diagonal_fisher(model, dataset, batch_size=self.fisher_batch_size, device=device)
+            fisher = diagonal_fisher(model, dataset, batch_size=chunk, device=device)
             theta = {n: p.detach().clone() for n, p in model.named_parameters() if n in fisher}
         finally:
             model.to(home)

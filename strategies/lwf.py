@@ -48,6 +48,8 @@ class LwF(Strategy):
         temperature: softmax temperature T of the distillation (paper: 2).
     """
 
+    supports_distributed = True  # DDP: each rank distils its own batch from an identical teacher
+
     def __init__(self, alpha: float = 1.0, temperature: float = 2.0):
         super().__init__()
         if alpha < 0:

@@ -10,7 +10,7 @@ experience so that it only ever holds past data (the memory is empty while train
 experience, which therefore trains as naive). Policies:
 
 * ``reservoir``: a uniform sample of every training sample seen so far (Vitter's Algorithm R,
-  the paper's default). Each experience's samples are streamed through the reservoir in index
+  the paper's main variant). Each experience's samples are streamed through the reservoir in index
   order with a generator seeded from the run seed and the experience position, so the memory is
   identical on every rank and across resumes.
 * ``class_balanced``: the slots are shared equally among the classes seen so far (water-filled:
@@ -129,10 +129,12 @@ class Replay(Strategy):
     Args:
         mem_size: memory slots in total (samples, not per class or experience). Default 200,
             the digits streams' leaderboard budget; the paper sweeps 1-5 samples per class.
-        policy: ``reservoir`` (the paper's default) or ``class_balanced``.
+        policy: ``reservoir`` (the paper's main variant) or ``class_balanced``.
         replay_batch_size: memory samples per step; ``None`` uses the training batch size
             (the paper concatenates two mini-batches of equal size).
     """
+
+    supports_distributed = True  # the memory is chosen identically on every rank; draws are split
 
     def __init__(self, mem_size: int = 200, policy: Literal["reservoir", "class_balanced"] = "reservoir",
                  replay_batch_size: int | None = None):

@@ -165,3 +165,49 @@ def test_killed_in_the_first_experience_there_is_nothing_to_resume(runs, referen
     # the plain rerun replaced the killed run's TensorBoard events instead of mixing them in
     assert _scalars(runs["outs"][FIRST_EXPERIENCE], "train/loss") == _scalars(runs["root"] / "reference",
                                                                                "train/loss")
+
+
+def test_an_interrupted_leaderboard_run_completes_with_every_entry_once(tmp_path):
+    """Kill a suite mid-experience, between two runs and while a result is written; rerun each time."""
+    from clbench.leaderboard.entries import load_entries, read_entry
+    from clbench.leaderboard.suite import load_suite
+
+    base = tiny_config()
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "interrupted", "benchmarks": [base["benchmark"]], "models": [base["model"]],
+        "strategies": ["naive", {"class_path": "replay", "init_args": {"mem_size": 60}}],
+        "orders": ["default"], "seeds": [0], "base": {"train": base["train"], "logging": base["logging"]},
+    }, sort_keys=False))
+    board = tmp_path / "board"
+    first, second = [r.hash for r in load_suite(suite).runs]
+
+    def suite_run(kill_at: str | None):
+        return _cli(["leaderboard", "run", "--suite", str(suite), "--output", str(board), "--no-progress"], kill_at)
+
+    def entries() -> list[str]:
+        folder = board / "entries"
+        return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+    # 1. killed in the middle of the first run's second experience: no entry, a checkpoint
+    assert suite_run("stage:1:step:3").returncode == -9
+    assert entries() == [] and (board / "runs" / first / "checkpoint.pt").is_file()
+    # 2. the first run resumes and finishes; killed as soon as the second one trains
+    proc = suite_run("stage:0:step:0")
+    assert proc.returncode == -9
+    assert "(resumed)" in proc.stdout
+    assert entries() == [f"{first}.json"]
+    # 3. the second run starts over and is killed while writing its result.json
+    assert suite_run("result").returncode == -9
+    assert entries() == [f"{first}.json"]
+    assert not (board / "runs" / second / "result.json").exists()
+    # 4. uninterrupted: the second run finishes from its last checkpoint
+    done = suite_run(None)
+    assert done.returncode == 0, done.stderr
+    assert entries() == sorted([f"{first}.json", f"{second}.json"])
+    loaded = load_entries(board)  # each one verifies: schema, content hash, file name = config hash
+    assert [e["status"] for e in loaded] == ["ok", "ok"]
+    for name in entries():
+        entry = read_entry(board / "entries" / name)
+        assert len(entry["r_matrix"]) == 3 and all(len(row) == 3 for row in entry["r_matrix"])
+    assert not any(p.name.endswith(".tmp") for p in board.rglob("*"))

@@ -184,3 +184,15 @@ def test_moe_layers_report_per_domain_expert_utilization(tmp_path):
     assert len(u) == 3 and all(len(row) == 3 for row in u)
     for row in u:  # each domain's units are all routed somewhere
         assert sum(row) == pytest.approx(1.0)
+
+
+def test_undefined_scores_are_null_in_strict_json(tmp_path):
+    """A one-class test partition has no MAUC: it is written as null, never as NaN."""
+    cfg = resolve_config(tiny_config(benchmark={"class_path": "digits-dirichlet",
+                                                "init_args": {"num_experiences": 5, "alpha": 0.01, "min_size": 5}}))
+    result = run(cfg, tmp_path / "out")
+    text = (tmp_path / "out" / "result.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    json.loads(text)  # strict parse
+    flat = [v for row in result["matrices"]["mauc"] for v in row]
+    assert None in flat  # alpha=0.01 leaves some partition with a single class

@@ -21,6 +21,9 @@ from strategies.ewc import EWC, diagonal_fisher
 from strategies.lwf import LwF, distillation
 from strategies.replay import Replay, balanced_quotas, reservoir_update
 
+pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
+              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
+
 
 # -- helpers ---------------------------------------------------------------------------------
 def make_experience(position: int, labels, dim: int = 4, seed: int = 0) -> Experience:
@@ -399,6 +402,29 @@ def test_ewc_fisher_samples_uses_a_seeded_subset():
     assert not torch.allclose(importance(5, 0), full)
 
 
+def test_ewc_automatic_chunks_shrink_with_the_model(monkeypatch):
+    import strategies.ewc as ewc_module
+
+    exp = make_experience(0, [0, 1, 2, 3] * 10)
+    chunks = []
+    real = ewc_module.diagonal_fisher
+
+    def spy(model, dataset, *, batch_size, device):
+        chunks.append(batch_size)
+        return real(model, dataset, batch_size=batch_size, device=device)
+
+    monkeypatch.setattr(ewc_module, "diagonal_fisher", spy)
+    results = []
+    for budget in (2**28, 76 * 7):  # the tiny model has 76 parameters
+        monkeypatch.setattr(ewc_module, "_CHUNK_BUDGET", budget)
+        strategy = EWC()
+        strategy.setup(None, [exp], 0)
+        strategy.after_experience(make_module(strategy), exp)
+        results.append(strategy.importance)
+    assert chunks == [256, 7]
+    assert all(torch.allclose(results[0][n], results[1][n], atol=1e-7) for n in results[0])
+
+
 def test_ewc_state_round_trips():
     strategy, model, names, _ = consolidated_ewc("separate")
     restored = EWC(ewc_lambda=2.0)
@@ -597,18 +623,60 @@ def run_digits(strategy: str, init_args: dict | None = None, epochs: int = 1, se
     return run(cfg, None, source="test")
 
 
-@pytest.mark.parametrize("name,args", [("replay", {"mem_size": 100}), ("replay", {"policy": "class_balanced"}),
-                                       ("ewc", {}), ("ewc", {"mode": "online", "gamma": 0.9}), ("lwf", {}),
-                                       ("agem", {"patterns_per_experience": 50, "sample_size": 64})])
-def test_each_strategy_runs_a_digits_stream(name, args):
-    result = run_digits(name, args, domains=["rot0", "rot90", "invert"], hidden=64)
+THREE_DOMAINS = ["rot0", "rot90", "invert"]
+BASES = {"replay": Replay, "ewc": EWC, "lwf": LwF, "agem": AGEM}
+
+
+def check_digits_result(result: dict, name: str, args: dict) -> None:
     r = result["r_matrix"]
-    assert result["experiences"] == ["rot0", "rot90", "invert"]
+    assert result["experiences"] == THREE_DOMAINS
     assert len(r) == 3 and all(len(row) == 3 for row in r)
     assert all(0.0 <= v <= 1.0 for row in r for v in row)
     assert r[0][0] > 0.3  # well above chance (0.1) on the first domain after one epoch
-    defaults = {"replay": Replay, "ewc": EWC, "lwf": LwF, "agem": AGEM}[name]().hparams()
-    assert result["strategy"]["params"] == {**defaults, **args}  # every hyper-parameter recorded
+    assert result["strategy"]["params"] == {**BASES[name]().hparams(), **args}  # every hyper-parameter recorded
+
+
+@pytest.mark.parametrize("name,args", [("replay", {"mem_size": 100}), ("ewc", {"mode": "online", "gamma": 0.9})])
+def test_strategies_run_a_digits_stream(name, args):
+    check_digits_result(run_digits(name, args, domains=THREE_DOMAINS, hidden=64), name, args)
+
+
+class Interrupted(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("name,args", [("replay", {"mem_size": 50, "policy": "class_balanced"}), ("ewc", {}),
+                                       ("lwf", {}), ("agem", {"patterns_per_experience": 30, "sample_size": 16})])
+def test_a_resumed_run_matches_an_uninterrupted_one(name, args, tmp_path):
+    """Each strategy runs a digits stream, and the strategy state in the checkpoint is all a
+    run needs to continue exactly after an interruption."""
+    from clbench import registry
+    from clbench.config import resolve_config
+    from clbench.runner import run
+
+    base = BASES[name]
+    crash = {"at": None}
+
+    class Crashing(base):
+        def before_experience(self, module, experience):
+            if experience.position == crash["at"]:
+                raise Interrupted
+            super().before_experience(module, experience)
+
+    registry.register("strategies", f"crashing-{name}")(Crashing)
+    cfg = resolve_config({"benchmark": {"class_path": "digits-domains", "init_args": {"domains": THREE_DOMAINS}},
+                          "model": {"class_path": "mlp", "init_args": {"hidden": 64}},
+                          "strategy": {"class_path": f"crashing-{name}", "init_args": args},
+                          "train": {"epochs": 1}, "logging": {"tensorboard": False, "progress": False}})
+    whole = run(cfg, None, source="test")
+    check_digits_result(whole, name, args)
+    crash["at"] = 2
+    with pytest.raises(Interrupted):
+        run(cfg, tmp_path, source="test")
+    assert (tmp_path / "checkpoint.pt").exists()
+    crash["at"] = None
+    resumed = run(cfg, tmp_path, source="test", resume=True)
+    assert resumed["r_matrix"] == whole["r_matrix"]
 
 
 @pytest.mark.slow
@@ -642,7 +710,18 @@ for exp in experiences:
 flat = torch.cat([p.detach().flatten() for p in module.model.parameters()])
 gathered = [torch.zeros_like(flat) for _ in range(2)]
 dist.all_gather(gathered, flat)
-state = torch.cat([t.double().flatten() for t in strategy.state_dict().values() if torch.is_tensor(t)] or [torch.zeros(1)])
+
+
+def tensors(obj):
+    if torch.is_tensor(obj):
+        return [obj.double().flatten()]
+    if isinstance(obj, dict):
+        return [t for key in sorted(obj, key=str) for t in tensors(obj[key])]
+    return []
+
+
+state = torch.cat(tensors(strategy.state_dict()))
+assert state.numel() > 0
 states = [torch.zeros_like(state) for _ in range(2)]
 dist.all_gather(states, state)
 with open(f"rank{{dist.get_rank()}}.txt", "w") as out:

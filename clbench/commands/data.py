@@ -10,13 +10,13 @@ def register(sub) -> None:
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     check = data_sub.add_parser("check", help="verify a dataset's layout and counts, and name what is missing")
     check.add_argument("benchmark", help="benchmark name, e.g. core50, office-home, cifar10-dirichlet")
-    check.add_argument("--root", required=True, help="the dataset's root folder")
-    check.add_argument("args", nargs="*", metavar="key=value", help="extra benchmark init_args")
+    # Everything after the name goes to the checker's own parser (argparse inside subparsers
+    # cannot take key=value pairs after an option).
+    check.add_argument("rest", nargs=argparse.REMAINDER, metavar="--root DIR [key=value ...] [options]")
     check.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from clbench.datacheck import main
 
-    argv = [args.benchmark, "--root", args.root, *args.args]
-    return main(argv)
+    return main([args.benchmark, *args.rest])

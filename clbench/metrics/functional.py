@@ -125,11 +125,11 @@ def pairwise_auc(probs: Tensor, target: Tensor, num_classes: int) -> Tensor:
 
     No loop over samples or class pairs: each score column is sorted once, a running count of
     class-i points along the sorted column says how many of them lie below every sample, and a
-    scatter-add by true class sums these counts for all j at once (O(K N log N) in total). Tie
-    groups are resolved with running max/min so that tied points count one half. Sums are
-    exact integers (twice the win count keeps halves integral). Columns are processed in
-    blocks to bound memory. Entries whose class i or j has no sample are NaN, as is the
-    diagonal.
+    scatter-add by true class sums these counts for all j at once (O(K N log N) in total). Ties
+    are corrected only in columns where a class-i point ties with a point of another class,
+    element by element over the tie groups. Sums are exact integers (twice the win count keeps
+    halves integral). Columns are processed in blocks to bound memory. Entries whose class i
+    or j has no sample are NaN, as is the diagonal.
     """
     _check_scores(probs, num_classes)
     target = _check_target(target, num_classes, probs.shape[0])

@@ -26,7 +26,8 @@ class MulticlassMAUC(Metric):
     lists concatenated across processes (``dist_reduce_fx="cat"``), and ``compute`` ranks the
     union. They are stored flat, in the metric's float dtype, targets included: when a process
     saw no data, torchmetrics syncs its list as an empty 1-D tensor of that dtype, and only
-    flat states of one dtype concatenate with it. Memory is N x K floats (52 MB for 200,000 x
+    flat states of one dtype concatenate with it (class indices stay exact in float32 below
+    2**24). Memory is N x K floats (52 MB for 200,000 x
     65 in float32); pass ``compute_on_cpu=True`` to keep them off the accelerator.
 
     ``input="logits"`` (default, what models emit) applies a softmax per row before storing:
