@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clbench: error: {err.one_line()}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print("clbench: interrupted", file=sys.stderr)
+        print("clbench: interrupted (finished experiences are checkpointed: 'clbench run --resume' "
+              "or rerunning the suite continues)", file=sys.stderr)
         return 130
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.config import NON_SEMANTIC, SCHEMA_VERSION, canonical_json, config_hash, order_label
-from clbench.errors import NonFiniteLoss, UserError
+from clbench.errors import NonFiniteLoss, UserError, did_you_mean
 
 CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
@@ -205,6 +205,27 @@ def _restore_loop(trainer, state: dict) -> None:
         loops.extend(v for v in vars(loop).values() if isinstance(v, _Loop))
 
 
+def _interruptible(trainer, call, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` (a Trainer entry point), with Ctrl-C kept a KeyboardInterrupt.
+
+    Lightning answers Ctrl-C inside ``fit``/``validate`` with ``sys.exit(1)`` (and ignores
+    SIGINT from then on), which would bypass the CLI's message and the leaderboard's
+    bookkeeping; the last checkpoint is intact either way.
+    """
+    import signal
+
+    try:
+        return call(*args, **kwargs)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:  # not the main thread
+            pass
+        raise KeyboardInterrupt from None
+
+
 def environment() -> dict[str, Any]:
     """Package versions, Python, platform, device and git commit, for the record."""
     import platform
@@ -323,12 +344,19 @@ class ContinualRun:
                                 fix="use train.epochs / train.eval_every_epoch instead, or remove it")
 
     def _trainer_args(self) -> dict:
+        import inspect
+
         import lightning.pytorch as pl
 
         from clbench.build import check_init_args
 
         self._reserved_trainer_args()
         args = dict(self.cfg["trainer"] or {})
+        allowed = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self", *_RESERVED_TRAINER_ARGS}
+        for key in args:
+            if key not in allowed:  # suggest only what a config may set
+                raise UserError(f"unknown Trainer argument '{key}'", where=f"{self.source}: trainer.{key}",
+                                fix=did_you_mean(key, allowed))
         check_init_args(pl.Trainer, args, f"{self.source}: trainer")
         return args
 
@@ -375,7 +403,7 @@ class ContinualRun:
 
     # -- evaluation -----------------------------------------------------------------------
     def _evaluate(self, trainer, loaders) -> dict[str, list[float]]:
-        trainer.validate(self.module, loaders, verbose=False)
+        _interruptible(trainer, trainer.validate, self.module, loaders, verbose=False)
         return self.module.last_eval
 
     def _split(self, evaluation: dict[str, list[float]]) -> tuple[dict[str, list[float]], dict[str, float]]:
@@ -411,9 +439,10 @@ class ContinualRun:
                                  deterministic=self.cfg["train"]["deterministic"], inference_mode=False,
                                  use_distributed_sampler=False, **self._trainer_args())
             seeding.seed_all(seeding.derive(self.cfg["seed"], "train", exp.position))
-            trainer.fit(module, self._loader(exp.train, shuffle=True,
-                                             seed=seeding.derive(self.cfg["seed"], "loader", exp.position)))
-            trainer.validate(module, [self._loader(exp.test, shuffle=False)], verbose=False)
+            _interruptible(trainer, trainer.fit, module,
+                           self._loader(exp.train, shuffle=True,
+                                        seed=seeding.derive(self.cfg["seed"], "loader", exp.position)))
+            _interruptible(trainer, trainer.validate, module, [self._loader(exp.test, shuffle=False)], verbose=False)
             scores.append(module.last_eval["acc"][0])
         return scores
 
@@ -454,7 +483,8 @@ class ContinualRun:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # a damaged file can fail in many ways inside the unpickler
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise UserError(f"cannot read checkpoint {path}: {reason}", where="--resume",
+            raise UserError(f"cannot read checkpoint {path}, it is damaged or not a clbench checkpoint ({reason})",
+                            where="--resume",
                             fix="delete the output directory and rerun without --resume") from None
         schema = ckpt.get("schema") if isinstance(ckpt, dict) else None
         if schema != CHECKPOINT_SCHEMA:
@@ -575,8 +605,8 @@ class ContinualRun:
                 trainer.fit_loop.max_epochs = first_epoch + epochs
                 t0 = time.perf_counter()
                 try:
-                    trainer.fit(self.module, train_dataloaders=loader,
-                                val_dataloaders=eval_loaders if eval_every_epoch else None)
+                    _interruptible(trainer, trainer.fit, self.module, train_dataloaders=loader,
+                                   val_dataloaders=eval_loaders if eval_every_epoch else None)
                 except NonFiniteLoss as err:
                     raise NonFiniteLoss(
                         f"training diverged on experience {stage + 1}/{len(stages)} '{label}': loss became "

@@ -45,8 +45,11 @@ class Strategy:
 
     #: Scenario types the method is meant for; checked against the stream before a run.
     supports: ClassVar[frozenset[str]] = frozenset({"domain-il", "class-il", "instance-il", "task-il"})
-    #: Whether the method is correct under data-parallel training (DDP/FSDP) as written.
+    #: Whether the method is correct under data-parallel training (DDP) as written.
     supports_distributed: ClassVar[bool] = True
+    #: Whether it also works with sharded parameters (FSDP, model parallel): a method that reads
+    #: or copies whole parameter tensors (Fisher, teachers, gradient projection) says False.
+    supports_sharded: ClassVar[bool] = False
     #: Train once on the union of all experiences instead of one experience at a time (joint).
     single_stage: ClassVar[bool] = False
 
@@ -96,7 +99,9 @@ class Strategy:
         return loss
 
     def on_after_backward(self, module: "ContinualModule") -> None:
-        """Gradients are in ``p.grad``; project or mask them here (GEM, A-GEM)."""
+        """Gradients of this backward pass are in ``p.grad``; mask them here. A method that needs
+        the whole step's gradient (after gradient accumulation), such as A-GEM's projection,
+        uses :meth:`on_before_optimizer_step` instead."""
 
     def on_before_optimizer_step(self, module: "ContinualModule", optimizer: torch.optim.Optimizer) -> None:
         """Just before ``optimizer.step()``."""

@@ -41,8 +41,8 @@ def project(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> torch.T
 
     The test is made on device (no host sync): the coefficient is 0 when g·g_ref >= 0.
     """
-    g = torch.cat([t.reshape(-1) for t in grads])
-    r = torch.cat([t.reshape(-1) for t in reference])
+    g = torch.cat([t.reshape(-1) for t in grads]).float()  # dot products in at least float32
+    r = torch.cat([t.reshape(-1) for t in reference]).float()
     dot = g @ r
     coefficient = torch.where(dot < 0, dot / (r @ r).clamp_min(torch.finfo(r.dtype).tiny), torch.zeros_like(dot))
     for t, ref in zip(grads, reference):
@@ -54,8 +54,8 @@ class AGEM(Strategy):
     """A-GEM.
 
     Args:
-        patterns_per_experience: samples stored from each experience (the paper: 250 per task
-            on MNIST, 25 per class; 65 on CIFAR-100).
+        patterns_per_experience: samples stored from each experience (the paper's setups:
+            250 per task on permuted MNIST, 25 per class; 65 per task on split CIFAR).
         sample_size: memory samples per reference gradient (the paper: 256).
     """
 

@@ -11,5 +11,7 @@ from clbench.strategy import Strategy
 class Cumulative(Strategy):
     """Train on everything seen so far (no hyper-parameters)."""
 
+    supports_sharded = True  # touches data only, never parameters
+
     def train_dataset(self, experience):
         return concat([exp.train for exp in self.experiences[: experience.position + 1]])

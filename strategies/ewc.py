@@ -125,21 +125,47 @@ class EWC(Strategy):
         self.anchor: dict[str, torch.Tensor] = {}      # μ (separate) or the latest θ* (online)
         self.offset = 0.0                              # c: the penalty's value at θ = μ
         self.consolidated = 0                          # experiences folded in so far
-        self._terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self._terms: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor] | None = None  # see _flat
 
     def before_experience(self, module, experience):
         self._terms = None
 
     def penalty(self, model: nn.Module) -> torch.Tensor:
-        """``Σ_t Σ_i F_t,i (θ_i − θ*_t,i)²`` (without λ/2) for the current parameters."""
-        if self._terms is None or (self._terms and self._terms[0][1].device != self._terms[0][0].device):
-            terms = []
-            for name, p in model.named_parameters():
-                if name in self.importance:
-                    terms.append((p, self.importance[name].to(p.device), self.anchor[name].to(p.device)))
-            self._terms = terms
-        total = sum((f * (p - a).pow(2)).sum() for p, f, a in self._terms)
-        return total + self.offset
+        """``Σ_t Σ_i F_t,i (θ_i − θ*_t,i)²`` (without λ/2) for the current parameters.
+
+        One flat dot product over all parameters: a handful of kernels per step whatever the
+        number of parameter tensors, instead of several per tensor.
+        """
+        params, importance, anchor = self._flat(model)
+        if not params:
+            return torch.zeros(()) + self.offset
+        theta = torch.cat([p.reshape(-1) for p in params])
+        return torch.dot(importance, (theta - anchor).square()) + self.offset
+
+    def _flat(self, model: nn.Module):
+        """(parameters, A, μ) with A and μ flattened in parameter order on the parameters' device.
+
+        Built once per experience (or device move); the per-name dicts become views of the flat
+        tensors, so the device holds one copy of the state.
+        """
+        cache = self._terms
+        if cache is not None and (not cache[0] or cache[1].device == cache[0][0].device):
+            return cache
+        named = [(n, p) for n, p in model.named_parameters() if n in self.importance]
+        params = [p for _, p in named]
+        if not params:
+            self._terms = ([], torch.zeros(0), torch.zeros(0))
+            return self._terms
+        like = dict(device=params[0].device, dtype=params[0].dtype)
+        importance = torch.cat([self.importance[n].reshape(-1).to(**like) for n, _ in named])
+        anchor = torch.cat([self.anchor[n].reshape(-1).to(**like) for n, _ in named])
+        start = 0
+        for n, p in named:
+            end = start + p.numel()
+            self.importance[n], self.anchor[n] = importance[start:end].view_as(p), anchor[start:end].view_as(p)
+            start = end
+        self._terms = (params, importance, anchor)
+        return self._terms
 
     def training_loss(self, module, x, y, logits, loss):
         if not self.importance or self.ewc_lambda == 0:
@@ -192,8 +218,8 @@ class EWC(Strategy):
         self._terms = None
 
     def state_dict(self):
-        return {"importance": {n: t.detach().cpu() for n, t in self.importance.items()},
-                "anchor": {n: t.detach().cpu() for n, t in self.anchor.items()},
+        return {"importance": {n: t.detach().cpu().clone() for n, t in self.importance.items()},
+                "anchor": {n: t.detach().cpu().clone() for n, t in self.anchor.items()},
                 "offset": self.offset, "consolidated": self.consolidated}
 
     def load_state_dict(self, state):

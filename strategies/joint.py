@@ -14,6 +14,8 @@ from clbench.strategy import Strategy
 class Joint(Strategy):
     """Offline upper bound (no hyper-parameters)."""
 
+    supports_sharded = True  # touches data only, never parameters
+
     single_stage = True
 
     def train_dataset(self, experience):

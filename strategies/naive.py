@@ -9,3 +9,5 @@ from clbench.strategy import Strategy
 
 class Naive(Strategy):
     """Sequential fine-tuning (no hyper-parameters)."""
+
+    supports_sharded = True  # touches data only, never parameters

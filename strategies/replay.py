@@ -112,10 +112,9 @@ def loader_batch_size(loader) -> int:
 def with_memory(current, memory, make_loader: Callable, batch_size: int, generator: torch.Generator):
     """``current`` paired step by step with batches drawn with replacement from ``memory``.
 
-    The memory sampler is a uniform ``WeightedRandomSampler``: under distributed training
-    Lightning swaps a plain ``RandomSampler`` for a ``DistributedSampler`` over the dataset
-    (which would drop replacement and the sample count), while any other sampler is wrapped and
-    split across ranks with its draws intact.
+    The memory sampler draws uniformly with replacement from a generator seeded identically on
+    every rank. The runner shards only the loaders it builds itself, so under data parallelism
+    each rank pairs its own shard of the current data with the same memory batch.
     """
     sampler = WeightedRandomSampler(torch.ones(len(memory), dtype=torch.double), len(current) * batch_size,
                                     replacement=True, generator=generator)
@@ -134,7 +133,9 @@ class Replay(Strategy):
             (the paper concatenates two mini-batches of equal size).
     """
 
-    supports_distributed = True  # the memory is chosen identically on every rank; draws are split
+    supports_sharded = True  # touches data only, never parameters
+
+    supports_distributed = True  # memory contents and draws are identical on every rank
 
     def __init__(self, mem_size: int = 200, policy: Literal["reservoir", "class_balanced"] = "reservoir",
                  replay_batch_size: int | None = None):

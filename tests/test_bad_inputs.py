@@ -57,6 +57,7 @@ class Case:
     config: Any = None            # dict: written as YAML; str: written as is; bytes: raw; None: not written
     args: tuple[str, ...] = ()
     message: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()  # substrings the error line must not contain
     output: str = "previous"      # previous | empty | checkpoint | complete | none
     overwrite: bool = True        # pass --overwrite (with output "previous")
     setup: Callable[[Path], None] | None = None
@@ -188,7 +189,8 @@ CASES = [
     Case("reserved trainer key", config=cfg(trainer={"max_epochs": 5}),
          message=("{cfg}: trainer.max_epochs", "set by the runner", "train.epochs")),
     Case("unknown trainer argument", config=cfg(trainer={"acelerator": "cpu"}),
-         message=("{cfg}: trainer.acelerator", "did you mean 'accelerator'")),
+         message=("{cfg}: trainer.acelerator", "unknown Trainer argument", "did you mean 'accelerator'"),
+         absent=("max_epochs", "callbacks")),  # reserved arguments are not suggested
     # -- command line
     Case("override without '='", config=BASE, args=("train.epochs",),
          message=("override 'train.epochs' has no '='", "key.path=value")),
@@ -206,9 +208,9 @@ CASES = [
     Case("output not writable", config=BASE, output="none", setup=_readonly_output,
          message=("--output", "cannot write", "Permission denied"),
          skip="running as root: permissions do not stop root's writes" if os.geteuid() == 0 else None),
-    Case("output under a read-only file system", config=BASE, output="none",
-         args=("--output", "/proc/clbench-output"), message=("--output", "cannot write", "writable"),
-         skip=None if Path("/proc/self").exists() else "no /proc on this system"),
+    Case("output in a system folder no one may write", config=BASE, output="none",
+         args=("--output", "/sys/kernel"), message=("--output", "cannot write to /sys/kernel", "writable"),
+         skip=None if Path("/sys/kernel").is_dir() else "no /sys/kernel on this system"),
     Case("output holds a finished run", config=BASE, overwrite=False,
          message=("--output", "already holds a finished run", "--overwrite")),
     Case("output holds an unfinished run", config=BASE, output="checkpoint", overwrite=False,
@@ -340,5 +342,7 @@ def test_bad_input_is_one_clean_line_and_exit_2(case: Case, outcomes):
         needle = needle.replace("{cfg}", str(got["config"])).replace("{out}", str(got["out"])) \
             .replace("{dir}", str(got["dir"]))
         assert needle in line, f"{needle!r} not in:\n{line}"
+    for needle in case.absent:
+        assert needle not in line, f"{needle!r} in:\n{line}"
     # nothing written, nothing removed, nothing changed
     assert got["after"] == got["before"]

@@ -125,6 +125,7 @@ def test_quickstart_is_the_default_suite():
     ({"seeds": [0, -1]}, "seeds[1]", "non-negative integer"),
     ({"seeds": "0"}, "seeds", "non-empty list"),
     ({"name": "my suite"}, "name", "invalid suite name"),
+    ({"threads": 0}, "threads", "positive integer"),
     ({"base": {"seed": 3}}, "base.seed", "set by the grid"),
     ({"base": {"train": {"epochs": "two"}}}, "train.epochs", "expected int"),
     ({"base": {"train": {"epochz": 2}}}, "train.epochz", "did you mean 'epochs'"),
@@ -198,6 +199,24 @@ def test_second_run_does_no_work_and_deleting_an_entry_reruns_only_it(board, tmp
     assert new["r_matrix"] == old["r_matrix"]  # same config, same seed, same numbers
     for other in (r for r in suite.runs if r is not victim):
         assert E.entry_path(out, other.hash).read_bytes() == before[f"{other.hash}.json"]
+
+
+def test_force_reruns_everything_and_threads_are_recorded(board, tmp_path, monkeypatch):
+    import torch
+
+    out = copy_board(board, tmp_path)
+    suite = load_suite(SMOKE)
+    old = {e["config_hash"]: e for e in E.load_entries(out)}
+    threads = torch.get_num_threads()
+    calls = spy_runner(monkeypatch)
+    outcome = run_suite(suite, out, force=True, console=quiet())
+    assert [h for h, resumed in calls] == [r.hash for r in suite.runs] and not any(r for _, r in calls)
+    assert outcome.ran == [r.hash for r in suite.runs] and outcome.skipped == []
+    for e in E.load_entries(out):
+        assert e["execution"]["torch_threads"] == suite.threads == 1
+        assert e["r_matrix"] == old[e["config_hash"]]["r_matrix"]
+        assert e["created_at"] >= old[e["config_hash"]]["created_at"]
+    assert torch.get_num_threads() == threads  # the process's setting is restored
 
 
 def test_interrupted_suite_keeps_finished_entries_and_continues(tmp_path, monkeypatch):
@@ -293,6 +312,22 @@ def test_failed_runs_are_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
     run_suite(suite, out, console=quiet(), retry_failed=True)
     assert sorted(h for h, _ in calls) == sorted(joint)
     assert all(E.read_entry(E.entry_path(out, h))["status"] == "ok" for h in joint)
+
+
+@pytest.mark.skipif(not (REPO / "leaderboard" / "entries").is_dir(), reason="no committed leaderboard/")
+def test_default_command_on_the_committed_leaderboard_does_no_work(tmp_path, monkeypatch, capsys):
+    """``clbench leaderboard run`` with no suite is the quickstart suite, and leaderboard/ holds all of it."""
+    out = tmp_path / "leaderboard"
+    shutil.copytree(REPO / "leaderboard", out)
+    monkeypatch.chdir(REPO)
+    calls = spy_runner(monkeypatch)
+    assert main(["leaderboard", "run", "--output", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert calls == []
+    assert "suite quickstart: 36 runs, 36 already done, 0 to run" in printed
+    for name in ("naive", "joint", "replay", "ewc", "lwf", "agem"):
+        assert name in printed
+    assert json.loads((out / "suite.json").read_text()) == json.loads((REPO / "leaderboard" / "suite.json").read_text())
 
 
 # -- entries ------------------------------------------------------------------------------------

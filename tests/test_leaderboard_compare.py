@@ -118,8 +118,8 @@ def test_default_paired_test_is_between_the_two_best(synthetic):
 
 
 def test_too_few_pairs_says_so():
-    few = [fake_entry(s, o, 0, {"acc": v}) for s, o, v in
-           [("naive", "default", 0.4), ("naive", "reverse", 0.5), ("replay", "default", 0.6), ("replay", "reverse", 0.7)]]
+    runs = [("naive", "default", 0.4), ("naive", "reverse", 0.5), ("replay", "default", 0.6), ("replay", "reverse", 0.7)]
+    few = [fake_entry(s, o, 0, {"acc": v}) for s, o, v in runs]
     (bench,) = compare(few)["benchmarks"]
     assert bench["paired_test"]["n_pairs"] == 2 and "not enough paired runs" in bench["paired_test"]["note"]
     assert bench["rank_stability"]["kendall_tau_mean"] == pytest.approx(1.0)

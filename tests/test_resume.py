@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -211,3 +213,25 @@ def test_an_interrupted_leaderboard_run_completes_with_every_entry_once(tmp_path
         entry = read_entry(board / "entries" / name)
         assert len(entry["r_matrix"]) == 3 and all(len(row) == 3 for row in entry["r_matrix"])
     assert not any(p.name.endswith(".tmp") for p in board.rglob("*"))
+
+
+def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(runs, reference):
+    """SIGINT (Ctrl-C) while the second experience trains: exit 130, then --resume finishes it."""
+    out = runs["root"] / "interrupted-by-sigint"
+    args = ["run", "--config", str(runs["config"]), "--output", str(out), "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != "CLBENCH_TEST_KILL_AT"}
+    proc = subprocess.Popen([sys.executable, "-m", "clbench.cli", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoint.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines() == [stderr.strip()] and stderr.startswith("clbench: interrupted")
+    assert not (out / "result.json").exists()
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["state"]["stage"] >= 1
+    resumed = _cli([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "result.json").read_text())["r_matrix"] == reference["r_matrix"]

@@ -18,12 +18,17 @@ def register(sub) -> None:
                         description="Run every grid point of a suite that has no entry yet in the output directory "
                                     "(interrupt and rerun freely), then print the leaderboard.")
     run.add_argument("--suite", "-s", help="suite YAML (default: configs/suites/quickstart.yaml)")
-    run.add_argument("--output", "-o", default=DEFAULT_OUTPUT, help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
+    run.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
+                     help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
     run.add_argument("--retry-failed", action="store_true", help="rerun grid points whose entry says 'failed'")
+    run.add_argument("--force", action="store_true",
+                     help="rerun every grid point from scratch, replacing its entry when the new run ends "
+                          "(after changing code: entries are named by config, not by code)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (one line per run is still printed)")
     run.set_defaults(handler=handle_run)
     render = lb.add_parser("render", help="write README.md and index.html from a leaderboard directory's entries")
-    render.add_argument("dir", nargs="?", default=DEFAULT_OUTPUT, help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
+    render.add_argument("dir", nargs="?", default=DEFAULT_OUTPUT,
+                        help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
     render.set_defaults(handler=handle_render)
 
 
@@ -37,7 +42,7 @@ def handle_run(args: argparse.Namespace) -> int:
     from clbench.leaderboard.execute import run_suite  # after the suite is known to be valid
 
     outcome = run_suite(suite, args.output, progress=not args.no_progress, retry_failed=args.retry_failed,
-                        console=console)
+                        force=args.force, console=console)
     hashes = [r.hash for r in suite.runs]
     print_tables(build_tables(load_entries(args.output, hashes), hashes), console)
     done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered)

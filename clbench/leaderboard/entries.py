@@ -2,10 +2,14 @@
 
 An entry is the runner's result (``result.json``, see :mod:`clbench.runner`) with the fields a
 leaderboard needs on top: ``entry_schema``, ``status``/``error``, ``harness`` (version and git
-commit), ``suite``, ``created_at`` and ``content_hash``. A failed run keeps the same
-identifying fields (config, hash, names, seed, order, environment) and the one-line error, so
-a table can count it and a rerun can find it. The full field list is in
-``docs/leaderboard.md``.
+commit), ``execution`` (torch threads), ``suite``, ``created_at`` and ``content_hash``. A
+failed run keeps the same identifying fields (config, hash, names, seed, order, environment)
+and the one-line error, so a table can count it and a rerun can find it. The full field list
+is in ``docs/leaderboard.md``.
+
+The hash names a *config*, not the code that ran it: after changing a strategy's code, rerun
+with ``clbench leaderboard run --force`` (the entry's ``harness.git_commit`` says which code
+produced it).
 
 Two hashes protect an entry. The file name is ``config_hash`` (sha256 of the resolved config
 without ``logging``), so the same config always lands in the same file and a suite knows what
@@ -29,7 +33,8 @@ ENTRY_SCHEMA = 1
 ENTRIES_DIR = "entries"
 STATUSES = ("ok", "failed")
 # Keys every entry has, whatever its status.
-COMMON_KEYS = ("entry_schema", "status", "error", "config", "config_hash", "content_hash", "harness", "benchmark",
+COMMON_KEYS = ("entry_schema", "status", "error", "config", "config_hash", "content_hash", "harness", "execution",
+               "benchmark",
                "model", "strategy", "seed", "order", "order_label", "env", "compute")
 # Keys an ``ok`` entry has in addition (from the runner's result).
 RESULT_KEYS = ("schema", "experiences", "r_matrix", "r_init", "scores")
@@ -64,6 +69,13 @@ def _seal(entry: dict) -> dict:
     return entry
 
 
+def _execution() -> dict:
+    """How the process ran (not part of the config, but it can change the last bits of a result)."""
+    import torch
+
+    return {"torch_threads": torch.get_num_threads()}
+
+
 def entry_from_result(result: dict, *, suite: str | None = None) -> dict:
     """An ``ok`` entry from a runner result (the result's fields are kept as they are)."""
     if result.get("status") != "ok":
@@ -71,7 +83,7 @@ def entry_from_result(result: dict, *, suite: str | None = None) -> dict:
     if config_hash(result["config"]) != result["config_hash"]:
         raise ValueError("result config_hash does not match its config")
     entry = {"entry_schema": ENTRY_SCHEMA, "status": "ok", "error": None, "harness": _harness(result["env"]),
-             "suite": suite, "created_at": _now()}
+             "execution": _execution(), "suite": suite, "created_at": _now()}
     entry.update({k: v for k, v in result.items() if k not in entry})
     return _seal(entry)
 
@@ -83,6 +95,7 @@ def failed_entry(cfg: dict, error: str, *, env: dict, wall_seconds: float, suite
         "status": "failed",
         "error": " ".join(str(error).split()),
         "harness": _harness(env),
+        "execution": _execution(),
         "suite": suite,
         "created_at": _now(),
         "benchmark": {"name": cfg["benchmark"]["class_path"], "init_args": cfg["benchmark"]["init_args"]},

@@ -17,6 +17,8 @@ For every grid point, in order:
 * its working folder holds anything else: stale, removed, the run starts over;
 * otherwise: run it.
 
+``force`` skips the first three steps: every grid point runs again from scratch.
+
 All runs share one process, so torch and Lightning are imported once. A run that raises is
 recorded as a ``failed`` entry with its one-line error and the suite goes on; Ctrl-C stops
 the suite and keeps every entry written so far. A failed run's working folder is removed, so
@@ -102,11 +104,11 @@ def _finish_workdir(workdir: Path) -> None:
             parent.rmdir()
 
 
-def _execute(spec: RunSpec, workdir: Path, source: str) -> tuple[dict, bool]:
-    """Run (or resume) one grid point in ``workdir``; returns (result, resumed)."""
+def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[dict, bool]:
+    """Run (or resume, unless ``fresh``) one grid point in ``workdir``; returns (result, resumed)."""
     from clbench.runner import CHECKPOINT, run
 
-    if (workdir / CHECKPOINT).is_file():
+    if not fresh and (workdir / CHECKPOINT).is_file():
         try:
             return run(spec.config, workdir, source=source, resume=True, progress=False), True
         except UserError as err:
@@ -118,8 +120,12 @@ def _execute(spec: RunSpec, workdir: Path, source: str) -> tuple[dict, bool]:
 
 
 def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_failed: bool = False,
-              console=None) -> SuiteOutcome:
-    """Run every grid point of ``suite`` that has no entry in ``output``; see the module notes."""
+              force: bool = False, console=None) -> SuiteOutcome:
+    """Run every grid point of ``suite`` that has no entry in ``output``; see the module notes.
+
+    ``force`` reruns every grid point from scratch (after a code change: an entry's name says
+    which config it ran, not which code); each entry is replaced only when its new run ends.
+    """
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -135,7 +141,7 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
     todo: list[RunSpec] = []
     for spec in suite.runs:
         path = entry_path(output, spec.hash)
-        if path.exists():
+        if path.exists() and not force:
             entry = read_entry(path)  # refuses tampered or newer entries, with the fix
             if not (retry_failed and entry["status"] == "failed"):
                 outcome.skipped.append(spec.hash)
@@ -147,6 +153,8 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
     if not todo:
         return outcome
     preflight(suite)
+    import torch
+
     env = environment()
     source = str(suite.path)
     bar = None
@@ -155,6 +163,9 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
                        console=console, transient=True)
         bar.start()
         task = bar.add_task("", total=len(todo))
+    threads_before = torch.get_num_threads()
+    if suite.threads:
+        torch.set_num_threads(suite.threads)
     try:
         for k, spec in enumerate(todo, 1):
             head = f"run {k} of {len(todo)}"
@@ -162,14 +173,14 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
                 bar.update(task, description=f"{head}: {escape(spec.label())}")
             workdir = output / RUNS_DIR / spec.hash
             start = time.perf_counter()
-            recovered = _recover(workdir, spec)
+            recovered = None if force else _recover(workdir, spec)
             if recovered is not None:
                 entry = entry_from_result(recovered, suite=suite.name)
                 outcome.recovered.append(spec.hash)
                 note = "recovered from its finished working folder"
             else:
                 try:
-                    result, resumed = _execute(spec, workdir, source)
+                    result, resumed = _execute(spec, workdir, source, fresh=force)
                 except Exception as err:  # noqa: BLE001 - one broken run must not stop the grid
                     message = _one_line_error(err)
                     entry = failed_entry(spec.config, message, env=env, wall_seconds=time.perf_counter() - start,
@@ -192,10 +203,12 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
                 bar.advance(task)
     except KeyboardInterrupt:
         done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered) + len(outcome.failed)
-        console.print(f"interrupted after {done} of {len(todo)} runs; finished entries are kept, "
-                      f"rerun the same command to continue")
+        again = ("rerun without --force to keep every entry now on disk (older ones included), or with it to "
+                 "start over") if force else "rerun the same command to continue"
+        console.print(f"interrupted after {done} of {len(todo)} runs; finished entries are kept; {again}")
         raise
     finally:
+        torch.set_num_threads(threads_before)
         if bar is not None:
             bar.stop()
     return outcome

@@ -110,7 +110,8 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
         status += f", {info['missing']} of the suite's runs not yet run"
     lines.append(f"{status} · {', '.join(info['harness'])} · commit {', '.join(info['commits']) or 'unknown'} · "
                  f"device {', '.join(info['devices']) or 'unknown'} · torch {', '.join(info['torch']) or 'unknown'}")
-    lines += ["", f"Regenerate: `{_regenerate(root_arg, manifest)}`", "",
+    lines += ["", f"Regenerate: `{_regenerate(root_arg, manifest)}` (runs only what is missing; add `--force` "
+                  "to rerun every entry after a code change)", "",
               f"{NOTES} Open [`index.html`]({INDEX}) for the sortable table, R-matrix heatmaps of every run "
               "and per-order charts; `clbench compare` gives the comparison across task orders.", ""]
     for table in tables:
@@ -120,8 +121,8 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
         lines.append("|" + "|".join(["---:", ":---", "---:"] + ["---:"] * len(table.scores) + ["---:"]) + "|")
         for row in table.rows:
             wall = row.wall_seconds
-            cells = [str(row.rank or "—"), _md(row.label), runs_cell(row), *[fmt(row.stats.get(s)) for s in table.scores],
-                     f"{wall:.1f}" if wall is not None else "—"]
+            cells = [str(row.rank or "—"), _md(row.label), runs_cell(row),
+                     *[fmt(row.stats.get(s)) for s in table.scores], f"{wall:.1f}" if wall is not None else "—"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     failed = [e for e in entries if e["status"] == "failed"]

@@ -9,6 +9,7 @@
     strategies: [naive, joint, {class_path: replay, init_args: {mem_size: 200}}]
     orders: [default, reverse, {permutation: 1}]
     seeds: [0]
+    threads: 1                           # optional: torch CPU threads while the suite runs
     base:                                # shared run settings laid under every grid point
       train: {epochs: 2}
       logging: {tensorboard: false}
@@ -19,6 +20,12 @@ in a suite is exactly the run ``clbench run`` would make from the same config an
 same hash. A benchmark item may carry its own ``orders`` (orders given as experience names
 only make sense for one stream). Every mistake is reported before any run starts, as one
 line naming the suite file and the field (``suite.yaml: strategies[2].init_args.mem_size``).
+
+``threads`` sets torch's intra-op CPU threads for the suite's runs. It is not part of any run
+config (it does not say what is computed), but it is recorded in every entry: on a small
+model, a CPU shared with other work makes extra threads spin rather than help (the quickstart
+suite ran over ten times faster with one thread than with two on a busy 2-core machine), and
+a few reductions (e.g. EWC's Fisher) can round differently with another thread count.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any
 from clbench.config import config_hash, deep_merge, order_label, read_yaml, resolve_config
 from clbench.errors import UserError, did_you_mean
 
-SUITE_KEYS = ("name", "description", "benchmarks", "models", "strategies", "orders", "seeds", "base")
+SUITE_KEYS = ("name", "description", "benchmarks", "models", "strategies", "orders", "seeds", "base", "threads")
 REQUIRED_KEYS = ("name", "benchmarks", "models", "strategies", "orders", "seeds")
 # Run-config fields the grid sets; ``base`` may not set them too.
 GRID_FIELDS = {"seed": "seeds", "benchmark": "benchmarks", "model": "models", "strategy": "strategies",
@@ -69,10 +76,17 @@ class Suite:
     # field name (e.g. "strategies[2]") -> component, for the pre-flight signature check
     components: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)
     base: dict = field(default_factory=dict)
+    threads: int | None = None
 
     def manifest(self) -> dict:
         """What ``DIR/suite.json`` records: which hashes make up this leaderboard."""
-        return {"name": self.name, "description": self.description, "source": str(self.path),
+        source = self.path
+        try:  # relative to the working directory when it is inside it, so the manifest reads the same anywhere
+            source = self.path.resolve().relative_to(Path.cwd().resolve())
+        except ValueError:
+            pass
+        return {"name": self.name, "description": self.description, "source": str(source),
+                "threads": self.threads,
                 "runs": [{"hash": r.hash, "strategy": r.strategy, "benchmark": r.benchmark, "model": r.model,
                           "order": r.order, "seed": r.seed} for r in self.runs]}
 
@@ -209,6 +223,10 @@ def load_suite(path: str | Path) -> Suite:
                             fix="list integer seeds, e.g. seeds: [0, 1, 2]")
     if len(set(seeds)) != len(seeds):
         raise UserError("a seed is listed twice", where=f"{source}: seeds", fix="list each seed once")
+    threads = raw.get("threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise UserError(f"expected a positive integer, got {threads!r}", where=f"{source}: threads",
+                        fix="give the number of CPU threads, e.g. threads: 1, or remove it for torch's default")
 
     runs: list[RunSpec] = []
     seen: dict[str, str] = {}
@@ -232,7 +250,7 @@ def load_suite(path: str | Path) -> Suite:
                                             benchmark=bench["class_path"], model=model["class_path"],
                                             strategy=strategy["class_path"], order=order_label(order), seed=seed))
     return Suite(name=name, description=description.strip(), path=path, runs=runs, components=components,
-                 base=base)
+                 base=base, threads=threads)
 
 
 def preflight(suite: Suite) -> None:
