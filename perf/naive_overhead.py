@@ -2,14 +2,15 @@
 
 All three train the same model (same initial weights) on the same stream (clbench's
 ``digits-domains`` scenario, which Avalanche consumes as it is), with the same optimizer,
-epochs and batch size, evaluating on every test experience after each experience. Everything
+epochs and batch size, evaluating on every test experience before training and after each experience (the R matrix
+with its untrained row, which forward transfer needs). Everything
 runs in one process, after one untimed warm-up, and each contender is timed ``--repeats``
 times (the best is reported: the figure least disturbed by the machine's other work).
 
 Prints seconds and the ratios ``clbench / plain`` (target <= 1.15) and
 ``clbench / avalanche`` (target < 1).
 
-    python perf/naive_overhead.py [--model cnn] [--epochs 3] [--batch-size 64] [--repeats 3]
+    python perf/naive_overhead.py [--model cnn] [--epochs 3] [--batch-size 64] [--repeats 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -29,7 +30,20 @@ def plain_loop(model, experiences, epochs, batch_size, eval_batch_size, seed):
     from clbench.data import make_loader
 
     eval_loaders = [make_loader(e.test, eval_batch_size, shuffle=False) for e in experiences]
-    rows = []
+
+    def evaluate():
+        model.eval()
+        row = []
+        with torch.inference_mode():
+            for test in eval_loaders:
+                correct = total = 0
+                for x, y in test:
+                    correct += int((model(x).argmax(1) == y).sum())
+                    total += len(y)
+                row.append(correct / total)
+        return row
+
+    rows = [evaluate()]  # the untrained model's row, as clbench records it (for FWT)
     for i, exp in enumerate(experiences):
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)  # fresh per experience, as clbench does
         loader = make_loader(exp.train, batch_size, shuffle=True, seed=seed + i)
@@ -40,16 +54,7 @@ def plain_loop(model, experiences, epochs, batch_size, eval_batch_size, seed):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-        model.eval()
-        row = []
-        with torch.inference_mode():
-            for test in eval_loaders:
-                correct = total = 0
-                for x, y in test:
-                    correct += int((model(x).argmax(1) == y).sum())
-                    total += len(y)
-                row.append(correct / total)
-        rows.append(row)
+        rows.append(evaluate())
     return rows
 
 
@@ -62,6 +67,7 @@ def avalanche_naive(model, scenario, epochs, batch_size, eval_batch_size):
     strategy = Naive(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3),
                      criterion=torch.nn.CrossEntropyLoss(), train_mb_size=batch_size, train_epochs=epochs,
                      eval_mb_size=eval_batch_size, device="cpu", evaluator=evaluator)
+    strategy.eval(scenario.test_stream, num_workers=0)  # the untrained model's row
     for exp in scenario.train_stream:
         strategy.train(exp, num_workers=0)
         strategy.eval(scenario.test_stream, num_workers=0)
@@ -75,9 +81,11 @@ def main() -> None:
     parser.add_argument("--eval-batch-size", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-avalanche", action="store_true")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads for all three (1: stable figures on a shared CPU)")
     args = parser.parse_args()
 
-    torch.set_num_threads(torch.get_num_threads())
+    torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
@@ -120,7 +128,8 @@ def main() -> None:
     best = {k: min(v) for k, v in times.items() if v}
     steps = sum(-(-len(e.train) // args.batch_size) for e in experiences) * args.epochs
     print(f"naive on digits-domains, model={args.model}, {len(experiences)} experiences x {args.epochs} epochs, "
-          f"batch {args.batch_size} ({steps} steps), evaluation on all {len(experiences)} test sets after each; "
+          f"batch {args.batch_size} ({steps} steps), evaluation on all {len(experiences)} test sets before and after "
+          "each; "
           f"best of {args.repeats}, torch threads={torch.get_num_threads()}")
     for key, value in best.items():
         print(f"  {key:<20} {value:8.3f} s")

@@ -320,9 +320,12 @@ def outcomes(tmp_path_factory, interrupted_run) -> dict[str, dict]:
     return results
 
 
-def test_the_catalogue_is_large_enough():
+def test_the_catalogue_is_large_enough_and_documented():
     assert len(CASES) >= 22
     assert len({c.id for c in CASES}) == len(CASES)
+    docs = (REPO / "docs" / "reliability.md").read_text()
+    rows = {line.split("|")[2].strip() for line in docs.splitlines() if line.startswith("| ") and line.count("|") >= 5}
+    assert {c.id for c in CASES} <= rows, sorted({c.id for c in CASES} - rows)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

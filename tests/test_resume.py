@@ -235,3 +235,37 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(runs, reference):
     resumed = _cli([*args, "--resume"])
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((out / "result.json").read_text())["r_matrix"] == reference["r_matrix"]
+
+
+class _Crash(Exception):
+    """Stands in for SIGKILL inside the test process."""
+
+
+@pytest.mark.parametrize("strategy", [
+    {"class_path": "ewc", "init_args": {"ewc_lambda": 50.0, "mode": "online", "gamma": 0.9}},
+    {"class_path": "lwf", "init_args": {"alpha": 1.0}},
+    {"class_path": "agem", "init_args": {"patterns_per_experience": 40, "sample_size": 32}},
+    {"class_path": "cumulative"},
+], ids=lambda s: s["class_path"])
+def test_every_strategy_state_survives_a_crash(strategy, tmp_path, monkeypatch):
+    """Fisher matrices, teacher weights, episodic memories: crashed in the third experience,
+    resumed from the checkpoint after the second, the result is the uninterrupted one."""
+    from clbench import faults
+    from clbench.config import resolve_config
+    from clbench.runner import run
+
+    cfg = resolve_config(tiny_config(strategy=strategy, train={"epochs": 2, "batch_size": 32}))
+    reference = run(cfg, tmp_path / "reference")
+
+    def crash() -> None:
+        raise _Crash
+
+    monkeypatch.setattr(faults, "die", crash)
+    monkeypatch.setenv(faults.ENV, "stage:2:step:30")
+    with pytest.raises(_Crash):
+        run(cfg, tmp_path / "crashed")
+    assert torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)["state"]["stage"] == 2
+    monkeypatch.delenv(faults.ENV)
+    resumed = run(cfg, tmp_path / "crashed", resume=True)
+    assert resumed["r_matrix"] == reference["r_matrix"]
+    assert resumed["scores"] == reference["scores"]
