@@ -45,11 +45,12 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        try:
-            perms = stat.S_IMODE(path.stat().st_mode)
-        except FileNotFoundError:
-            perms = _default_mode()
-        os.fchmod(fd, perms)
+        if hasattr(os, "fchmod"):  # POSIX; on Windows the temporary file's mode is already ordinary
+            try:
+                perms = stat.S_IMODE(path.stat().st_mode)
+            except FileNotFoundError:
+                perms = _default_mode()
+            os.fchmod(fd, perms)
         with os.fdopen(fd, mode) as handle:
             write(handle)
             handle.flush()

@@ -28,7 +28,9 @@ the last epoch's row is the experience's row, so no second pass is made.
 
 Every stage re-seeds its generators from ``(seed, purpose, stage)``
 (:mod:`clbench.seeding`), so a run resumed from the checkpoint after stage k is bit-identical
-to an uninterrupted one on CPU.
+to an uninterrupted one on CPU. The checkpoint also restores the global RNG states and the
+Trainer's epoch and step counters (Lightning draws from the global generator depending on
+them); ``docs/reliability.md`` lists what a checkpoint holds and what a resume checks.
 """
 
 from __future__ import annotations
@@ -404,6 +406,7 @@ class ContinualRun:
     # -- evaluation -----------------------------------------------------------------------
     def _evaluate(self, trainer, loaders) -> dict[str, list[float]]:
         _interruptible(trainer, trainer.validate, self.module, loaders, verbose=False)
+        self._stop_if_interrupted()
         return self.module.last_eval
 
     def _split(self, evaluation: dict[str, list[float]]) -> tuple[dict[str, list[float]], dict[str, float]]:
@@ -530,7 +533,42 @@ class ContinualRun:
             stale.unlink(missing_ok=True)
 
     # -- the loop -------------------------------------------------------------------------
+    def _watch_sigint(self):
+        """Remember Ctrl-C, so that one Python swallows (raised inside a garbage-collector or
+        ``__del__`` callback, where exceptions are only printed) still stops the run at the
+        next check. Returns the handler to put back, or None where none was installed."""
+        import signal
+        import threading
+
+        self._interrupted = False
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is not signal.default_int_handler:
+            return None  # the caller handles SIGINT its own way
+
+        def handler(signum, frame):
+            self._interrupted = True
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, handler)
+        return previous
+
+    def _stop_if_interrupted(self) -> None:
+        if getattr(self, "_interrupted", False):
+            raise KeyboardInterrupt
+
     def execute(self) -> dict:
+        import signal
+
+        previous = self._watch_sigint()
+        try:
+            return self._execute()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _execute(self) -> dict:
         from clbench import faults, seeding
         from clbench.build import preflight
 
@@ -588,6 +626,7 @@ class ContinualRun:
         eval_every_epoch = cfg["train"]["eval_every_epoch"]
         try:
             for stage in range(state["stage"], len(stages)):
+                self._stop_if_interrupted()
                 exp = stages[stage]
                 label = exp.name if not self.strategy.single_stage else "joint"
                 seeding.seed_all(seeding.derive(seed, "train", stage))
@@ -607,6 +646,7 @@ class ContinualRun:
                 try:
                     _interruptible(trainer, trainer.fit, self.module, train_dataloaders=loader,
                                    val_dataloaders=eval_loaders if eval_every_epoch else None)
+                    self._stop_if_interrupted()
                 except NonFiniteLoss as err:
                     raise NonFiniteLoss(
                         f"training diverged on experience {stage + 1}/{len(stages)} '{label}': loss became "

@@ -87,6 +87,15 @@ def _readonly_output(d: Path) -> None:
     (d / "out").chmod(0o500)
 
 
+def _older_checkpoint(d: Path) -> None:
+    import torch
+
+    path = d / "out" / "checkpoint.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["schema"] = 1
+    torch.save(ckpt, path)
+
+
 def _truncate_checkpoint(d: Path) -> None:
     path = d / "out" / "checkpoint.pt"
     data = path.read_bytes()
@@ -224,6 +233,8 @@ CASES = [
          message=("{cfg}", "differs from the checkpoint's at train.epochs", "checkpoint 1, now 2")),
     Case("resume and overwrite together", config=BASE, output="checkpoint", args=("--resume", "--overwrite"),
          message=("--resume", "not both")),
+    Case("resume from an older checkpoint format", config=BASE, output="checkpoint", args=("--resume",),
+         setup=_older_checkpoint, message=("--resume", "has format 1", "with --overwrite")),
     Case("resume from a damaged checkpoint", config=BASE, output="checkpoint", args=("--resume",),
          setup=_truncate_checkpoint, message=("--resume", "cannot read checkpoint", "rerun without --resume")),
 ]

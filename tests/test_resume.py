@@ -269,3 +269,22 @@ def test_every_strategy_state_survives_a_crash(strategy, tmp_path, monkeypatch):
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["scores"] == reference["scores"]
+
+
+def test_a_strategy_state_that_cannot_be_checkpointed_is_refused_at_the_first_save(tmp_path):
+    from clbench.config import resolve_config
+    from clbench.errors import UserError
+    from clbench.runner import run
+
+    plugin = tmp_path / "numpy_state.py"
+    plugin.write_text(
+        "import numpy as np\n"
+        "from clbench.strategy import Strategy\n\n\n"
+        "class NumpyState(Strategy):\n"
+        "    def state_dict(self):\n"
+        "        return {'memory': {'indices': np.arange(3)}}\n")
+    cfg = resolve_config(tiny_config(strategy={"class_path": f"{plugin}:NumpyState"}))
+    with pytest.raises(UserError, match=r"strategy: strategy state holds a value a checkpoint cannot store at "
+                                        r"memory\.indices \(numpy\.ndarray\)"):
+        run(cfg, tmp_path / "out")
+    assert not (tmp_path / "out" / "checkpoint.pt").exists()
