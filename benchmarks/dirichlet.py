@@ -58,6 +58,9 @@ def dirichlet_split(train_labels, test_labels, *, num_experiences: int = 5, alph
         raise UserError(f"alpha must be > 0, got {alpha}", where=f"{where}.alpha",
                         fix="use e.g. 0.3 (strong skew) or 0.5")
     n, P = len(train_labels), num_experiences
+    if P > n:
+        raise UserError(f"{P} experiences cannot be cut from {n} training samples", where=f"{where}.num_experiences",
+                        fix=f"set num_experiences <= {n}")
     if min_size * P > n:
         raise UserError(f"min_size={min_size} x {P} experiences exceeds the {n} training samples",
                         where=f"{where}.min_size", fix=f"set min_size <= {n // P}")

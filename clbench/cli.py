@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 from clbench import __version__
@@ -35,10 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module = f"clbench.commands.{name}"
-        if importlib.util.find_spec(module) is None:  # a subcommand not installed in this build
-            continue
-        importlib.import_module(module).register(sub)
+        importlib.import_module(f"clbench.commands.{name}").register(sub)
     return parser
 
 

@@ -68,6 +68,10 @@ def _load_from_file(path: Path, attr: str, where: str) -> Any:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
+        except SyntaxError as err:
+            del sys.modules[module_name]
+            raise UserError(f"syntax error in {path} at line {err.lineno}: {err.msg}", where=where,
+                            fix="fix the file") from None
         except Exception:
             del sys.modules[module_name]
             raise

@@ -371,6 +371,18 @@ class ContinualRun:
                           inference_mode=False, use_distributed_sampler=False,
                           default_root_dir=str(self.output) if self.output else None, **self._trainer_args())
 
+    def _check_parallel_support(self, trainer) -> None:
+        """Fail fast when the strategy cannot run under the Trainer's parallelism."""
+        self.world_size, self.rank = trainer.world_size, trainer.global_rank
+        name = self.cfg["strategy"]["class_path"]
+        sharded = type(trainer.strategy).__name__ in ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy")
+        if sharded and not self.strategy.supports_sharded:
+            raise UserError(f"strategy '{name}' does not support sharded parameters ({type(trainer.strategy).__name__})",
+                            where=f"{self.source}: trainer.strategy", fix="use trainer.strategy: ddp for this method")
+        if self.world_size > 1 and not self.strategy.supports_distributed:
+            raise UserError(f"strategy '{name}' does not support data-parallel training ({self.world_size} processes)",
+                            where=f"{self.source}: trainer", fix="run it on one device (trainer.devices: 1)")
+
     def _loader(self, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None, **kw):
         """A configured loader; under data parallelism each rank reads its own shard.
 
@@ -383,7 +395,7 @@ class ContinualRun:
 
         train = self.cfg["train"]
         bs = batch_size or (train["batch_size"] if shuffle else train["eval_batch_size"])
-        world = getattr(self, "world_size", 1)
+        world = getattr(self, "world_size", 1)  # set from the Trainer; reference runs reuse it
         if world > 1 and "sampler" not in kw:
             from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
             from torch.utils.data import DistributedSampler
@@ -535,9 +547,10 @@ class ContinualRun:
     # -- the loop -------------------------------------------------------------------------
     def _watch_sigint(self):
         """Remember Ctrl-C, so that one Python swallows (raised inside a garbage-collector or
-        ``__del__`` callback, where exceptions are only printed) still stops the run at the
-        next check. Returns the handler to put back, or None where none was installed."""
+        ``__del__`` callback, where exceptions are only reported) still stops the run at the
+        next check, without that report's traceback. Returns what to put back, or None."""
         import signal
+        import sys
         import threading
 
         self._interrupted = False
@@ -546,13 +559,19 @@ class ContinualRun:
         previous = signal.getsignal(signal.SIGINT)
         if previous is not signal.default_int_handler:
             return None  # the caller handles SIGINT its own way
+        previous_hook = sys.unraisablehook
 
         def handler(signum, frame):
             self._interrupted = True
             raise KeyboardInterrupt
 
+        def unraisable(report) -> None:
+            if not isinstance(report.exc_value, KeyboardInterrupt):
+                previous_hook(report)
+
         signal.signal(signal.SIGINT, handler)
-        return previous
+        sys.unraisablehook = unraisable
+        return previous, previous_hook
 
     def _stop_if_interrupted(self) -> None:
         if getattr(self, "_interrupted", False):
@@ -560,13 +579,15 @@ class ContinualRun:
 
     def execute(self) -> dict:
         import signal
+        import sys
 
         previous = self._watch_sigint()
         try:
             return self._execute()
         finally:
             if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+                signal.signal(signal.SIGINT, previous[0])
+                sys.unraisablehook = previous[1]
 
     def _execute(self) -> dict:
         from clbench import faults, seeding
@@ -600,6 +621,7 @@ class ContinualRun:
             logger = TensorBoardLogger(save_dir=str(self.output), name=TENSORBOARD, version="",
                                        **({"purge_step": ckpt["epoch"]} if ckpt else {}))
         trainer = self._make_trainer(callbacks, logger)
+        self._check_parallel_support(trainer)
         writes = self.output is not None and trainer.is_global_zero
         if writes:
             self._clear_previous()  # the logger writes nothing before the first metric

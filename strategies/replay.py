@@ -32,7 +32,6 @@ from __future__ import annotations
 from typing import Callable, Literal
 
 import torch
-from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import WeightedRandomSampler
 
 from clbench.data import concat, subset, targets_of
@@ -116,6 +115,8 @@ def with_memory(current, memory, make_loader: Callable, batch_size: int, generat
     every rank. The runner shards only the loaders it builds itself, so under data parallelism
     each rank pairs its own shard of the current data with the same memory batch.
     """
+    from lightning.pytorch.utilities import CombinedLoader
+
     sampler = WeightedRandomSampler(torch.ones(len(memory), dtype=torch.double), len(current) * batch_size,
                                     replacement=True, generator=generator)
     memory_loader = make_loader(memory, batch_size=batch_size, sampler=sampler)
