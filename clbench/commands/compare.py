@@ -28,8 +28,9 @@ def handle(args: argparse.Namespace) -> int:
     from clbench.leaderboard.entries import load_entries
     from clbench.leaderboard.execute import manifest_hashes
 
-    report = compare(load_entries(args.dir), metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b,
-                     sequence=manifest_hashes(args.dir))
+    suite = manifest_hashes(args.dir)  # with a suite manifest, compare the suite's grid only
+    report = compare(load_entries(args.dir, suite), metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b,
+                     sequence=suite)
     print_comparison(report)
     if args.json:
         write_json(args.json, report)

@@ -342,7 +342,9 @@ def render(root: str | Path) -> tuple[Path, Path]:
 
     root_arg = str(root)
     root = Path(root)
-    entries = load_entries(root)
+    # With a suite manifest, only the suite's grid is shown: entries of configs the suite no
+    # longer lists (e.g. before a hyper-parameter change) stay on disk but out of the tables.
+    entries = load_entries(root, manifest_hashes(root))
     if not entries:
         raise UserError(f"no entries in {root / 'entries'}", where=root_arg,
                         fix="run 'clbench leaderboard run --output DIR' first")
