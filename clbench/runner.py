@@ -243,17 +243,21 @@ def environment() -> dict[str, Any]:
             packages[name] = version(name)
         except PackageNotFoundError:
             packages[name] = None
-    commit = None
+    commit = dirty = None
     try:
         here = Path(__file__).resolve().parent
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
                                 timeout=5).stdout.strip() or None
+        if commit:
+            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                        capture_output=True, text=True, timeout=5).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         pass
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+    # torch_threads is recorded because CPU results depend on it (reduction order).
     return {"python": platform.python_version(), "platform": platform.platform(), "packages": packages,
             "device": device, "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-            "git_commit": commit}
+            "torch_threads": torch.get_num_threads(), "git_commit": commit, "git_dirty": dirty}
 
 
 def _peak_memory_mb() -> dict[str, float | None]:
@@ -391,6 +395,8 @@ class ContinualRun:
         ``UnrepeatedDistributedSampler``, which never pads, so no test sample is counted twice
         when the per-rank metric states are summed.
         """
+        import torch
+
         from clbench.data import make_loader
 
         train = self.cfg["train"]
@@ -406,8 +412,6 @@ class ContinualRun:
             else:
                 kw["sampler"] = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=self.rank,
                                                              shuffle=False)
-        import torch
-
         pin = torch.cuda.is_available() and self.cfg["trainer"].get("accelerator") != "cpu"
         # Evaluation loaders do not keep workers alive: with one loader per test experience,
         # persistent workers would hold T x num_workers processes between evaluations.
