@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from clbench.build import OPTIMIZERS  # noqa: F401  (re-exported: short optimizer names)
 from clbench.errors import NonFiniteLoss
 from clbench.strategy import Strategy
 
