@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from benchmarks.dirichlet import dirichlet_split
-from benchmarks.images import Augment, ImageArray, batch_transform, check_image_size, image_transform, resolve_augment
+from benchmarks.images import (Augment, ImageArray, batch_transform, check_image_size, dataset_root,
+                               image_transform, resolve_augment)
 from clbench.data import ArrayDataset
 from clbench.errors import UserError
 from clbench.streams import StreamSpec, build_scenario
@@ -42,12 +43,7 @@ DEFAULT_AUGMENT = Augment(crop_scale=None, flip=True, color_jitter=0.2, blur=0.2
 
 
 def locate(root: str) -> Path:
-    base = Path(root).expanduser()
-    if not base.exists():
-        raise UserError("CIFAR-10 root does not exist", where=str(base),
-                        fix=f"point root at the {FOLDER} folder (see docs/datasets.md)")
-    if not base.is_dir():
-        raise UserError("CIFAR-10 root is not a folder", where=str(base), fix=f"point root at the {FOLDER} folder")
+    base = dataset_root(root, "CIFAR-10", f"point root at the {FOLDER} folder")
     if (base / FOLDER).is_dir():
         base = base / FOLDER
     missing = [str(base / name) for name in (*TRAIN_FILES, TEST_FILE, META_FILE) if not (base / name).is_file()]

@@ -40,8 +40,8 @@ from typing import Literal
 
 import numpy as np
 
-from benchmarks.images import (Augment, ImageArray, ImageFiles, NpzArray, check_image_size, derived_seed,
-                               image_transform, resolve_augment, stratified_split)
+from benchmarks.images import (Augment, ImageArray, ImageFiles, NpzArray, check_image_size, dataset_root,
+                               derived_seed, image_transform, resolve_augment, stratified_split)
 from clbench.errors import UserError
 from clbench.streams import StreamSpec, build_scenario
 
@@ -72,13 +72,7 @@ def _missing(kind: str, paths: list[str], fix: str = FIX) -> UserError:
 
 def locate(root: str) -> tuple[Path | None, tuple[Path, Path] | None]:
     """(the ``core50_128x128`` folder or None, (npz, paths.pkl) or None) under ``root``."""
-    base = Path(root).expanduser()
-    if not base.exists():
-        raise UserError("CORe50 root does not exist", where=str(base),
-                        fix="point root at the folder holding core50_128x128/ (see docs/datasets.md)")
-    if not base.is_dir():
-        raise UserError("CORe50 root is not a folder", where=str(base),
-                        fix="point root at the folder holding core50_128x128/")
+    base = dataset_root(root, "CORe50", "point root at the folder holding core50_128x128/")
     folder = None
     if (base / FOLDER).is_dir():
         folder = base / FOLDER

@@ -422,5 +422,16 @@ def stratified_split(labels: np.ndarray, test_fraction: float, seed: int, *, whe
 
 
 def derived_seed(*parts: int) -> int:
-    """A 32-bit seed derived from integers (for one seeded split per domain)."""
+    """A 32-bit seed derived from integers (for one seeded split per domain). Dataset splits
+    keep their own derivation so that a split never changes when run-level seeding does."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+def dataset_root(root: str, dataset: str, fix: str) -> Path:
+    """``root`` as a Path, or a one-line error naming it when it is missing or not a folder."""
+    base = Path(root).expanduser()
+    if not base.exists():
+        raise UserError(f"{dataset} root does not exist", where=str(base), fix=f"{fix} (see docs/datasets.md)")
+    if not base.is_dir():
+        raise UserError(f"{dataset} root is not a folder", where=str(base), fix=fix)
+    return base

@@ -24,8 +24,9 @@ from typing import Literal
 
 import numpy as np
 
-from benchmarks.images import (Augment, ImageArray, ImageFiles, check_image_size, derived_seed, image_transform,
-                               list_images, preload_images, resolve_augment, stratified_split)
+from benchmarks.images import (Augment, ImageArray, ImageFiles, check_image_size, dataset_root, derived_seed,
+                               image_transform, list_images, preload_images, resolve_augment,
+                               stratified_split)
 from clbench.errors import UserError, did_you_mean
 from clbench.streams import StreamSpec, build_scenario
 
@@ -54,12 +55,7 @@ def _missing(kind: str, paths: list[str]) -> UserError:
 
 def locate(root: str) -> Path:
     """The folder holding the four domain folders."""
-    base = Path(root).expanduser()
-    if not base.exists():
-        raise UserError("Office-Home root does not exist", where=str(base),
-                        fix=f"point root at the {FOLDER} folder (see docs/datasets.md)")
-    if not base.is_dir():
-        raise UserError("Office-Home root is not a folder", where=str(base), fix=f"point root at the {FOLDER} folder")
+    base = dataset_root(root, "Office-Home", f"point root at the {FOLDER} folder")
     if (base / FOLDER).is_dir():
         return base / FOLDER
     return base

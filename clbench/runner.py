@@ -301,8 +301,6 @@ class ContinualRun:
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
-        import torch
-
         from clbench import build, seeding
         from clbench.metrics import make_eval_metrics
         from clbench.module import ContinualModule
