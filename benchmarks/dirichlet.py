@@ -91,7 +91,8 @@ def dirichlet_split(train_labels, test_labels, *, num_experiences: int = 5, alph
 
     train_parts = [np.sort(np.concatenate(p)) for p in pieces]
     if min(len(idx) for idx in train_parts) == 0:
-        raise UserError(f"the Dirichlet split left experience(s) {[p for p, i in enumerate(train_parts) if len(i) == 0]} "
+        empty = [p for p, idx in enumerate(train_parts) if len(idx) == 0]
+        raise UserError(f"the Dirichlet split left experience(s) {empty} "
                         "empty", where=f"{where}.min_size", fix="set min_size >= 1")
     # Realised per-class fractions (after rounding) drive the test cut.
     counts = np.array([[int((train_labels[idx] == c).sum()) for c in classes] for idx in train_parts])

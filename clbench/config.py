@@ -231,7 +231,8 @@ def _check_order(order: Any, source: str) -> None:
             raise UserError(f"experience(s) {', '.join(duplicated)} appear more than once", where=where,
                             fix="list each experience exactly once")
         return
-    if set(order) != {"permutation"} or not isinstance(order["permutation"], int) or isinstance(order["permutation"], bool):
+    seed = order.get("permutation")
+    if set(order) != {"permutation"} or not isinstance(seed, int) or isinstance(seed, bool):
         raise UserError(f"unrecognised order {order!r}", where=where,
                         fix="use a named order, a list of names, or {permutation: <int seed>}")
 

@@ -379,7 +379,8 @@ class ContinualRun:
         name = self.cfg["strategy"]["class_path"]
         sharded = type(trainer.strategy).__name__ in ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy")
         if sharded and not self.strategy.supports_sharded:
-            raise UserError(f"strategy '{name}' does not support sharded parameters ({type(trainer.strategy).__name__})",
+            kind = type(trainer.strategy).__name__
+            raise UserError(f"strategy '{name}' does not support sharded parameters ({kind})",
                             where=f"{self.source}: trainer.strategy", fix="use trainer.strategy: ddp for this method")
         if self.world_size > 1 and not self.strategy.supports_distributed:
             raise UserError(f"strategy '{name}' does not support data-parallel training ({self.world_size} processes)",
