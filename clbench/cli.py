@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from clbench.quiet import route_dependency_warnings
+
+    route_dependency_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
