@@ -95,11 +95,23 @@ def _locate(err: UserError, source: str) -> UserError:
 
 
 def _call(target: Callable, args: dict, where: str, source: str, **provided: Any) -> Any:
+    """``target(**provided, **args)``; an exception raised by a plugin's own code (not the
+    harness's: that is a bug and keeps its traceback) becomes a one-line error at its line."""
     check_init_args(target, args, where, provided=tuple(provided))
     try:
         return target(**provided, **args)
     except UserError as err:
         raise _locate(err, source) from None
+    except Exception as err:
+        if not registry.is_plugin(target):
+            raise
+        try:
+            path = inspect.getsourcefile(target)
+        except TypeError:  # a builtin or C extension: no file of its own
+            path = None
+        name = getattr(target, "__qualname__", repr(target))
+        raise registry.plugin_failure(err, where=where.removesuffix(".init_args"), doing=f"building {name}",
+                                      path=path) from None
 
 
 def _strategy_class(cfg: dict, source: str):
@@ -126,11 +138,20 @@ def preflight(cfg: dict, source: str) -> None:
         if isinstance(name, str) and name not in registry.available(kind) and not registry._looks_like_path(name):
             registry.resolve(kind, name, where=f"{source}: {key}.class_path")  # raises: unknown name
     _optimizer_path(cfg, source)
-    for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", ("num_classes", "input_shape"))):
+    # The model's harness-given arguments depend on the objective, which the stream names; until
+    # the stream is built, any built-in objective's may be harness-given (checked exactly later).
+    if cfg.get("objective"):
+        model_args = _objective_class(cfg["objective"]["class_path"], f"{source}: objective.class_path").model_args
+        check_init_args(_objective_class(cfg["objective"]["class_path"], f"{source}: objective.class_path"),
+                        cfg["objective"]["init_args"], f"{source}: objective.init_args")
+    else:
+        model_args = ("num_classes", "input_shape", "output_dim")
+    for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", model_args)):
         target = registry.resolve(kind, cfg[key]["class_path"], where=f"{source}: {key}.class_path")
         check_init_args(target, cfg[key]["init_args"], f"{source}: {key}.init_args", provided=provided)
     check_init_args(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: strategy.init_args")
     optimizer_factory(cfg, source)
+    scheduler_factory(cfg, source)
 
 
 def build_benchmark(cfg: dict, source: str):
@@ -139,11 +160,38 @@ def build_benchmark(cfg: dict, source: str):
     return _call(target, spec["init_args"], f"{source}: benchmark.init_args", source)
 
 
-def build_model(cfg: dict, stream_spec, source: str):
+def _objective_class(name: str, where: str):
+    from clbench.objectives.base import Objective
+
+    target = registry.resolve("objectives", name, where=where)
+    if not (inspect.isclass(target) and issubclass(target, Objective)):
+        raise UserError(f"'{name}' is not a clbench Objective subclass", where=where,
+                        fix="subclass clbench.objectives.Objective")
+    return target
+
+
+def build_objective(cfg: dict, stream_spec, source: str):
+    """The config's ``objective`` if it names one, else the stream's (``StreamSpec.objective``)."""
+    spec = cfg.get("objective") or {"class_path": stream_spec.objective, "init_args": {}}
+    where = f"{source}: objective" if cfg.get("objective") else f"{source}: benchmark (its objective)"
+    target = _objective_class(spec["class_path"], f"{where}.class_path" if cfg.get("objective") else where)
+    args = dict(spec.get("init_args") or {})
+    if spec["class_path"] == stream_spec.objective:  # the stream's own arguments, the config's on top
+        args = {**stream_spec.objective_args, **args}
+    return _call(target, args, f"{where}.init_args", source)
+
+
+def build_model(cfg: dict, stream_spec, source: str, objective=None):
+    """The model, given the arguments the objective derives from the stream (classification:
+    ``num_classes`` and ``input_shape``)."""
+    if objective is None:
+        from clbench.objectives.classification import Classification
+
+        objective = Classification()
     spec = cfg["model"]
     target = registry.resolve("models", spec["class_path"], where=f"{source}: model.class_path")
     return _call(target, spec["init_args"], f"{source}: model.init_args", source,
-                 num_classes=stream_spec.num_classes, input_shape=tuple(stream_spec.input_shape))
+                 **objective.model_kwargs(stream_spec))
 
 
 def build_strategy(cfg: dict, source: str):
@@ -170,4 +218,77 @@ def optimizer_factory(cfg: dict, source: str) -> Callable:
     target = registry._load_import_path(_optimizer_path(cfg, source), f"{where}.class_path")
     args = dict(spec["init_args"])
     check_init_args(target, args, f"{where}.init_args", provided=("params",))
+    lr = args.get("lr")
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool) and not 0 <= lr < float("inf"):
+        raise UserError(f"the learning rate must be a finite number >= 0, got {lr}", where=f"{where}.init_args.lr",
+                        fix="give a rate such as 0.001")
+    # Build it once over a dummy parameter, so a value the optimizer itself refuses (a negative
+    # eps, betas outside [0, 1)...) is reported before training, not in the middle of it.
+    import torch
+
+    try:
+        target([torch.nn.Parameter(torch.zeros(1))], **args)
+    except ValueError as err:
+        raise UserError(f"the optimizer refuses its arguments: {err}", where=f"{where}.init_args",
+                        fix="check the values under train.optimizer.init_args") from None
+    except Exception:  # an optimizer that needs real parameters: its own call reports it
+        pass
     return lambda params: target(params, **args)
+
+
+# Learning-rate schedules stepped every optimizer step, over one experience's steps.
+SCHEDULERS = ("constant", "linear", "cosine")
+
+
+def scheduler_factory(cfg: dict, source: str) -> Callable | None:
+    """``train.scheduler: {class_path: cosine, init_args: {warmup_steps | warmup_ratio, min_lr_ratio}}``.
+
+    Each experience gets its own schedule over its own optimizer steps (the optimizer is built
+    afresh per experience too), as sequential fine-tuning of language models does: linear
+    warm-up from 0, then constant, linear decay or cosine decay to ``min_lr_ratio`` of the
+    base rate. Built from torch's ``LinearLR``/``CosineAnnealingLR``/``ConstantLR`` chained
+    with ``SequentialLR``. An import path names any other ``torch.optim.lr_scheduler`` class,
+    called as ``cls(optimizer, **init_args)``.
+    """
+    spec = (cfg.get("train") or {}).get("scheduler")
+    if not spec:
+        return None
+    where = f"{source}: train.scheduler"
+    name, args = spec["class_path"], dict(spec.get("init_args") or {})
+    if name not in SCHEDULERS:
+        if "." not in name and ":" not in name:
+            raise UserError(f"unknown scheduler '{name}'", where=f"{where}.class_path",
+                            fix=did_you_mean(name, SCHEDULERS) + ", or an import path such as "
+                                "torch.optim.lr_scheduler.StepLR")
+        target = registry._load_import_path(name, f"{where}.class_path")
+        check_init_args(target, args, f"{where}.init_args", provided=("optimizer",))
+        return lambda optimizer, total_steps: target(optimizer, **args)
+    check_init_args(_warmup_schedule, args, f"{where}.init_args", provided=("optimizer", "total_steps", "kind"))
+    for key in ("warmup_ratio", "min_lr_ratio"):
+        if key in args and not 0.0 <= args[key] <= 1.0:
+            raise UserError(f"{key} must lie in [0, 1], got {args[key]}", where=f"{where}.init_args.{key}",
+                            fix="give a fraction such as 0.1")
+    if args.get("warmup_steps", 0) < 0:
+        raise UserError(f"warmup_steps must be >= 0, got {args['warmup_steps']}",
+                        where=f"{where}.init_args.warmup_steps", fix="give a step count such as 100")
+    return lambda optimizer, total_steps: _warmup_schedule(optimizer, total_steps, kind=name, **args)
+
+
+def _warmup_schedule(optimizer, total_steps: int, kind: str, warmup_steps: int = 0, warmup_ratio: float = 0.0,
+                     min_lr_ratio: float = 0.0):
+    from torch.optim import lr_scheduler as S
+
+    warmup = min(total_steps, warmup_steps or round(warmup_ratio * total_steps))
+    rest = max(1, total_steps - warmup)
+    if kind == "cosine":
+        base = optimizer.param_groups[0]["lr"]
+        after = S.CosineAnnealingLR(optimizer, T_max=rest, eta_min=base * min_lr_ratio)
+    elif kind == "linear":
+        after = S.LinearLR(optimizer, start_factor=1.0, end_factor=min_lr_ratio, total_iters=rest)
+    else:
+        after = S.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    if not warmup:
+        return after
+    # LinearLR cannot start at exactly 0: the first step uses 1/(warmup+1) of the rate.
+    ramp = S.LinearLR(optimizer, start_factor=1.0 / (warmup + 1), end_factor=1.0, total_iters=warmup)
+    return S.SequentialLR(optimizer, [ramp, after], milestones=[warmup])

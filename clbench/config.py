@@ -61,11 +61,15 @@ _TYPES: dict[str, Any] = {
     "order": (str, list, dict),
     "model": _COMPONENT,
     "strategy": _COMPONENT,
+    # Optional, absent from DEFAULTS (so configs without them keep their hashes): the objective
+    # overriding the stream's, and a per-step learning-rate schedule.
+    "objective": _COMPONENT,
     "train": {
         "epochs": (int,),
         "batch_size": (int,),
         "eval_batch_size": (int,),
         "optimizer": _COMPONENT,
+        "scheduler": _COMPONENT,
         "eval_every_epoch": (bool,),
         "num_workers": (int,),
         "deterministic": (bool,),
@@ -102,6 +106,46 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
+class DuplicateKey(Exception):
+    """A mapping key given twice; the caller words it for its file or the command line."""
+
+    def __init__(self, key: Any, line: int):
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+def _strict_loader():
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last
+    silently, so a forgotten earlier value would decide the run). Merge keys (``<<``) may still
+    be overridden: that is what they are for."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable (complex) key: YAML itself refuses it later
+                    continue
+                if duplicate:
+                    raise DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def load_yaml_text(text: str) -> Any:
+    """``yaml.safe_load`` that raises :class:`DuplicateKey` for a key given twice."""
+    import yaml
+
+    return yaml.load(text, Loader=_strict_loader())
+
+
 def read_yaml(path: str | Path) -> dict:
     """A YAML mapping from ``path``, or a one-line :class:`UserError`."""
     import yaml
@@ -112,7 +156,10 @@ def read_yaml(path: str | Path) -> dict:
     if path.is_dir():
         raise UserError(f"config path {path} is a directory", fix="give a .yaml file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml_text(path.read_text())
+    except DuplicateKey as err:
+        raise UserError(f"key '{err.key}' is given twice (again at line {err.line})", where=str(path),
+                        fix="keep one of them") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -120,8 +167,9 @@ def read_yaml(path: str | Path) -> dict:
         raise UserError(f"malformed YAML{at}: {problem}", where=str(path), fix="fix the YAML syntax") from None
     except UnicodeDecodeError:
         raise UserError("not a text file", where=str(path), fix="give a UTF-8 YAML file") from None
-    if data is None:
-        data = {}
+    if data is None:  # an empty file, or comments only: most likely the wrong file or a failed save
+        raise UserError("the file is empty", where=str(path),
+                        fix="write the settings as 'key: value' lines (see configs/examples/)")
     if not isinstance(data, dict):
         raise UserError(f"top level is a {type(data).__name__}, expected a mapping", where=str(path),
                         fix="write the config as 'key: value' lines")
@@ -137,16 +185,54 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                         fix="write overrides as key.path=value, e.g. train.epochs=5")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else None
+        value = load_yaml_text(raw) if raw != "" else None
+    except DuplicateKey as err:
+        raise UserError(f"key '{err.key}' is given twice", where=f"command line: {key.strip()}",
+                        fix="keep one of them") from None
     except yaml.YAMLError:
         value = raw
     return key.strip().split("."), value
 
 
+def _open_brackets(text: str) -> int:
+    return sum(text.count(c) for c in "{[") - sum(text.count(c) for c in "}]")
+
+
+def rejoin_overrides(overrides: list[str]) -> list[str]:
+    """Undo a shell's split of an unquoted flow value: ``order={permutation: 3}`` arrives as
+    ``order={permutation:`` and ``3}``. A word without ``=`` continues the previous override
+    while that one's brackets are still open."""
+    out: list[str] = []
+    for word in overrides:
+        if out and "=" in out[-1] and _open_brackets(out[-1].split("=", 1)[1]) > 0 and "=" not in word:
+            out[-1] = f"{out[-1]} {word}"
+        else:
+            out.append(word)
+    return out
+
+
+def override_keys(overrides: list[str]) -> list[str]:
+    """The dotted fields the command line sets (``train.epochs``, ``strategy``...)."""
+    return [text.split("=", 1)[0].strip() for text in rejoin_overrides(overrides) if "=" in text]
+
+
 def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
+    """``cfg`` with the command line's ``key.path=value`` settings laid over it.
+
+    Changing a component's ``class_path`` drops the ``init_args`` the config gave the old
+    component (as :func:`deep_merge` does), so ``strategy.class_path=ewc`` does not hand a
+    replay buffer's size to EWC; ``init_args`` set on the command line are kept, in any order.
+    """
     cfg = copy.deepcopy(cfg)
-    for text in overrides:
-        keys, value = parse_override(text)
+    parsed = [parse_override(text) for text in rejoin_overrides(overrides)]
+    for keys, value in parsed:
+        if keys[-1] == "class_path" and len(keys) > 1:
+            node = cfg
+            for key in keys[:-1]:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get("class_path") != value:
+                node["init_args"] = {}
+    for keys, value in parsed:
         node = cfg
         for key in keys[:-1]:
             if not isinstance(node.get(key), dict):
@@ -156,15 +242,33 @@ def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
     return cfg
 
 
+def blame_overrides(err: UserError, source: str, overrides: list[str] | None) -> UserError:
+    """Name the command line, not the config file, in an error about a field an override set.
+
+    Components check their ``init_args`` after the config is resolved and only know the file
+    (``cfg.yaml: strategy.init_args.mem_size``); a value that came from the command line is
+    blamed on it (``command line: strategy.init_args.mem_size``).
+    """
+    prefix = f"{source}: "
+    if not overrides or not err.where or not err.where.startswith(prefix):
+        return err
+    field = err.where[len(prefix):]
+    if any(field == key or field.startswith(key + ".") for key in override_keys(overrides)):
+        err.where = f"command line: {field}"
+        err.args = (err.one_line(),)
+    return err
+
+
 def _shorthand(cfg: dict) -> dict:
     """Allow ``strategy: replay`` for ``strategy: {class_path: replay}``."""
     cfg = dict(cfg)
-    for key in ("benchmark", "model", "strategy"):
+    for key in ("benchmark", "model", "strategy", "objective"):
         if isinstance(cfg.get(key), str):
             cfg[key] = {"class_path": cfg[key], "init_args": {}}
     train = cfg.get("train")
-    if isinstance(train, dict) and isinstance(train.get("optimizer"), str):
-        cfg["train"] = {**train, "optimizer": {"class_path": train["optimizer"], "init_args": {}}}
+    for key in ("optimizer", "scheduler"):
+        if isinstance(train, dict) and isinstance(train.get(key), str):
+            train = cfg["train"] = {**train, key: {"class_path": train[key], "init_args": {}}}
     return cfg
 
 
@@ -209,13 +313,27 @@ def resolve_config(raw: dict, *, source: str = "config", overrides: list[str] | 
     if overrides:
         cfg = _shorthand(apply_overrides(cfg, overrides))
         _check(cfg, _TYPES, "", "command line")
+    try:
+        _complete(cfg, source)
+    except UserError as err:  # about a field an override set: the command line is to blame
+        raise blame_overrides(err, source, overrides) from None
+    return cfg
+
+
+def _complete(cfg: dict, source: str) -> None:
+    """Fill empty ``init_args`` and check what needs the merged config (class paths, order)."""
     for key in ("benchmark", "model", "strategy"):
         cfg[key]["init_args"] = cfg[key].get("init_args") or {}
         if "class_path" not in cfg[key]:
             raise UserError("missing class_path", where=f"{source}: {key}.class_path",
                             fix=f"run 'clbench list {key if key != 'strategy' else 'strategies'}'")
+    for component, where in ((cfg.get("objective"), "objective"), (cfg["train"].get("scheduler"), "train.scheduler")):
+        if component is not None:
+            component["init_args"] = component.get("init_args") or {}
+            if "class_path" not in component:
+                raise UserError("missing class_path", where=f"{source}: {where}.class_path",
+                                fix="name the component, e.g. class_path: cosine")
     _check_order(cfg["order"], source)
-    return cfg
 
 
 def _check_order(order: Any, source: str) -> None:
@@ -235,6 +353,9 @@ def _check_order(order: Any, source: str) -> None:
     if set(order) != {"permutation"} or not isinstance(seed, int) or isinstance(seed, bool):
         raise UserError(f"unrecognised order {order!r}", where=where,
                         fix="use a named order, a list of names, or {permutation: <int seed>}")
+    if seed < 0:
+        raise UserError(f"a permutation's seed must be >= 0, got {seed}", where=where,
+                        fix="give a seed such as {permutation: 3}")
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:

@@ -96,16 +96,22 @@ class _Batches(BatchSampler):
             self.sampler.set_epoch(epoch)
 
 
-def _first_two(batch):
-    """Avalanche datasets yield (x, y, task_label); the harness uses (x, y)."""
-    return batch[0], batch[1]
+def _first_two(item):
+    """Avalanche classification datasets yield (x, y, task_label); the harness uses (x, y).
+    Items of other shapes (text records as mappings) pass unchanged."""
+    if isinstance(item, (tuple, list)) and len(item) > 2:
+        return item[0], item[1]
+    return item
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int | None = None,
                 num_workers: int = 0, sampler=None, pin_memory: bool = False,
-                persistent_workers: bool | None = None) -> DataLoader:
+                persistent_workers: bool | None = None, collate_fn: Callable | None = None) -> DataLoader:
     """A DataLoader whose shuffling is driven by its own seeded generator (reproducible, and
-    independent of how much global randomness the model or strategy consumed)."""
+    independent of how much global randomness the model or strategy consumed).
+
+    ``collate_fn`` (the objective's, e.g. tokenising text) applies to per-sample datasets;
+    batched in-memory datasets already yield whole batches."""
     generator = None
     if seed is not None:
         generator = torch.Generator()
@@ -120,17 +126,60 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int |
     if sampler is None and shuffle:
         sampler = RandomSampler(dataset, generator=generator)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False if sampler else shuffle,
-                        **kwargs)
+                        collate_fn=collate_fn, **kwargs)
     return loader
 
 
 def unwrap(dataset: Dataset) -> Dataset:
-    """The plain dataset inside an AvalancheDataset built by clbench (fast path), or the
-    Avalanche dataset itself for foreign streams (read through its own ``__getitem__``)."""
-    inner = getattr(dataset, "_datasets", None)
-    if inner is not None and len(inner) == 1 and getattr(dataset, "_indices", None) is None:
-        return inner[0]
-    return _AvalancheView(dataset)
+    """The dataset an experience's Avalanche dataset reads, as plainly as it can be read.
+
+    Avalanche 0.6 keeps subsets and transforms in a chain of ``FlatData`` nodes (each with its
+    own ``_indices`` and transform groups). Where the chain only selects samples of one plain
+    dataset, that dataset (or its subset) is returned, so an in-memory split stays batched.
+    Anything else (a transform, a label remapping, a concatenation) is read through Avalanche's
+    own ``__getitem__``, so the harness sees exactly what Avalanche code would.
+    """
+    plain = _plain_source(dataset)
+    if plain is None:
+        return _AvalancheView(dataset)
+    leaf, indices = plain
+    return leaf if indices is None else subset(leaf, indices)
+
+
+def _plain_source(dataset) -> tuple[Dataset, list[int] | None] | None:
+    """``(leaf, indices)`` when reading ``dataset`` is reading ``leaf`` (at ``indices``, or
+    whole when None) unchanged but for the task label; None otherwise."""
+    node = getattr(dataset, "_flat_data", None)
+    if node is None:
+        return None
+    from avalanche.benchmarks.utils.flat_data import FlatData
+
+    group = getattr(getattr(node, "_transform_groups", None), "current_group", "train")
+    indices: list[int] | None = None
+    while isinstance(node, FlatData):
+        if len(node._datasets) != 1:
+            return None
+        for groups in (getattr(node, "_transform_groups", None), getattr(node, "_frozen_transform_groups", None)):
+            try:  # indexing, not .get(): a group applying one transform to all is a defaultdict
+                if groups is not None and not _is_identity(groups[group]):
+                    return None
+            except KeyError:
+                return None
+        if node._indices is not None:
+            own = list(node._indices)
+            indices = own if indices is None else [own[i] for i in indices]
+        node = node._datasets[0]
+    if hasattr(node, "_flat_data"):  # a nested Avalanche dataset appends its own attributes
+        return None
+    return node, indices
+
+
+def _is_identity(transform) -> bool:
+    """Whether an Avalanche transform (None, or a composition of Nones) changes nothing."""
+    if transform is None:
+        return True
+    parts = getattr(transform, "transforms", None)
+    return isinstance(parts, (list, tuple)) and all(_is_identity(t) for t in parts)
 
 
 class _AvalancheView(Dataset):
@@ -141,7 +190,10 @@ class _AvalancheView(Dataset):
 
     @property
     def targets(self):
-        return list(self.dataset.targets)
+        targets = getattr(self.dataset, "targets", None)
+        if targets is None:  # not a classification dataset: labels are read from the items
+            raise AttributeError("targets")
+        return list(targets)
 
     def __len__(self):
         return len(self.dataset)

@@ -11,6 +11,9 @@ experience in run order)::
                           half-written temporary file is left next to the previous checkpoint
     result                halfway through writing result.json
 
+``CLBENCH_TEST_KILL_SIGNAL=INT`` sends SIGINT (Ctrl-C) at the point instead of SIGKILL, so the
+interrupt tests stop a run at a known place rather than racing a timer.
+
 The variable is read once, when a run starts. Unset (always, outside tests), no callback is
 added and nothing here runs on any path.
 """
@@ -28,6 +31,7 @@ from typing import Any, Callable
 from clbench.errors import UserError
 
 ENV = "CLBENCH_TEST_KILL_AT"
+SIGNAL_ENV = "CLBENCH_TEST_KILL_SIGNAL"
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,12 @@ def kill_point() -> KillPoint | None:
 
 
 def die() -> None:
-    """SIGKILL this process: no cleanup, no ``finally`` blocks, as with an OOM kill or preemption."""
+    """SIGKILL this process: no cleanup, no ``finally`` blocks, as with an OOM kill or preemption.
+    (SIGINT instead when ``CLBENCH_TEST_KILL_SIGNAL=INT``: the handler runs on return.)"""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    chosen = os.environ.get(SIGNAL_ENV, "KILL").strip().upper()
+    os.kill(os.getpid(), signal.SIGINT if chosen == "INT" else signal.SIGKILL)
 
 
 def interrupted_write(path: Path, write: Callable[[Any], None]) -> None:

@@ -1,10 +1,22 @@
-"""The LightningModule that wraps a model and one strategy plugin.
+"""The LightningModule that wraps a model, one strategy plugin and the stream's objective.
 
-Lightning owns the loop; this module maps Lightning's hooks onto the strategy's and keeps the
-evaluation state. Evaluation is Lightning validation with one dataloader per test experience:
-``dataloader_idx`` is the R-matrix column, and each column accumulates into its own
-torchmetrics collection, so scores are exact under DDP (states are summed/gathered across
-ranks, never averaged per rank).
+Lightning owns the loop; this module maps Lightning's hooks onto the strategy's and the
+objective's, and keeps the evaluation state. It never looks at the kind of data: the
+objective says how a batch becomes a loss and how a test batch updates its column's metrics.
+
+One training step::
+
+    inputs, targets = strategy.prepare_batch(module, batch)   # default: objective.split(batch)
+    outputs = objective.forward(model, inputs)                 # layers may call auxiliary.add
+    loss = objective.loss(outputs, targets) + auxiliary terms
+    loss = strategy.training_loss(module, inputs, targets, outputs, loss)
+
+A strategy or objective that sets ``owns_update`` replaces all of that with its ``update``
+(Lightning manual optimisation), for learners with closed-form or otherwise non-SGD steps.
+
+Evaluation is Lightning validation with one dataloader per test experience: ``dataloader_idx``
+is the R-matrix column, and each column accumulates into its own torchmetrics collection, so
+scores are exact under DDP (states are summed/gathered across ranks, never averaged per rank).
 """
 
 from __future__ import annotations
@@ -14,65 +26,132 @@ from typing import Any, Callable
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
+from clbench import auxiliary
 from clbench.errors import NonFiniteLoss
+from clbench.objectives.base import Objective
 from clbench.strategy import Strategy
 
 
-def default_eval_metrics(num_classes: int):
-    from torchmetrics import MetricCollection
-    from torchmetrics.classification import MulticlassAccuracy
-
-    return MetricCollection({"acc": MulticlassAccuracy(num_classes, average="micro")})
-
-
 class ContinualModule(pl.LightningModule):
-    """``model`` + ``strategy`` + the optimizer spec; evaluates ``num_columns`` test sets."""
+    """``model`` + ``strategy`` + ``objective`` + the optimizer spec; evaluates test columns.
 
-    def __init__(self, model: nn.Module, strategy: Strategy, *, num_classes: int, num_columns: int,
+    ``columns``: the experience each test column scores (``None`` for a stream-wide test set);
+    ``column_domains[j]``: column j's domain id for routing records (``None``: not recorded).
+    ``num_domains``: how many domain ids routing records may name (training included).
+    ``scheduler(optimizer, total_steps)``, when given, is stepped every optimizer step.
+    """
+
+    def __init__(self, model: nn.Module, strategy: Strategy, objective: Objective | None = None, *,
                  optimizer: Callable[[Any], torch.optim.Optimizer],
-                 eval_metrics: Callable[[int], Any] = default_eval_metrics,
-                 column_domains: list[int | None] | None = None):
+                 scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None,
+                 columns: list | None = None, num_columns: int | None = None, num_classes: int | None = None,
+                 column_domains: list[int | None] | None = None, num_domains: int | None = None):
         super().__init__()
+        from torchmetrics import MetricCollection
+
+        if objective is None:  # a bare module (tests, reference models): classification
+            from clbench.objectives.classification import Classification
+            from clbench.streams import StreamSpec
+
+            objective = Classification()
+            objective.setup(StreamSpec(name="", num_classes=num_classes), [])
         self.model = model
         self.strategy = strategy
-        self.num_classes = num_classes
+        self.objective = objective
         self.make_optimizer = optimizer
-        self.eval_metrics = nn.ModuleList([eval_metrics(num_classes) for _ in range(num_columns)])
+        self.make_scheduler = scheduler
+        columns = list(columns) if columns is not None else [None] * (num_columns or 1)
+        self.columns = columns
+        self.eval_metrics = nn.ModuleList()
+        self.primary: list[str] = []  # each column's primary metric: its R-matrix entry
+        for column in columns:
+            metrics = objective.metrics(column)
+            self.primary.append(next(iter(metrics.keys())))
+            self.eval_metrics.append(metrics if isinstance(metrics, MetricCollection) else MetricCollection(metrics))
         self.experience = 0          # position of the experience being trained
+        self.domain: int | None = None  # its domain id, for routing records in training
+        self.stage_steps: int | None = None  # optimizer steps this experience will take (schedulers)
         self.last_eval: dict[str, list[float]] = {}
-        # Per-domain expert utilization, when the model has MoE layers that record their routing
-        # (clbench.metrics.routing). column_domains[j] is test column j's domain id (None: skip).
-        self.column_domains = column_domains
-        self.routing = None
-        self.last_routing: dict[str, dict[str, Any]] = {}
-        if column_domains and any(getattr(m, "records_routing", False) for m in model.modules()):
-            from clbench.metrics.routing import RoutingRecorder
-
-            domains = [d for d in column_domains if d is not None]
-            self.routing = RoutingRecorder(num_domains=max(domains) + 1).attach(model)
         self.epoch_evals: list[dict[str, list[float]]] = []  # per-epoch evaluation during fit
+        # Routing records (clbench.metrics.routing): per domain in evaluation, and per experience in
+        # training. Recorders are created when routing layers first appear (possibly injected by a
+        # strategy after the module was built) and attach new layers at every fit and evaluation.
+        self.column_domains = column_domains
+        domains = [d for d in (column_domains or []) if d is not None]
+        self.num_domains = num_domains or (max(domains) + 1 if domains else None)
+        self.routing = self.train_routing = None
+        self.last_routing: dict[str, dict[str, Any]] = {}
+        self.last_train_routing: dict[str, dict[str, Any]] = {}
+        self._attach_routing()
+        owner = next((o for o in (strategy, objective) if getattr(o, "owns_update", False)), None)
+        self.update_owner = owner
+        self.automatic_optimization = owner is None
         self._loss_sum = torch.zeros(())
+        self._aux_sums: dict[str, torch.Tensor] = {}
         self._steps = 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+    def forward(self, inputs: Any) -> Any:
+        return self.objective.forward(self.model, inputs)
+
+    # -- routing records ------------------------------------------------------------------
+    def _attach_routing(self) -> None:
+        if not self.num_domains or not any(getattr(m, "records_routing", False) for m in self.model.modules()):
+            return
+        from clbench.metrics.routing import RoutingRecorder
+
+        if self.routing is None and self.column_domains:
+            self.routing = RoutingRecorder(num_domains=self.num_domains)
+        if self.train_routing is None:
+            self.train_routing = RoutingRecorder(num_domains=self.num_domains)
+        for recorder in (self.routing, self.train_routing):
+            if recorder is not None:
+                recorder.attach(self.model)
+
+    @staticmethod
+    def _figures(recorder) -> dict[str, dict[str, Any]]:
+        figures = {layer: {k: v.tolist() for k, v in values.items()} for layer, values in recorder.compute().items()}
+        recorder.reset()
+        return figures
 
     # -- training -------------------------------------------------------------------------
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = self.strategy.prepare_batch(self, batch)
-        logits = self.model(x)
-        loss = F.cross_entropy(logits, y)
-        loss = self.strategy.training_loss(self, x, y, logits, loss)
+    def on_train_start(self) -> None:
+        self._attach_routing()
+        if self.train_routing is not None:
+            self.train_routing.to(self.device)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
+        recording = self.train_routing is not None and self.domain is not None
+        with auxiliary.collect() as terms:
+            if recording:
+                with self.train_routing.domain(self.domain):
+                    loss = self._step(batch, terms)
+            else:
+                loss = self._step(batch, terms)
+        self._accumulate(loss, terms)
+        return loss if self.automatic_optimization else None
+
+    def _step(self, batch: Any, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.update_owner is not None:
+            return self.update_owner.update(self, batch)
+        inputs, targets = self.strategy.prepare_batch(self, batch)
+        outputs = self.objective.forward(self.model, inputs)
+        loss = self.objective.loss(outputs, targets)
+        if terms:  # added by layers during the forward pass
+            loss = loss + sum(terms.values())
+        return self.strategy.training_loss(self, inputs, targets, outputs, loss)
+
+    def _accumulate(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
         self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
+        for name, value in terms.items():
+            self._aux_sums[name] = self._aux_sums.get(name, torch.zeros((), device=loss.device)) + value.detach()
         self._steps += 1
-        return loss
 
     def on_train_epoch_start(self) -> None:
         self._loss_sum = torch.zeros((), device=self.device)
+        self._aux_sums = {}
         self._steps = 0
 
     def on_train_epoch_end(self) -> None:
@@ -83,8 +162,13 @@ class ContinualModule(pl.LightningModule):
             raise NonFiniteLoss(f"training loss became {mean} in epoch {self.current_epoch} "
                                 f"(experience {self.experience})", value=mean)
         if self.logger is not None:
-            self.logger.log_metrics({f"train/loss/exp{self.experience}": mean, "train/loss": mean},
-                                    step=self.current_epoch)
+            values = {f"train/loss/exp{self.experience}": mean, "train/loss": mean}
+            values.update({f"train/aux/{name}": (total / self._steps).item() for name, total in self._aux_sums.items()})
+            self.logger.log_metrics(values, step=self.current_epoch)
+
+    def on_train_end(self) -> None:
+        if self.train_routing is not None:
+            self.last_train_routing = self._figures(self.train_routing)
 
     def on_after_backward(self) -> None:
         self.strategy.on_after_backward(self)
@@ -92,34 +176,60 @@ class ContinualModule(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.strategy.on_before_optimizer_step(self, optimizer)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.make_optimizer([p for p in self.model.parameters() if p.requires_grad])
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self.strategy.on_after_optimizer_step(self)
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params and self.update_owner is not None:
+            return None  # a closed-form learner may have nothing for an optimizer to do
+        optimizer = self.make_optimizer(params)
+        if self.make_scheduler is None:
+            return optimizer
+        scheduler = self.make_scheduler(optimizer, max(1, self.stage_steps or 1))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def rebuild_optimizer(self) -> None:
+        """Build the optimizer (and scheduler) again over the current trainable parameters.
+
+        Between experiences nothing is needed: every ``fit`` builds them afresh. A strategy that
+        adds or reshapes parameters in the middle of an experience calls this afterwards; the
+        old optimizer state is dropped, since it belongs to tensors that no longer exist.
+        """
+        trainer = self._trainer
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            trainer.strategy.setup_optimizers(trainer)
 
     # -- evaluation -----------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
+        self.objective.begin_evaluation()
+        self._attach_routing()
         if self.routing is not None:
             self.routing.to(self.device)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        x, y = batch[0], batch[1]
         domain = self.column_domains[dataloader_idx] if self.routing is not None else None
+        metrics = self.eval_metrics[dataloader_idx]
+        column = self.columns[dataloader_idx]
         if domain is None:
-            logits = self.model(x)
+            self.objective.evaluate(self.model, batch, metrics, column)
         else:
             with self.routing.domain(domain):
-                logits = self.model(x)
-        self.eval_metrics[dataloader_idx].update(logits, y)
+                self.objective.evaluate(self.model, batch, metrics, column)
 
     def on_validation_epoch_end(self) -> None:
-        results: dict[str, list[float]] = {}
+        # name -> one value per column (None where a column has no such metric), and
+        # "primary" -> each column's R-matrix entry.
+        computed = []
         for column in self.eval_metrics:
-            for name, value in column.compute().items():
-                results.setdefault(name, []).append(float(value))
+            computed.append({name: float(value) for name, value in column.compute().items()})
             column.reset()
+        names = list(dict.fromkeys(name for values in computed for name in values))
+        results = {name: [values.get(name) for values in computed] for name in names}
+        results["primary"] = [values[name] for values, name in zip(computed, self.primary)]
         self.last_eval = results
         if self.routing is not None:
-            self.last_routing = {layer: {k: v.tolist() for k, v in figures.items()}
-                                 for layer, figures in self.routing.compute().items()}
-            self.routing.reset()
+            self.last_routing = self._figures(self.routing)
         if self.trainer.state.fn == TrainerFn.FITTING:
             self.epoch_evals.append(results)

@@ -9,22 +9,28 @@ A name resolves, in this order, to:
 3. an import path: ``package.module:Name``, ``package.module.Name`` or ``path/to/file.py:Name``
    (a file outside any package works, so a strategy can live in the user's own folder).
 
-Listing reads entry-point metadata only, so ``clbench list`` never imports torch.
+Listing reads entry-point metadata only, so ``clbench list`` never imports torch. An exception
+raised while importing or building a plugin is reported at the plugin's own line
+(:func:`plugin_failure`), and :func:`plugin_source` names the file a plugin's code came from,
+with its hash, so a result made with it can be reproduced.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import importlib.util
 import sys
+import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable
 
 from clbench.errors import UserError, did_you_mean
 
-KINDS = ("strategies", "benchmarks", "models")
-SINGULAR = {"strategies": "strategy", "benchmarks": "benchmark", "models": "model"}
+KINDS = ("strategies", "benchmarks", "models", "objectives")
+SINGULAR = {"strategies": "strategy", "benchmarks": "benchmark", "models": "model", "objectives": "objective"}
 
 _registered: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 
@@ -41,7 +47,9 @@ def register(kind: str, name: str) -> Callable[[Any], Any]:
     return wrap
 
 
+@functools.lru_cache(maxsize=None)
 def _entry_points(kind: str) -> dict[str, Any]:
+    """Read once per process: each read scans every installed distribution's metadata."""
     return {ep.name: ep for ep in entry_points(group=f"clbench.{kind}")}
 
 
@@ -57,11 +65,55 @@ def _looks_like_path(name: str) -> bool:
     return ":" in name or "." in name or "/" in name
 
 
+# The harness's own packages: what is not in them is a plugin (the user's code).
+HARNESS_PACKAGES = ("clbench", "strategies", "benchmarks")
+
+
+def is_plugin(obj: Any) -> bool:
+    """Whether ``obj`` (a class or function) comes from outside the harness's own packages."""
+    return (getattr(obj, "__module__", None) or "").split(".")[0] not in HARNESS_PACKAGES
+
+
+def _module_name(path: Path) -> str:
+    """A stable module name per file (the same in every process, unlike ``hash()``)."""
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+    return f"clbench_user_{path.stem}_{digest}"
+
+
+def _shown(filename: str) -> str:
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return filename
+
+
+def plugin_failure(err: BaseException, *, where: str, doing: str, path: str | Path | None = None) -> UserError:
+    """A one-line error for an exception raised by the user's code: its own file and line
+    (``my_strategy.py:12: ZeroDivisionError: division by zero``), not the harness's stack.
+
+    The frame shown is the innermost one in ``path`` (the plugin's file) if the traceback has
+    one, else the innermost one outside the harness and the Python installation.
+    """
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if path is not None and Path(f.filename).resolve() == Path(path).resolve()]
+    if not own:
+        roots = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
+        roots += [Path(m.__file__).resolve().parent for m in map(sys.modules.get, HARNESS_PACKAGES)
+                  if getattr(m, "__file__", None)]
+        own = [f for f in frames if not f.filename.startswith("<")
+               and not any(Path(f.filename).resolve().is_relative_to(root) for root in roots)]
+    frame = (own or frames or [None])[-1]
+    at = f"{_shown(frame.filename)}:{frame.lineno}: " if frame is not None else ""
+    detail = str(err) or repr(err)
+    return UserError(f"{at}{type(err).__name__}: {detail}", where=where,
+                     fix=f"raised while {doing}; fix the code at that line")
+
+
 def _load_from_file(path: Path, attr: str, where: str) -> Any:
     if not path.is_file():
         raise UserError(f"file {path} does not exist", where=where,
                         fix="give an existing .py file as 'path/to/file.py:ClassName'")
-    module_name = f"clbench_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+    module_name = _module_name(path)
     if module_name not in sys.modules:
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
@@ -72,9 +124,9 @@ def _load_from_file(path: Path, attr: str, where: str) -> Any:
             del sys.modules[module_name]
             raise UserError(f"syntax error in {path} at line {err.lineno}: {err.msg}", where=where,
                             fix="fix the file") from None
-        except Exception:
+        except Exception as err:
             del sys.modules[module_name]
-            raise
+            raise plugin_failure(err, where=where, doing=f"importing {path}", path=path) from None
     module = sys.modules[module_name]
     if not hasattr(module, attr):
         raise UserError(f"{path} has no attribute '{attr}'", where=where,
@@ -95,7 +147,16 @@ def _load_import_path(name: str, where: str) -> Any:
         if err.name and module_part.startswith(err.name):
             raise UserError(f"cannot import module '{module_part}'", where=where,
                             fix="check the import path or install the package that provides it") from None
-        raise
+        if module_part.split(".")[0] in HARNESS_PACKAGES:
+            raise
+        raise plugin_failure(err, where=where, doing=f"importing {module_part}", path=_origin(module_part)) from None
+    except SyntaxError as err:
+        raise UserError(f"syntax error in {err.filename} at line {err.lineno}: {err.msg}", where=where,
+                        fix="fix the file") from None
+    except Exception as err:
+        if module_part.split(".")[0] in HARNESS_PACKAGES:
+            raise
+        raise plugin_failure(err, where=where, doing=f"importing {module_part}", path=_origin(module_part)) from None
     if not hasattr(module, attr):
         raise UserError(f"module '{module_part}' has no attribute '{attr}'", where=where,
                         fix="check the name after the module path")
@@ -112,7 +173,63 @@ def resolve(kind: str, name: str, *, where: str | None = None) -> Any:
         return _registered[kind][name]
     eps = _entry_points(kind)
     if name in eps:
-        return eps[name].load()
+        module_part = eps[name].value.split(":")[0].strip()
+        try:
+            return eps[name].load()
+        except Exception as err:
+            if module_part.split(".")[0] in HARNESS_PACKAGES:
+                raise
+            raise plugin_failure(err, where=where, doing=f"importing {module_part}",
+                                 path=_origin(module_part)) from None
     if _looks_like_path(name):
         return _load_import_path(name, where)
     raise UserError(f"unknown {SINGULAR[kind]} '{name}'", where=where, fix=did_you_mean(name, available(kind)))
+
+
+def _origin(module_name: str) -> str | None:
+    """The file a module is (or would be) loaded from, without running it where avoidable."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return getattr(module, "__file__", None)
+    try:  # finding a submodule imports its parents, whose code may raise anything
+        spec = importlib.util.find_spec(module_name)
+    except Exception:
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def plugin_source(class_path: str) -> dict | None:
+    """Where a plugin's code lives and a hash of it: ``{"path": <absolute file>, "sha256": <hex>}``.
+
+    For ``path/to/file.py:Name``, that file; for an import path or a third-party entry point,
+    its module's file. None for the harness's built-ins (their version is the package's) and
+    for names that are not plugins (``adam``). A result records it so that an entry made with
+    a plugin can be reproduced, and a changed plugin file is noticed.
+    """
+    if not isinstance(class_path, str) or not class_path:
+        return None
+    module_name = None
+    for kind in KINDS:
+        if class_path in _registered[kind]:
+            module_name = getattr(_registered[kind][class_path], "__module__", None)
+            break
+        if class_path in _entry_points(kind):
+            module_name = _entry_points(kind)[class_path].value.split(":")[0]
+            break
+    if module_name is None:
+        if not _looks_like_path(class_path):
+            return None
+        module_part = class_path.rsplit(":", 1)[0] if ":" in class_path else class_path.rpartition(".")[0]
+        if module_part.endswith(".py"):
+            return _file_source(Path(module_part))
+        module_name = module_part
+    if module_name.split(".")[0] in HARNESS_PACKAGES:
+        return None
+    origin = _origin(module_name)
+    return _file_source(Path(origin)) if origin else None
+
+
+def _file_source(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    return {"path": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}

@@ -1,7 +1,12 @@
-"""Terminal rendering of a run's result (rich)."""
+"""Terminal rendering of a run's result (rich).
+
+Written to a pipe or a log file, rich would assume 80 columns and cut the R matrix of a long
+stream; there the console is made as wide as the widest table instead.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 SCORE_ORDER = ("acc", "aia", "bwt", "fwt", "forgetting", "im", "fwt_ref", "gmean_final", "mauc_final",
@@ -13,10 +18,8 @@ def _pct(value) -> str:
 
 
 def print_result(result: dict, output: Path | None = None, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
     names = result["experiences"]
     title = (f"{result['strategy']['name']} on {result['benchmark']['name']} · order {result['order_label']} · "
              f"seed {result['seed']}")
@@ -28,13 +31,28 @@ def print_result(result: dict, output: Path | None = None, console=None) -> None
     stage_names = names if len(result["r_matrix"]) == len(names) else ["joint"]
     for stage, row in zip(stage_names, result["r_matrix"]):
         table.add_row(stage, *map(_pct, row))
-    console.print(table)
     scores = result["scores"]
     keys = [k for k in SCORE_ORDER if k in scores]  # the rest are in result.json
     summary = Table(title="scores (%, BWT < 0 means forgetting)", title_justify="left", show_edge=False)
     for key in keys:
         summary.add_column(key, justify="right")
     summary.add_row(*[_pct(scores[k]) for k in keys])
+    console = console or _console_for(table, summary)
+    console.print(table)
     console.print(summary)
     if output is not None:
         console.print(f"wrote {output / 'result.json'} in {result['compute']['wall_seconds']:.1f}s")
+
+
+def _console_for(*tables):
+    """The terminal's console; off a terminal (and without COLUMNS set), one wide enough that
+    no table is cut or wrapped."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    unbounded = console.options.update_width(1_000_000)
+    width = max(Measurement.get(console, unbounded, t).maximum for t in tables)
+    return Console(width=max(width, console.width))

@@ -13,10 +13,21 @@ Hook order for one experience::
     before_experience(module, exp)
     train_dataset(exp) -> Dataset
     train_loader(module, dataset, make_loader) -> loader (or a CombinedLoader)
-    per step:  prepare_batch -> model forward -> training_loss
-               -> backward -> on_after_backward -> on_before_optimizer_step -> step
+    per step:  prepare_batch -> objective forward (+ auxiliary losses) -> objective loss
+               -> training_loss -> backward -> on_after_backward -> on_before_optimizer_step
+               -> optimizer step -> on_after_optimizer_step
     (evaluation on every test experience)
     after_experience(module, exp)
+
+``module.model`` is the network, ``module.objective`` the stream's objective: a strategy that
+needs the task loss of another batch (A-GEM's reference gradient, EWC's Fisher) asks
+``module.objective.loss_of(model, inputs, targets)`` rather than assuming cross-entropy.
+
+A strategy that adds or reshapes parameters does so in ``before_experience`` (the optimizer is
+built afresh at every experience) or calls ``module.rebuild_optimizer()`` after a change made
+mid-experience; on resume, :meth:`restore_model` re-creates the changes before the
+checkpoint's weights are loaded. A strategy that sets ``owns_update`` performs each step itself
+in :meth:`update` (closed-form or other non-SGD learners).
 
 State: ``state_dict`` / ``load_state_dict`` must hold everything needed to continue after a
 crash (buffers, Fisher matrices, teacher weights) as tensors and plain Python values only, so a
@@ -52,6 +63,8 @@ class Strategy:
     supports_sharded: ClassVar[bool] = False
     #: Train once on the union of all experiences instead of one experience at a time (joint).
     single_stage: ClassVar[bool] = False
+    #: Perform every training step in :meth:`update` (Lightning manual optimisation).
+    owns_update: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.experiences: list[Experience] = []  # the whole stream, in run order (set in setup)
@@ -89,14 +102,20 @@ class Strategy:
         """After training and evaluation on ``experience`` (update buffers, Fisher, ...)."""
 
     # -- per step -------------------------------------------------------------------------
-    def prepare_batch(self, module: "ContinualModule", batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Turn what the loader yields into ``(x, y)`` for the forward pass."""
-        return batch[0], batch[1]
+    def prepare_batch(self, module: "ContinualModule", batch: Any) -> tuple[Any, Any]:
+        """Turn what the loader yields into ``(inputs, targets)`` (default: the objective's split)."""
+        return module.objective.split(batch)
 
-    def training_loss(self, module: "ContinualModule", x: torch.Tensor, y: torch.Tensor,
-                      logits: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-        """The loss to minimise, given the task loss (add regularisers here)."""
+    def training_loss(self, module: "ContinualModule", x: Any, y: Any, logits: Any,
+                      loss: torch.Tensor) -> torch.Tensor:
+        """The loss to minimise, given the task loss: ``x``/``y`` are the batch's inputs and
+        targets, ``logits`` the model's outputs (add regularisers here)."""
         return loss
+
+    def update(self, module: "ContinualModule", batch: Any) -> torch.Tensor:
+        """One training step of a strategy with ``owns_update``; returns the (detached) loss.
+        ``module.optimizers()`` is the configured optimizer, if the method wants one."""
+        raise NotImplementedError(f"{type(self).__name__} sets owns_update but does not define update()")
 
     def on_after_backward(self, module: "ContinualModule") -> None:
         """Gradients of this backward pass are in ``p.grad``; mask them here. A method that needs
@@ -106,6 +125,9 @@ class Strategy:
     def on_before_optimizer_step(self, module: "ContinualModule", optimizer: torch.optim.Optimizer) -> None:
         """Just before ``optimizer.step()``."""
 
+    def on_after_optimizer_step(self, module: "ContinualModule") -> None:
+        """Just after ``optimizer.step()`` (per-step importance as in Synaptic Intelligence)."""
+
     # -- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain Python values needed to continue after ``after_experience``."""
@@ -113,3 +135,7 @@ class Strategy:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""
+
+    def restore_model(self, module: "ContinualModule", state: dict[str, Any]) -> None:
+        """On resume, before the checkpoint's weights load: re-create the layers and shapes this
+        strategy added to ``module.model`` (``state`` is what :meth:`state_dict` returned)."""

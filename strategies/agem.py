@@ -29,7 +29,6 @@ Choices:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from clbench.errors import UserError
 from clbench.strategy import Strategy
@@ -88,19 +87,19 @@ class AGEM(Strategy):
                            seeded_generator(self.seed, "agem-loader", self._position))
 
     def prepare_batch(self, module, batch):
-        if isinstance(batch, dict):
+        if isinstance(batch, dict) and set(batch) == {"current", "memory"}:
             self._memory_batch = batch["memory"]
             batch = batch["current"]
-        return batch[0], batch[1]
+        return module.objective.split(batch)
 
     def on_before_optimizer_step(self, module, optimizer):
         if self._memory_batch is None:
             return
-        x, y = self._memory_batch[0], self._memory_batch[1]
+        x, y = module.objective.split(self._memory_batch)
         self._memory_batch = None
         params = [p for p in module.model.parameters() if p.requires_grad]
         with torch.enable_grad():  # optimizers run their step under no_grad
-            loss = F.cross_entropy(module.model(x), y)
+            loss = module.objective.loss_of(module.model, x, y)
         reference = torch.autograd.grad(loss, params, allow_unused=True)
         # A parameter that neither batch reaches keeps grad None (the optimizer skips it).
         pairs = [(p, r) for p, r in zip(params, reference) if p.grad is not None or r is not None]

@@ -30,29 +30,48 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_leaves, tree_map
 
 from clbench.data import make_loader, subset
 from clbench.errors import UserError
+from clbench.objectives.base import Objective
 from clbench.strategy import Strategy
 from strategies.replay import seeded_generator
 
 _CHUNK_BUDGET = 2**28  # per-sample gradient numbers held at once when the chunk size is automatic
 
 
-def diagonal_fisher(model: nn.Module, dataset, *, batch_size: int = 64,
-                    device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """Mean squared per-sample gradient of the log-likelihood for every trainable parameter."""
+class _Functional:
+    """``model`` called with substitute parameters (what ``torch.func`` differentiates)."""
+
+    def __init__(self, model: nn.Module, tensors: tuple[dict, ...]):
+        self.model, self.tensors = model, tensors
+
+    def __call__(self, *args, **kwargs):
+        return functional_call(self.model, self.tensors, args, kwargs)
+
+
+def diagonal_fisher(model: nn.Module, dataset, *, batch_size: int = 64, device: torch.device | None = None,
+                    objective: Objective | None = None) -> dict[str, torch.Tensor]:
+    """Mean squared per-sample gradient of the log-likelihood for every trainable parameter.
+
+    The log-likelihood is the objective's task loss of one sample (cross-entropy for
+    classification, the default).
+    """
+    if objective is None:
+        from clbench.objectives.classification import Classification
+
+        objective = Classification()
     device = device or next(model.parameters()).device
     trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     frozen = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
     buffers = {n: b.detach() for n, b in model.named_buffers()}
 
     def nll(params, x, y):
-        logits = functional_call(model, (params, frozen, buffers), (x.unsqueeze(0),))
-        return F.cross_entropy(logits, y.unsqueeze(0))
+        one = tree_map(lambda t: t.unsqueeze(0), (x, y))
+        return objective.loss_of(_Functional(model, (params, frozen, buffers)), *one)
 
     per_sample = vmap(grad(nll), in_dims=(None, 0, 0))
     fisher = {n: torch.zeros_like(p) for n, p in trainable.items()}
@@ -60,12 +79,12 @@ def diagonal_fisher(model: nn.Module, dataset, *, batch_size: int = 64,
     was_training = model.training
     model.eval()
     try:
-        for batch in make_loader(dataset, batch_size, shuffle=False):
-            x, y = batch[0].to(device), batch[1].to(device)
+        for batch in make_loader(dataset, batch_size, shuffle=False, collate_fn=objective.collate(train=True)):
+            x, y = tree_map(lambda t: t.to(device), objective.split(batch))
             grads = per_sample(trainable, x, y)
             for n, g in grads.items():
                 fisher[n] += g.pow(2).sum(0)
-            count += len(y)
+            count += len(tree_leaves(y)[0])
     finally:
         model.train(was_training)
     return {n: f / max(count, 1) for n, f in fisher.items()}
@@ -152,6 +171,12 @@ class EWC(Strategy):
         if cache is not None and (not cache[0] or cache[1].device == cache[0][0].device):
             return cache
         named = [(n, p) for n, p in model.named_parameters() if n in self.importance]
+        for n, p in named:
+            if self.importance[n].shape != p.shape:
+                raise UserError(f"EWC holds a Fisher of shape {tuple(self.importance[n].shape)} for '{n}', which "
+                                f"now has shape {tuple(p.shape)}", where="strategy",
+                                fix="EWC cannot follow parameters that change shape; combine it with a method that "
+                                    "adds new parameters instead of reshaping old ones")
         params = [p for _, p in named]
         if not params:
             self._terms = ([], torch.zeros(0), torch.zeros(0))
@@ -186,7 +211,7 @@ class EWC(Strategy):
         device = compute_device(module)
         model.to(device)
         try:
-            fisher = diagonal_fisher(model, dataset, batch_size=chunk, device=device)
+            fisher = diagonal_fisher(model, dataset, batch_size=chunk, device=device, objective=module.objective)
             theta = {n: p.detach().clone() for n, p in model.named_parameters() if n in fisher}
         finally:
             model.to(home)

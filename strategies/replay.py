@@ -171,10 +171,10 @@ class Replay(Strategy):
                            seeded_generator(self.seed, "replay-loader", self._position))
 
     def prepare_batch(self, module, batch):
-        if isinstance(batch, dict):
-            current, memory = batch["current"], batch["memory"]
-            return torch.cat([current[0], memory[0]]), torch.cat([current[1], memory[1]])
-        return batch[0], batch[1]
+        objective = module.objective
+        if isinstance(batch, dict) and set(batch) == {"current", "memory"}:
+            return objective.join([objective.split(batch["current"]), objective.split(batch["memory"])])
+        return objective.split(batch)
 
     def after_experience(self, module, experience):
         labels = targets_of(experience.train).long().cpu()

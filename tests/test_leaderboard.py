@@ -252,6 +252,7 @@ def test_a_killed_suite_resumes_the_interrupted_run_from_its_checkpoint(board, t
                      env={ENV: "stage:1:step:0"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (out / RUNS_DIR / digest / CHECKPOINT).is_file()
+    assert (out / RUNS_DIR / f"{digest}.lock").is_file()  # the killed process's lock: stale, taken over below
     assert not E.entry_path(out, digest).exists()
 
     calls = spy_runner(monkeypatch)
@@ -405,3 +406,103 @@ def test_failed_entry_has_the_identifying_fields():
     assert entry["error"] == "boom second line"
     assert E.verify_entry(copy.deepcopy(entry), "x") == entry
     assert entry["strategy"]["name"] == "naive" and entry["config_hash"] == config_hash(cfg)
+
+
+# -- scores recomputed from R, stray files, the manifest ------------------------------------------
+def _edit_scores(entry: dict, edit: str) -> str:
+    """Apply one edit to an ok entry (its content hash recomputed after); returns the score named in the error."""
+    if edit == "acc":
+        entry["scores"]["acc"] = 0.999
+    elif edit == "hidden bwt":
+        entry["scores"]["bwt"] = None
+    elif edit == "dropped bwt":
+        del entry["scores"]["bwt"]
+        return "bwt"
+    elif edit == "gmean_final":
+        entry["scores"]["gmean_final"] += 0.05
+    elif edit == "r_matrix":
+        entry["r_matrix"][-1][0] = 0.0  # scores left as they were
+        return "acc"
+    elif edit == "invented score":
+        entry["scores"]["acc_best"] = 1.0
+        return "acc_best"
+    return edit.split()[-1]
+
+
+@pytest.mark.parametrize("edit", ["acc", "hidden bwt", "dropped bwt", "gmean_final", "r_matrix", "invented score"])
+def test_edited_scores_are_refused_even_with_a_fresh_content_hash(board, tmp_path, capsys, edit):
+    out = copy_board(board, tmp_path)
+    path = next(p for p in sorted((out / "entries").glob("*.json")) if json.loads(p.read_text())["strategy"]["name"]
+                == "naive")
+    entry = json.loads(path.read_text())
+    score = _edit_scores(entry, edit)
+    entry["content_hash"] = E.content_hash(entry)
+    path.write_text(json.dumps(entry, indent=2))
+    for command in (["leaderboard", "render", str(out)], ["compare", str(out)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and str(path) in err, err
+        assert f"score '{score}'" in err or f"{score} missing" in err, err
+    assert not (out / "README.md").exists()
+    with pytest.raises(UserError):
+        run_suite(load_suite(SMOKE), out, console=quiet())  # run's check of what is done refuses it too
+
+
+def test_joint_entries_with_one_stage_verify_and_an_edited_one_does_not(board, tmp_path):
+    out = copy_board(board, tmp_path)
+    path = next(p for p in sorted((out / "entries").glob("*.json")) if json.loads(p.read_text())["strategy"]["name"]
+                == "joint")
+    entry = E.read_entry(path)
+    assert len(entry["r_matrix"]) == 1 and entry["scores"]["bwt"] is None
+    entry["scores"]["bwt"] = 0.0  # a single stage has nothing to forget between
+    entry["content_hash"] = E.content_hash(entry)
+    path.write_text(json.dumps(entry))
+    with pytest.raises(UserError, match="score 'bwt' is 0.0 but the entry's matrices give null"):
+        E.read_entry(path)
+
+
+@pytest.mark.parametrize("stray, message, fix", [
+    ("copy.json", "not an entry file name", "delete it: {digest}.json holds the same run"),
+    ("0" * 64 + ".json", "file name does not match its config_hash", "rename it to {digest}.json"),
+    ("notes.txt", "not an entry file name", "move it out of"),
+])
+def test_stray_files_in_entries_are_reported_not_ignored(board, tmp_path, monkeypatch, capsys, stray, message, fix):
+    out = copy_board(board, tmp_path)
+    assert (out / "suite.json").exists()  # with a manifest, render only reads the suite's own hashes
+    source = sorted((out / "entries").glob("*.json"))[0]
+    digest = source.stem
+    target = out / "entries" / stray
+    if stray.endswith(".txt"):
+        target.write_text("my notes")
+    elif stray.startswith("0"):
+        source.rename(target)
+    else:
+        shutil.copy(source, target)
+    for command in (["leaderboard", "render", str(out)], ["compare", str(out)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and str(target) in err and message in err and fix.format(digest=digest) in err
+    calls = spy_runner(monkeypatch)
+    with pytest.raises(UserError, match=message):
+        run_suite(load_suite(SMOKE), out, console=quiet())
+    assert calls == []  # refused before any run
+    assert target.exists()  # reported, not deleted
+
+
+@pytest.mark.parametrize("text, what", [
+    ('{"name": "smoke", "runs": [', "not valid JSON"),
+    ("[]", "expected a JSON object"),
+    ('{"name": "smoke"}', "'runs'"),
+    ('{"name": "smoke", "runs": [{"hash": "abc"}]}', "runs[0] has no valid 'hash'"),
+    ('{"runs": []}', "'name'"),
+])
+def test_malformed_suite_json_is_refused(board, tmp_path, capsys, text, what):
+    out = copy_board(board, tmp_path)
+    (out / "suite.json").write_text(text)
+    for command in (["leaderboard", "render", str(out)], ["compare", str(out)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and str(out / "suite.json") in err and what in err, err
+    assert not (out / "README.md").exists()
+    (out / "suite.json").unlink()  # no manifest at all: every entry is shown
+    assert main(["leaderboard", "render", str(out)]) == 0

@@ -15,23 +15,35 @@ from clbench.errors import UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import MIN_PAIRS, compare
 from clbench.leaderboard.suite import load_suite
+from clbench.metrics import cl_scores
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "leaderboard"
 ORDERS = ["default", "reverse", {"permutation": 1}]
 
 
-def fake_entry(strategy: str, order, seed: int, scores: dict, benchmark: str = "digits-domains") -> dict:
-    """An entry as the runner would write it, with given scores (the R matrix is not read here)."""
+def fake_entry(strategy: str, order, seed: int, acc: float, benchmark: str = "digits-domains",
+               higher_is_better: bool = True) -> dict:
+    """An entry as the runner would write it, whose R gives final mean ``acc``.
+
+    R = [[best, 0.5], [acc, acc]] with best = 1 (0 for errors), so ``forgetting`` is ``1 - acc``
+    for accuracies and ``acc`` for errors; every score is the one ``cl_scores`` gives, so the
+    entry verifies when it is read back.
+    """
     cfg = resolve_config({"seed": seed, "strategy": strategy, "order": order, "benchmark": benchmark,
                           "logging": {"tensorboard": False}})
+    r_matrix = [[1.0 if higher_is_better else 0.0, 0.5], [acc, acc]]
+    r_init = [0.1, 0.1]
     result = {"schema": SCHEMA_VERSION, "status": "ok",
               "benchmark": {"name": benchmark, "init_args": {}, "scenario_type": "domain-il", "num_classes": 10},
               "model": {"name": "mlp", "init_args": {}, "params_total": 10, "params_trainable": 10},
               "strategy": {"name": strategy, "params": {}}, "seed": seed, "order": order,
-              "order_label": order_label(order), "experiences": ["a", "b"], "r_matrix": [[0.5, 0.5], [0.5, 0.5]],
-              "r_init": [0.1, 0.1], "scores": scores, "config": cfg, "config_hash": config_hash(cfg),
+              "order_label": order_label(order), "experiences": ["a", "b"], "r_matrix": r_matrix,
+              "r_init": r_init, "scores": cl_scores(r_matrix, r_init, higher_is_better=higher_is_better),
+              "config": cfg, "config_hash": config_hash(cfg),
               "env": {"git_commit": None, "device": "cpu"}, "compute": {"wall_seconds": 1.0}}
+    if not higher_is_better:
+        result["r_metric"] = {"names": ["err", "err"], "higher_is_better": False}
     return E.entry_from_result(result)
 
 
@@ -54,8 +66,10 @@ ACC = {
 
 @pytest.fixture
 def synthetic():
-    return [fake_entry(s, order, seed, {"acc": ACC[s][k][seed], "forgetting": 1 - ACC[s][k][seed]})
-            for s in ACC for k, order in enumerate(ORDERS) for seed in (0, 1)]
+    entries = [fake_entry(s, order, seed, ACC[s][k][seed]) for s in ACC for k, order in enumerate(ORDERS)
+               for seed in (0, 1)]
+    assert all(e["scores"]["forgetting"] == pytest.approx(1 - e["scores"]["acc"]) for e in entries)
+    return entries
 
 
 def test_per_order_worst_order_and_range(synthetic):
@@ -119,15 +133,15 @@ def test_default_paired_test_is_between_the_two_best(synthetic):
 
 def test_too_few_pairs_says_so():
     runs = [("naive", "default", 0.4), ("naive", "reverse", 0.5), ("replay", "default", 0.6), ("replay", "reverse", 0.7)]
-    few = [fake_entry(s, o, 0, {"acc": v}) for s, o, v in runs]
+    few = [fake_entry(s, o, 0, v) for s, o, v in runs]
     (bench,) = compare(few)["benchmarks"]
     assert bench["paired_test"]["n_pairs"] == 2 and "not enough paired runs" in bench["paired_test"]["note"]
     assert bench["rank_stability"]["kendall_tau_mean"] == pytest.approx(1.0)
 
 
 def test_bad_requests_are_user_errors(synthetic):
-    with pytest.raises(UserError, match="no score 'acuracy'.*did you mean 'acc'"):
-        compare(synthetic, metric="acuracy")
+    with pytest.raises(UserError, match="no score 'forgeting'.*did you mean 'forgetting'"):
+        compare(synthetic, metric="forgeting")
     with pytest.raises(UserError, match="no benchmark 'cifar'"):
         compare(synthetic, benchmark="cifar")
     with pytest.raises(UserError, match="no strategy 'gem'"):

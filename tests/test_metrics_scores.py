@@ -1,5 +1,8 @@
 """CL scores of the R matrix: hand-worked matrices for every score, and Avalanche as reference."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -160,3 +163,90 @@ def test_fwt_equals_avalanche_forward_transfer(seed):
         fwt.update(j, r[j - 1, j])
     assert cl_scores(r, r_init=init)["fwt"] == pytest.approx(
         np.mean(list(fwt.result().values())), abs=1e-12)
+
+
+# -- lower-is-better R (errors) ------------------------------------------------------------------
+E3 = [[0.2, 0.7, 0.8],       # 1 - R3: the same run scored as an error rate
+      [0.4, 0.1, 0.6],
+      [0.3, 0.5, 0.3]]
+INIT_E3 = [0.9, 0.8, 0.7]
+REF_E3 = [0.15, 0.2, 0.1]
+
+
+def test_every_score_of_an_error_matrix_hand_worked():
+    s = cl_scores(E3, r_init=INIT_E3, reference=REF_E3, higher_is_better=False)
+    assert set(s) == set(SCORE_KEYS)
+    expected = {
+        "acc": (0.3 + 0.5 + 0.3) / 3,                      # mean final error: lower is better
+        "op": (0.3 + 0.5 + 0.3) / 3,
+        "aia": (0.2 + (0.4 + 0.1) / 2 + (0.3 + 0.5 + 0.3) / 3) / 3,
+        "bwt": ((0.2 - 0.3) + (0.1 - 0.5)) / 2,            # errors rose: < 0 = forgetting
+        "bwt_trace": ((0.2 - 0.3) + (0.1 - 0.5) + 0.0) / 3,
+        "forgetting": ((0.3 - 0.2) + (0.5 - 0.1)) / 2,     # rise above the best (lowest) error
+        "fwt": ((0.8 - 0.7) + (0.7 - 0.6)) / 2,            # lower error than untrained: > 0
+        "fwt_ref": ((0.2 - 0.7) + (0.1 - 0.6)) / 2,
+        "im": 0.3 - 0.1,                                   # final error above the reference's
+        "a": (0.2 + 0.4 + 0.1 + 0.3 + 0.5 + 0.3) / 6,
+        "bwt_dr": ((0.2 - 0.4) + (0.2 - 0.3) + (0.1 - 0.5)) / 3,
+        "rem": 1 - 0.7 / 3,
+        "bwt_plus": 0.0,
+        "fwt_dr": (0.7 + 0.8 + 0.6) / 3,
+    }
+    for key, value in expected.items():
+        assert s[key] == pytest.approx(value, abs=1e-12), key
+    assert s["cl_score"] is None  # A and FWT_DR are errors: no sum with REM and BWT+
+
+
+def test_error_matrix_of_one_minus_r_gives_the_same_transfer_scores():
+    acc = cl_scores(R3, r_init=INIT3, reference=REF3)
+    err = cl_scores(1 - np.array(R3), r_init=1 - np.array(INIT3), reference=1 - np.array(REF3),
+                    higher_is_better=False)
+    for key in ("bwt", "bwt_trace", "forgetting", "fwt", "fwt_ref", "im", "bwt_dr", "rem", "bwt_plus"):
+        assert err[key] == pytest.approx(acc[key], abs=1e-12), key
+    for key in ("acc", "op", "aia", "a", "fwt_dr"):
+        assert err[key] == pytest.approx(1 - acc[key], abs=1e-12), key
+
+
+def test_falling_error_is_positive_backward_transfer():
+    s = cl_scores([[0.5, 0.9], [0.3, 0.4]], higher_is_better=False)
+    assert s["bwt"] == pytest.approx(0.2) and s["bwt_plus"] == pytest.approx(0.2)
+    assert s["forgetting"] == pytest.approx(-0.2)
+    assert s["rem"] == pytest.approx(1.0)
+
+
+def test_score_directions():
+    from clbench.metrics.scores import score_higher_is_better
+
+    for higher in (True, False):
+        for key in ("bwt", "bwt_trace", "fwt", "fwt_ref", "bwt_dr", "rem", "bwt_plus", "cl_score"):
+            assert score_higher_is_better(key, higher) is True, key
+        for key in ("forgetting", "im"):
+            assert score_higher_is_better(key, higher) is False, key
+        for key in ("acc", "op", "aia", "a", "fwt_dr"):
+            assert score_higher_is_better(key, higher) is higher, key
+    with pytest.raises(ValueError, match="higher_is_better"):
+        cl_scores(R3, higher_is_better="no")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_accuracy_scores_are_bit_identical_with_the_default_direction(seed):
+    r, init = _random_r(seed, 5), np.random.default_rng(seed).uniform(0, 0.3, 5)
+    assert cl_scores(r, init, init + 0.5, higher_is_better=True) == cl_scores(r, init, init + 0.5)
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "leaderboard" / "entries"
+
+
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="no committed leaderboard/")
+def test_committed_entries_are_rescored_bit_identically():
+    checked = 0
+    for path in sorted(COMMITTED.glob("*.json")):
+        entry = json.loads(path.read_text())
+        if len(entry["r_matrix"]) == 1:  # joint: one stage, only acc
+            continue
+        scores = cl_scores(entry["r_matrix"], entry["r_init"], entry.get("reference"))
+        for key, value in scores.items():
+            if key in entry["scores"]:
+                assert entry["scores"][key] == value, (path.name, key)
+                checked += 1
+    assert checked > 100

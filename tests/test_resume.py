@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -216,18 +214,15 @@ def test_an_interrupted_leaderboard_run_completes_with_every_entry_once(tmp_path
 
 
 def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(runs, reference):
-    """SIGINT (Ctrl-C) while the second experience trains: exit 130, then --resume finishes it."""
+    """SIGINT (Ctrl-C) while the second experience trains: exit 130, then --resume finishes it.
+
+    The run sends itself the SIGINT at a fixed training step, so the test does not race the run."""
     out = runs["root"] / "interrupted-by-sigint"
     args = ["run", "--config", str(runs["config"]), "--output", str(out), "--no-progress"]
-    env = {k: v for k, v in os.environ.items() if k != "CLBENCH_TEST_KILL_AT"}
-    proc = subprocess.Popen([sys.executable, "-m", "clbench.cli", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while not (out / "checkpoint.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=300)
+    env = {**os.environ, "CLBENCH_TEST_KILL_AT": "stage:1:step:3", "CLBENCH_TEST_KILL_SIGNAL": "INT"}
+    proc = subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=300)
+    stderr = proc.stderr
     assert proc.returncode == 130, stderr
     assert stderr.splitlines() == [stderr.strip()] and stderr.startswith("clbench: interrupted")
     assert not (out / "result.json").exists()

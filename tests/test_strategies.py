@@ -409,9 +409,9 @@ def test_ewc_automatic_chunks_shrink_with_the_model(monkeypatch):
     chunks = []
     real = ewc_module.diagonal_fisher
 
-    def spy(model, dataset, *, batch_size, device):
+    def spy(model, dataset, *, batch_size, device, **kw):
         chunks.append(batch_size)
-        return real(model, dataset, batch_size=batch_size, device=device)
+        return real(model, dataset, batch_size=batch_size, device=device, **kw)
 
     monkeypatch.setattr(ewc_module, "diagonal_fisher", spy)
     results = []

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from clbench.commands.leaderboard import DEFAULT_OUTPUT
+from clbench.errors import UserError
 
 
 def register(sub) -> None:
@@ -22,17 +25,40 @@ def register(sub) -> None:
     p.set_defaults(handler=handle)
 
 
+def check_writable(path: str | Path, where: str) -> None:
+    """Refuse, before any work, a JSON destination that cannot be written: a folder, a path
+    through a file, or a place without write permission. Missing folders are created later."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a folder", where=where, fix=f"give a file name, e.g. {path / 'compare.json'}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"cannot write {path}: {parent} is a file, not a folder", where=where,
+                        fix="give a path inside a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {path}: no permission to write in {parent}", where=where,
+                        fix="give a path in a folder you can write to")
+
+
 def handle(args: argparse.Namespace) -> int:
     from clbench.io import write_json
     from clbench.leaderboard.compare import compare, print_comparison
     from clbench.leaderboard.entries import load_entries
     from clbench.leaderboard.execute import manifest_hashes
 
+    if args.json:
+        check_writable(args.json, "--json")
     suite = manifest_hashes(args.dir)  # with a suite manifest, compare the suite's grid only
     report = compare(load_entries(args.dir, suite), metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b,
                      sequence=suite)
     print_comparison(report)
     if args.json:
-        write_json(args.json, report)
+        try:
+            write_json(args.json, report)  # creates missing folders
+        except OSError as err:
+            raise UserError(f"cannot write {args.json}: {err.strerror or err}", where="--json",
+                            fix="give a path in a folder you can write to") from None
         print(f"wrote {args.json}")
     return 0

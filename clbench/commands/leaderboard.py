@@ -16,7 +16,8 @@ def register(sub) -> None:
     lb = p.add_subparsers(dest="leaderboard_command", metavar="ACTION", required=True)
     run = lb.add_parser("run", help="run the suite's missing entries and print the leaderboard",
                         description="Run every grid point of a suite that has no entry yet in the output directory "
-                                    "(interrupt and rerun freely), then print the leaderboard.")
+                                    "(interrupt and rerun freely), then print the leaderboard. Several processes may "
+                                    "run into one directory at once: each grid point is locked while it runs.")
     run.add_argument("--suite", "-s", help="suite YAML (default: configs/suites/quickstart.yaml)")
     run.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
                      help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
@@ -44,9 +45,10 @@ def handle_run(args: argparse.Namespace) -> int:
     outcome = run_suite(suite, args.output, progress=not args.no_progress, retry_failed=args.retry_failed,
                         force=args.force, console=console)
     hashes = [r.hash for r in suite.runs]
-    print_tables(build_tables(load_entries(args.output, hashes), hashes), console)
+    print_tables(build_tables(load_entries(args.output, hashes), hashes, source=args.output), console)
     done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered)
-    console.print(f"{done} ran, {len(outcome.failed)} failed, {len(outcome.skipped)} already done; "
+    elsewhere = f", {len(outcome.elsewhere)} finished by another process" if outcome.elsewhere else ""
+    console.print(f"{done} ran, {len(outcome.failed)} failed, {len(outcome.skipped)} already done{elsewhere}; "
                   f"render with: clbench leaderboard render {args.output}", highlight=False)
     return 0
 

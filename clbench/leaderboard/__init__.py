@@ -6,8 +6,13 @@ One concept per module:
   resolved run configs (one per benchmark x model x strategy x order x seed).
 * :mod:`~clbench.leaderboard.entries`: the entry schema; write, read and verify one JSON file
   per run, named by the hash of its resolved config.
+* :mod:`~clbench.leaderboard.rescore`: recompute an entry's scores from its stored matrices
+  and refuse an entry whose scores differ.
+* :mod:`~clbench.leaderboard.manifest`: ``DIR/suite.json``, the suite's grid in order.
 * :mod:`~clbench.leaderboard.execute`: run what is missing, resume what was interrupted,
   record failures, skip what is done.
+* :mod:`~clbench.leaderboard.lock`: one lock per grid point, so several processes can share
+  a directory.
 * :mod:`~clbench.leaderboard.table`: aggregate entries into per-benchmark tables
   (mean ± std over orders and seeds, rank).
 * :mod:`~clbench.leaderboard.compare`: the same strategies across task orders (worst order,

@@ -4,7 +4,9 @@ For one score (``acc`` by default) and each benchmark table (:mod:`~clbench.lead
 
 * **per order**: each method's score under each task order, averaged over seeds;
 * **across orders**: mean ± sample std of those per-order values, the worst order (lowest
-  score; highest for lower-is-better scores such as forgetting), and the range (best − worst);
+  score; highest for lower-is-better scores such as forgetting, or any level of an R of errors:
+  the direction comes from the entries, see :func:`~clbench.leaderboard.table.score_direction`),
+  and the range (best − worst);
 * **rank stability**: the methods are ranked within each order, and Kendall's tau-b
   (``scipy.stats.kendalltau``) is computed between every pair of orders over the methods
   present in both, then averaged. 1 means every order ranks the methods identically, 0 means
@@ -23,7 +25,7 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.table import LOWER_IS_BETTER, SCORES, BenchmarkTable, Row, build_tables
+from clbench.leaderboard.table import SCORES, BenchmarkTable, Row, arrow, build_tables
 
 MIN_PAIRS = 3
 
@@ -85,8 +87,11 @@ def rank_stability(per_order: dict[str, dict[str, float]], orders: list[str]) ->
     return out
 
 
-def paired_test(row_a: Row, row_b: Row, metric: str) -> dict[str, Any]:
-    """Paired t-test and Wilcoxon signed-rank test of ``a - b`` over runs matched on (order, seed)."""
+def paired_test(row_a: Row, row_b: Row, metric: str, higher: bool = True) -> dict[str, Any]:
+    """Paired t-test and Wilcoxon signed-rank test of ``a - b`` over runs matched on (order, seed).
+
+    ``a_better`` / ``b_better`` count the pairs where each is better in the score's direction.
+    """
     from scipy.stats import ttest_rel, wilcoxon
 
     def by_unit(row: Row) -> dict[tuple[str, int], float]:
@@ -102,8 +107,9 @@ def paired_test(row_a: Row, row_b: Row, metric: str) -> dict[str, Any]:
     xa = [ua[u] for u in units]
     xb = [ub[u] for u in units]
     diffs = [p - q for p, q in zip(xa, xb)]
-    out.update({"mean_difference": _mean(diffs), "a_better": sum(d > 0 for d in diffs),
-                "b_better": sum(d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs)})
+    sign = 1 if higher else -1
+    out.update({"mean_difference": _mean(diffs), "a_better": sum(sign * d > 0 for d in diffs),
+                "b_better": sum(sign * d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs)})
     if max(diffs) == min(diffs):
         out["t_test"] = None
         out["note"] = "every pair differs by the same amount; the t statistic is undefined"
@@ -134,7 +140,7 @@ def _find_row(table: BenchmarkTable, name: str, flag: str) -> Row:
 
 
 def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: str | None = None) -> dict[str, Any]:
-    higher = metric not in LOWER_IS_BETTER
+    higher = table.higher.get(metric, True)
     orders = table.orders
     strategies = []
     per_order_means: dict[str, dict[str, float]] = {}
@@ -161,28 +167,29 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
         for s in strategies:
             if s["label"] in ranks:
                 s.setdefault("rank_by_order", {})[order] = ranks[s["label"]]
-    out: dict[str, Any] = {"benchmark": table.label, "orders": orders, "strategies": strategies,
-                           "rank_stability": rank_stability(per_order_means, orders)}
+    out: dict[str, Any] = {"benchmark": table.label, "higher_is_better": higher, "orders": orders,
+                           "strategies": strategies, "rank_stability": rank_stability(per_order_means, orders)}
     if a or b:
         if not (a and b):
             raise UserError("give both --a and --b for a paired test", where="--a/--b",
                             fix="e.g. --a replay --b naive")
-        out["paired_test"] = paired_test(_find_row(table, a, "--a"), _find_row(table, b, "--b"), metric)
+        out["paired_test"] = paired_test(_find_row(table, a, "--a"), _find_row(table, b, "--b"), metric, higher)
     elif len(strategies) >= 2:
         rows = {r.label: r for r in table.rows}
-        out["paired_test"] = paired_test(rows[strategies[0]["label"]], rows[strategies[1]["label"]], metric)
+        out["paired_test"] = paired_test(rows[strategies[0]["label"]], rows[strategies[1]["label"]], metric, higher)
     else:
         out["paired_test"] = None
     return out
 
 
 def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
-            b: str | None = None, sequence: list[str] | None = None) -> dict[str, Any]:
+            b: str | None = None, sequence: list[str] | None = None, source: str | None = None) -> dict[str, Any]:
     """The comparison across task orders, as a JSON-ready dict (see the module notes).
 
-    ``sequence`` (config hashes in suite order) only orders benchmarks and task orders.
+    ``sequence`` (config hashes in suite order) only orders benchmarks and task orders;
+    ``source`` (the leaderboard directory) only names it in errors.
     """
-    tables = build_tables(entries, sequence)
+    tables = build_tables(entries, sequence, source=source)
     known = sorted({k for e in entries if e["status"] == "ok" for k, v in e["scores"].items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if metric not in known:
@@ -194,9 +201,12 @@ def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None =
             raise UserError(f"no benchmark '{benchmark}' in these entries", where="--benchmark",
                             fix=did_you_mean(benchmark, [t.label for t in tables]))
         tables = chosen
-    return {"metric": metric, "higher_is_better": metric not in LOWER_IS_BETTER, "min_pairs": MIN_PAIRS,
-            "benchmarks": [compare_table(t, metric, a, b) for t in tables
-                           if any(_value(e, metric) is not None for row in t.rows for e in row.entries)]}
+    benchmarks = [compare_table(t, metric, a, b) for t in tables
+                  if any(_value(e, metric) is not None for row in t.rows for e in row.entries)]
+    directions = {bench["higher_is_better"] for bench in benchmarks}
+    # one direction for all benchmarks, or None where they differ (each benchmark says its own)
+    higher = directions.pop() if len(directions) == 1 else (None if directions else True)
+    return {"metric": metric, "higher_is_better": higher, "min_pairs": MIN_PAIRS, "benchmarks": benchmarks}
 
 
 def _pct(v: float | None) -> str:
@@ -213,7 +223,10 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
     metric = report["metric"]
     for bench in report["benchmarks"]:
         orders = bench["orders"]
-        table = Table(title=f"{bench['benchmark']}: {metric} (%) per task order", title_justify="left")
+        higher = bench.get("higher_is_better", True)
+        better = "higher" if higher else "lower"
+        table = Table(title=f"{bench['benchmark']}: {metric} {arrow(higher)} (%) per task order ({better} is better)",
+                      title_justify="left")
         table.add_column("strategy", style="bold")
         for order in orders:
             table.add_column(order, justify="right")
@@ -239,7 +252,8 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
             if "mean_difference" not in pt:
                 console.print(f"{head}: {pt['note']}", highlight=False)
             else:
-                parts = [f"mean difference {100 * pt['mean_difference']:+.2f} points"]
+                parts = [f"mean difference {100 * pt['mean_difference']:+.2f} points ({better} is better); "
+                         f"{pt['a']} better in {pt['a_better']}, {pt['b']} in {pt['b_better']} of {pt['n_pairs']}"]
                 if pt["t_test"]:
                     parts.append(f"paired t p={pt['t_test']['p_value']:.3g}")
                 if pt["wilcoxon"]:

@@ -15,13 +15,18 @@ Two hashes protect an entry. The file name is ``config_hash`` (sha256 of the res
 without ``logging``), so the same config always lands in the same file and a suite knows what
 is done without reading results. ``content_hash`` is the sha256 of the entry's canonical JSON
 without ``content_hash`` itself, so an edited score, matrix or config is detected when the
-entry is read. Readers refuse entries written by a newer schema instead of misreading them.
+entry is read. A hash only catches accidental damage, though (whoever edits a score can
+recompute it), so readers also recompute every score from the stored R matrices and refuse an
+entry whose scores differ (:mod:`~clbench.leaderboard.rescore`). Readers refuse entries written
+by a newer schema instead of misreading them, and a file in ``entries/`` that is not named
+``<config_hash>.json`` is reported, never silently skipped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -38,6 +43,7 @@ COMMON_KEYS = ("entry_schema", "status", "error", "config", "config_hash", "cont
                "model", "strategy", "seed", "order", "order_label", "env", "compute")
 # Keys an ``ok`` entry has in addition (from the runner's result).
 RESULT_KEYS = ("schema", "experiences", "r_matrix", "r_init", "scores")
+ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.json$")
 
 
 def entries_dir(root: str | Path) -> Path:
@@ -147,14 +153,16 @@ def verify_entry(entry: Any, where: str) -> dict:
         raise UserError("content hash mismatch: the entry was modified after it was written", where=where, fix=rerun)
     if not isinstance(entry["config"], dict) or config_hash(entry["config"]) != entry["config_hash"]:
         raise UserError("config does not match its config_hash", where=where, fix=rerun)
+    if entry["status"] == "ok":
+        from clbench.leaderboard.rescore import check_scores
+
+        check_scores(entry, where)
     return entry
 
 
-def read_entry(path: str | Path) -> dict:
-    """Read and verify one entry file; its name must be its config hash."""
-    path = Path(path)
+def _read_json(path: Path) -> Any:
     try:
-        entry = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise UserError(f"not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}", where=str(path),
                         fix="delete it and rerun 'clbench leaderboard run' to regenerate it") from None
@@ -163,15 +171,32 @@ def read_entry(path: str | Path) -> dict:
             from None
     except OSError as err:
         raise UserError(f"cannot read: {err.strerror}", where=str(path), fix="check the file's permissions") from None
-    entry = verify_entry(entry, str(path))
-    if path.stem != entry["config_hash"]:
-        raise UserError(f"file name does not match its config_hash {entry['config_hash'][:12]}...", where=str(path),
-                        fix=f"rename it to {entry['config_hash']}.json or delete it")
+
+
+def read_entry(path: str | Path) -> dict:
+    """Read and verify one entry file; its name must be its config hash."""
+    path = Path(path)
+    entry = verify_entry(_read_json(path), str(path))
+    _check_name(path, entry)
     return entry
 
 
+def _check_name(path: Path, entry: Any) -> None:
+    if not isinstance(entry, dict) or "entry_schema" not in entry:
+        raise UserError("not a clbench leaderboard entry (no entry_schema)", where=str(path),
+                        fix=f"keep only entry files in {path.parent}")
+    digest = entry.get("config_hash") if isinstance(entry, dict) else None
+    if path.stem != digest:
+        shown = f" {digest[:12]}..." if isinstance(digest, str) else ""
+        raise UserError(f"file name does not match its config_hash{shown}", where=str(path), fix=_rename_hint(path))
+
+
 def load_entries(root: str | Path, hashes: Iterable[str] | None = None) -> list[dict]:
-    """Every entry under ``root/entries`` (or only ``hashes``), verified, sorted by file name."""
+    """Every entry under ``root/entries`` (or only ``hashes``), verified, sorted by file name.
+
+    With ``hashes`` (a suite's grid) the other entries are not read in full, but every file in
+    the folder must still be an entry under its own name (:func:`check_entry_names`).
+    """
     folder = entries_dir(root)
     if not Path(root).is_dir():
         raise UserError(f"leaderboard directory {root} does not exist", where=str(root),
@@ -179,8 +204,45 @@ def load_entries(root: str | Path, hashes: Iterable[str] | None = None) -> list[
     if not folder.is_dir():
         raise UserError(f"no {ENTRIES_DIR}/ folder in {root}", where=str(root),
                         fix="run 'clbench leaderboard run --output DIR' first, or give the right DIR")
+    names = check_entry_names(root)
     if hashes is None:
-        paths = sorted(p for p in folder.glob("*.json") if not p.name.startswith("."))
+        paths = [folder / name for name in names]
     else:
         paths = [entry_path(root, h) for h in hashes if entry_path(root, h).exists()]
     return [read_entry(p) for p in paths]
+
+
+def check_entry_names(root: str | Path) -> list[str]:
+    """The entry file names under ``root/entries``, sorted; a :class:`UserError` for any other file.
+
+    Every file there must be an entry named ``<config_hash>.json`` after the hash it holds: a
+    copy or a renamed entry would otherwise be left out of every table without a word. Entries
+    of configs a suite no longer lists are checked for their name only (they are kept, not
+    shown). Hidden files (an interrupted atomic write's ``.<name>.<random>.tmp``) are passed over.
+    """
+    if not entries_dir(root).is_dir():
+        return []
+    names = []
+    for path in sorted(entries_dir(root).iterdir()):
+        if path.name.startswith("."):
+            continue
+        if not (path.is_file() and ENTRY_NAME.match(path.name)):
+            raise UserError("not an entry file name (entries are named <config_hash>.json, 64 hex digits)",
+                            where=str(path), fix=_rename_hint(path))
+        _check_name(path, _read_json(path))
+        names.append(path.name)
+    return names
+
+
+def _rename_hint(path: Path) -> str:
+    """How to fix a stray file in ``entries/``: rename it if it is an entry, else move it out."""
+    try:
+        entry = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        entry = None
+    digest = entry.get("config_hash") if isinstance(entry, dict) else None
+    if not (isinstance(digest, str) and ENTRY_NAME.match(f"{digest}.json")):
+        return f"move it out of {path.parent}"
+    if entry_path(path.parent.parent, digest).exists():
+        return f"delete it: {digest}.json holds the same run"
+    return f"rename it to {digest}.json, or delete it"

@@ -19,6 +19,14 @@ For every grid point, in order:
 
 ``force`` skips the first three steps: every grid point runs again from scratch.
 
+Several processes may run one suite into one directory at the same time (two terminals, or a
+cluster launcher's jobs on a shared filesystem): a grid point is worked on only under its lock
+(:mod:`~clbench.leaderboard.lock`, ``DIR/runs/<hash>.lock``). A point locked by another process
+is passed over and waited for once the rest of the grid is done; if its entry is there by
+then, it counts as done by another process, and if that process died, the point is taken
+over (resumed from its checkpoint). An entry that changed since this process first looked
+(with ``force`` or ``retry_failed`` too) was written by another process and is not redone.
+
 All runs share one process, so torch and Lightning are imported once. A run that raises is
 recorded as a ``failed`` entry with its one-line error and the suite goes on; Ctrl-C stops
 the suite and keeps every entry written so far. A failed run's working folder is removed, so
@@ -30,18 +38,23 @@ reruns that run; TensorBoard logs, when the suite enables them, stay in the fold
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from clbench.errors import UserError
-from clbench.leaderboard.entries import entry_from_result, entry_path, failed_entry, read_entry, write_entry
+from clbench.leaderboard.entries import (check_entry_names, entry_from_result, entry_path, failed_entry, read_entry,
+                                         write_entry)
+from clbench.leaderboard.lock import CellLock
+from clbench.leaderboard.manifest import MANIFEST, manifest_hashes, read_manifest  # noqa: F401 - re-exported
 from clbench.leaderboard.suite import RunSpec, Suite
 
 RUNS_DIR = "runs"
-MANIFEST = "suite.json"
+POLL_SECONDS = 1.0  # how often a process waiting for another's grid points looks again
 
 
 @dataclass
@@ -54,23 +67,7 @@ class SuiteOutcome:
     resumed: list[str] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-
-
-def read_manifest(root: str | Path) -> dict | None:
-    """``DIR/suite.json`` if it is there and readable (it only orders and annotates the output)."""
-    path = Path(root) / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not (isinstance(data, dict) and isinstance(data.get("runs"), list) and isinstance(data.get("name"), str)):
-        return None
-    return data
-
-
-def manifest_hashes(root: str | Path) -> list[str] | None:
-    manifest = read_manifest(root)
-    return [r.get("hash") for r in manifest["runs"] if isinstance(r, dict)] if manifest else None
+    elsewhere: list[str] = field(default_factory=list)  # finished by another process meanwhile
 
 
 def _one_line_error(err: BaseException) -> str:
@@ -97,11 +94,30 @@ def _recover(workdir: Path, spec: RunSpec) -> dict | None:
 def _finish_workdir(workdir: Path) -> None:
     """Drop what the entry now holds; keep TensorBoard logs if there are any."""
     (workdir / "result.json").unlink(missing_ok=True)
-    if workdir.is_dir() and not any(workdir.iterdir()):
-        workdir.rmdir()
-        parent = workdir.parent
-        if parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
+    try:
+        if workdir.is_dir() and not any(workdir.iterdir()):
+            workdir.rmdir()
+    except OSError:  # another process may be creating or removing files here
+        pass
+
+
+def _check_writable(output: Path) -> None:
+    """Create ``output`` if needed and make sure we can write there (a private probe file: no races)."""
+    if output.exists() and not output.is_dir():
+        raise UserError(f"output path {output} is a file", where="--output", fix="give a directory path")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".clbench-write-test.", dir=output)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UserError(f"cannot write to {output}: {err.strerror}", where="--output",
+                        fix="choose a writable directory") from None
+
+
+def _wanted(entry: dict, retry_failed: bool) -> bool:
+    """Whether an existing entry still leaves its grid point to be run."""
+    return retry_failed and entry["status"] == "failed"
 
 
 def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[dict, bool]:
@@ -127,23 +143,22 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
     which config it ran, not which code); each entry is replaced only when its new run ends.
     """
     from rich.console import Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from clbench.io import write_json
-    from clbench.leaderboard.suite import preflight
-    from clbench.runner import environment, prepare_output
 
     console = console or Console()
     output = Path(output)
-    prepare_output(output, resume=False, overwrite=True)  # a directory we can write to
+    _check_writable(output)
+    check_entry_names(output)  # a stray or renamed file in entries/ is reported before anything runs
     outcome = SuiteOutcome(total=len(suite.runs))
     todo: list[RunSpec] = []
+    seen: dict[str, str] = {}  # content hash of each entry as first read, to tell another process's writes
     for spec in suite.runs:
         path = entry_path(output, spec.hash)
-        if path.exists() and not force:
+        if path.exists():
             entry = read_entry(path)  # refuses tampered or newer entries, with the fix
-            if not (retry_failed and entry["status"] == "failed"):
+            seen[spec.hash] = entry["content_hash"]
+            if not force and not _wanted(entry, retry_failed):
                 outcome.skipped.append(spec.hash)
                 continue
         todo.append(spec)
@@ -152,63 +167,123 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
                   f"{len(todo)} to run → {output}")
     if not todo:
         return outcome
-    preflight(suite)
-    import torch
-
-    env = environment()
-    source = str(suite.path)
-    bar = None
-    if progress and console.is_terminal:
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       console=console, transient=True)
-        bar.start()
-        task = bar.add_task("", total=len(todo))
-    threads_before = torch.get_num_threads()
-    if suite.threads:
-        torch.set_num_threads(suite.threads)
-    try:
-        for k, spec in enumerate(todo, 1):
-            head = f"run {k} of {len(todo)}"
-            if bar is not None:
-                bar.update(task, description=f"{head}: {escape(spec.label())}")
-            workdir = output / RUNS_DIR / spec.hash
-            start = time.perf_counter()
-            recovered = None if force else _recover(workdir, spec)
-            if recovered is not None:
-                entry = entry_from_result(recovered, suite=suite.name)
-                outcome.recovered.append(spec.hash)
-                note = "recovered from its finished working folder"
-            else:
-                try:
-                    result, resumed = _execute(spec, workdir, source, fresh=force)
-                except Exception as err:  # noqa: BLE001 - one broken run must not stop the grid
-                    message = _one_line_error(err)
-                    entry = failed_entry(spec.config, message, env=env, wall_seconds=time.perf_counter() - start,
-                                         suite=suite.name)
-                    outcome.failed.append(spec.hash)
-                    if not isinstance(err, UserError):
-                        console.print(traceback.format_exc(), markup=False, highlight=False, style="dim")
-                    shutil.rmtree(workdir, ignore_errors=True)  # a retry starts over
-                    note = f"[red]failed[/]: {escape(message)}"
-                else:
-                    entry = entry_from_result(result, suite=suite.name)
-                    (outcome.resumed if resumed else outcome.ran).append(spec.hash)
-                    acc = entry["scores"].get("acc")
-                    note = (f"acc {100 * acc:.1f}%" if isinstance(acc, (int, float)) else "done") + \
-                        f" in {time.perf_counter() - start:.1f}s" + (" (resumed)" if resumed else "")
-            write_entry(output, entry)
-            _finish_workdir(workdir)
-            console.print(f"{head}: {escape(spec.label())} · {note}", highlight=False)
-            if bar is not None:
-                bar.advance(task)
-    except KeyboardInterrupt:
-        done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered) + len(outcome.failed)
-        again = ("rerun without --force to keep every entry now on disk (older ones included), or with it to "
-                 "start over") if force else "rerun the same command to continue"
-        console.print(f"interrupted after {done} of {len(todo)} runs; finished entries are kept; {again}")
-        raise
-    finally:
-        torch.set_num_threads(threads_before)
-        if bar is not None:
-            bar.stop()
+    _Grid(suite, output, outcome, console, progress=progress, force=force, seen=seen).run(todo)
     return outcome
+
+
+class _Grid:
+    """The loop over the grid points still to do, each under its lock."""
+
+    def __init__(self, suite: Suite, output: Path, outcome: SuiteOutcome, console, *, progress: bool, force: bool,
+                 seen: dict[str, str]):
+        self.suite, self.output, self.outcome, self.console = suite, output, outcome, console
+        self.progress, self.force, self.seen = progress, force, seen
+        self.k = 0
+        self.total = 0
+        self.bar = self.task = None
+
+    def run(self, todo: list[RunSpec]) -> None:
+        import torch
+        from rich.markup import escape
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from clbench.leaderboard.suite import preflight
+        from clbench.runner import environment
+
+        preflight(self.suite)
+        self.env = environment()
+        self.total = len(todo)
+        if self.progress and self.console.is_terminal:
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=len(todo))
+        threads_before = torch.get_num_threads()
+        if self.suite.threads:
+            torch.set_num_threads(self.suite.threads)
+        try:
+            waiting: list[tuple[RunSpec, CellLock]] = []
+            for spec in todo:
+                lock = CellLock(self.output / RUNS_DIR, spec.hash)
+                if lock.try_acquire():
+                    self._cell(spec, lock)
+                else:
+                    waiting.append((spec, lock))
+                    self.console.print(f"{escape(spec.label())} · in progress in {escape(lock.holder())}; "
+                                       "coming back to it at the end", highlight=False)
+            while waiting:  # grid points other processes are working on: wait for them, take over the dead
+                for item in list(waiting):
+                    if item[1].try_acquire():
+                        waiting.remove(item)
+                        self._cell(*item)
+                if waiting:
+                    time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            o = self.outcome
+            done = len(o.ran) + len(o.resumed) + len(o.recovered) + len(o.failed)
+            again = ("rerun without --force to keep every entry now on disk (older ones included), or with it to "
+                     "start over") if self.force else "rerun the same command to continue"
+            self.console.print(f"interrupted after {done} of {self.total} runs; finished entries are kept; {again}")
+            raise
+        finally:
+            torch.set_num_threads(threads_before)
+            if self.bar is not None:
+                self.bar.stop()
+
+    def _done_elsewhere(self, spec: RunSpec) -> bool:
+        """Whether another process wrote this grid point's entry since this one first looked."""
+        path = entry_path(self.output, spec.hash)
+        return path.exists() and read_entry(path)["content_hash"] != self.seen.get(spec.hash)
+
+    def _cell(self, spec: RunSpec, lock: CellLock) -> None:
+        """Run (resume, recover) one grid point; ``lock`` is held and released here."""
+        from rich.markup import escape
+
+        try:
+            self.k += 1
+            head = f"run {self.k} of {self.total}"
+            if self.bar is not None:
+                self.bar.update(self.task, description=f"{head}: {escape(spec.label())}")
+            if self._done_elsewhere(spec):
+                self.outcome.elsewhere.append(spec.hash)
+                note = "finished by another process"
+            else:
+                note = self._execute(spec)
+            self.console.print(f"{head}: {escape(spec.label())} · {note}", highlight=False)
+            if self.bar is not None:
+                self.bar.advance(self.task)
+        finally:
+            lock.release()
+
+    def _execute(self, spec: RunSpec) -> str:
+        from rich.markup import escape
+
+        suite, outcome = self.suite, self.outcome
+        workdir = self.output / RUNS_DIR / spec.hash
+        start = time.perf_counter()
+        recovered = None if self.force else _recover(workdir, spec)
+        if recovered is not None:
+            entry = entry_from_result(recovered, suite=suite.name)
+            outcome.recovered.append(spec.hash)
+            note = "recovered from its finished working folder"
+        else:
+            try:
+                result, resumed = _execute(spec, workdir, str(suite.path), fresh=self.force)
+            except Exception as err:  # noqa: BLE001 - one broken run must not stop the grid
+                message = _one_line_error(err)
+                entry = failed_entry(spec.config, message, env=self.env, wall_seconds=time.perf_counter() - start,
+                                     suite=suite.name)
+                outcome.failed.append(spec.hash)
+                if not isinstance(err, UserError):
+                    self.console.print(traceback.format_exc(), markup=False, highlight=False, style="dim")
+                shutil.rmtree(workdir, ignore_errors=True)  # a retry starts over
+                note = f"[red]failed[/]: {escape(message)}"
+            else:
+                entry = entry_from_result(result, suite=suite.name)
+                (outcome.resumed if resumed else outcome.ran).append(spec.hash)
+                acc = entry["scores"].get("acc")
+                note = (f"acc {100 * acc:.1f}%" if isinstance(acc, (int, float)) else "done") + \
+                    f" in {time.perf_counter() - start:.1f}s" + (" (resumed)" if resumed else "")
+        write_entry(self.output, entry)
+        _finish_workdir(workdir)
+        return note

@@ -7,7 +7,8 @@ function of the entries (no timestamps, PNGs without software metadata), so re-r
 unchanged entries gives identical files.
 
 Sorting: click (or Enter on) a column header; the first click sorts the way "better" points
-(descending for scores, ascending for rank and forgetting). ``index.html?sort=<key>&dir=asc``
+(descending for higher-is-better scores, ascending for rank, forgetting and the levels of an R
+of errors). ``index.html?sort=<key>&dir=asc``
 opens the page sorted, which is also how the tests drive the sorter in headless Chromium.
 """
 
@@ -20,9 +21,8 @@ from pathlib import Path
 
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
-from clbench.leaderboard.execute import manifest_hashes, read_manifest
-from clbench.leaderboard.table import (LOWER_IS_BETTER, RANK_BY, TITLES, BenchmarkTable, build_tables, fmt,
-                                       runs_cell)
+from clbench.leaderboard.manifest import manifest_hashes, read_manifest
+from clbench.leaderboard.table import RANK_BY, TITLES, BenchmarkTable, arrow, build_tables, fmt, runs_cell
 
 README = "README.md"
 INDEX = "index.html"
@@ -66,7 +66,8 @@ def _bench_meta(table: BenchmarkTable) -> dict:
     models = sorted({row.model for row in table.rows})
     return {"scenario_type": bench.get("scenario_type"), "num_classes": bench.get("num_classes"),
             "experiences": list(first.get("experiences") or []), "orders": table.orders, "seeds": seeds,
-            "models": models, "init_args": bench.get("init_args") or {}}
+            "models": models, "init_args": bench.get("init_args") or {}, "r_names": table.r_names,
+            "r_higher": table.r_higher}
 
 
 def _meta_line(meta: dict) -> str:
@@ -80,7 +81,19 @@ def _meta_line(meta: dict) -> str:
     parts.append(f"orders: {', '.join(meta['orders'])}")
     parts.append(f"seeds: {', '.join(map(str, meta['seeds']))}")
     parts.append(f"model: {', '.join(meta['models'])}")
+    if meta["r_names"] and meta["r_names"] != ["acc"]:
+        parts.append(f"R: {', '.join(meta['r_names'])} ({'higher' if meta['r_higher'] else 'lower'} is better)")
     return " · ".join(parts)
+
+
+def direction_note(table: BenchmarkTable) -> str | None:
+    """What the scores of a lower-is-better R mean (None for accuracy tables, whose notes are the page's)."""
+    if table.r_higher:
+        return None
+    return ("R holds errors (lower is better): ACC and AIA are mean final and incremental errors (↓); BWT < 0 "
+            "still means forgetting and FWT > 0 helpful transfer (↑); Forgetting is the mean rise of each "
+            "experience's error above its best (↓). Rows are ranked by lowest mean ACC; ↑/↓ mark each column's "
+            "better direction.")
 
 
 NOTES = ("Scores are percentages: mean ± sample standard deviation over task orders and seeds "
@@ -116,7 +129,9 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
               "and per-order charts; `clbench compare` gives the comparison across task orders.", ""]
     for table in tables:
         lines += [f"## {table.label}", "", _meta_line(_bench_meta(table)), ""]
-        head = ["Rank", "Strategy", "Runs", *[TITLES.get(s, s) for s in table.scores], "Wall s"]
+        if direction_note(table):
+            lines += [direction_note(table), ""]
+        head = ["Rank", "Strategy", "Runs", *[_md(table.title(s)) for s in table.scores], "Wall s"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "|".join(["---:", ":---", "---:"] + ["---:"] * len(table.scores) + ["---:"]) + "|")
         for row in table.rows:
@@ -162,9 +177,14 @@ def order_bar_figure(comparison: dict, metric: str = BAR_METRIC):
         heights = [100 * s["per_order"].get(order, np.nan) for s in strategies]
         ax.bar(x - 0.4 + width * (k + 0.5), heights, width, label=order)
     ax.set_xticks(x, [s["label"] for s in strategies], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(f"{TITLES.get(metric, metric)} (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(f"{comparison['benchmark']}: {TITLES.get(metric, metric)} per task order", fontsize=9)
+    higher = comparison.get("higher_is_better", True)
+    title = TITLES.get(metric, metric) + ("" if higher else f" {arrow(higher)}")
+    ax.set_ylabel(f"{title} (%)")
+    if higher:
+        ax.set_ylim(0, 100)
+    else:  # an error need not stay below 100 %
+        ax.set_ylim(bottom=0)
+    ax.set_title(f"{comparison['benchmark']}: {title} per task order", fontsize=9)
     ax.legend(title="order", fontsize=7, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -256,7 +276,7 @@ def _e(text) -> str:
 
 def _html_table(table: BenchmarkTable) -> str:
     cols = [("rank", "Rank", "num", "asc"), ("strategy", "Strategy", "text", "asc"), ("runs", "Runs", "num", "desc")]
-    cols += [(s, TITLES.get(s, s), "num", "asc" if s in LOWER_IS_BETTER else "desc") for s in table.scores]
+    cols += [(s, table.title(s), "num", "desc" if table.higher.get(s, True) else "asc") for s in table.scores]
     cols.append(("wall", "Wall s", "num", "asc"))
     head = "".join(f'<th data-key="{k}" data-type="{t}" data-first="{d}" class="{t}" scope="col">{_e(title)}</th>'
                    for k, title, t, d in cols)
@@ -299,6 +319,8 @@ def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, r
     for table in tables:
         parts.append(f'<section class="benchmark" id="{_e(table.label)}"><h2>{_e(table.label)}</h2>')
         parts.append(f'<p class="meta">{_e(_meta_line(_bench_meta(table)))}</p>')
+        if direction_note(table):
+            parts.append(f'<p class="note">{_e(direction_note(table))}</p>')
         parts.append(_html_table(table))
         if BAR_METRIC in table.scores:
             comparison = compare_table(table, BAR_METRIC)
@@ -344,12 +366,13 @@ def render(root: str | Path) -> tuple[Path, Path]:
     root = Path(root)
     # With a suite manifest, only the suite's grid is shown: entries of configs the suite no
     # longer lists (e.g. before a hyper-parameter change) stay on disk but out of the tables.
-    entries = load_entries(root, manifest_hashes(root))
+    manifest = read_manifest(root)  # a malformed suite.json is refused, not passed over
+    hashes = manifest_hashes(root)
+    entries = load_entries(root, hashes)
     if not entries:
         raise UserError(f"no entries in {root / 'entries'}", where=root_arg,
                         fix="run 'clbench leaderboard run --output DIR' first")
-    manifest = read_manifest(root)
-    tables = build_tables(entries, manifest_hashes(root))
+    tables = build_tables(entries, hashes, source=root_arg)
     info = _provenance(entries, root, manifest)
     readme, index = root / README, root / INDEX
     write_text(readme, render_readme(tables, entries, info, root_arg))

@@ -265,7 +265,7 @@ def preflight(suite: Suite) -> None:
 
     from clbench import registry
     from clbench.build import check_init_args, optimizer_factory
-    from clbench.runner import _RESERVED_TRAINER_ARGS
+    from clbench.trainer import RESERVED_TRAINER_ARGS
     from clbench.strategy import Strategy
 
     source = str(suite.path)
@@ -282,7 +282,7 @@ def preflight(suite: Suite) -> None:
         optimizer_factory(cfg, f"{source}: base")
         trainer = dict(cfg["trainer"] or {})
         for key in trainer:
-            if key in _RESERVED_TRAINER_ARGS:
+            if key in RESERVED_TRAINER_ARGS:
                 raise UserError(f"'{key}' is set by the runner", where=f"{source}: base.trainer.{key}",
                                 fix="use train.epochs / train.eval_every_epoch instead, or remove it")
         check_init_args(pl.Trainer, trainer, f"{source}: base.trainer")

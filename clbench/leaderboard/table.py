@@ -5,8 +5,13 @@ aside: the same strategy (and hyper-parameters), model and training settings, ru
 several orders and seeds. Each score is summarised as mean ± sample standard deviation
 (``ddof=1``) over those runs; scores a run does not define (joint's BWT, G-mean on a balanced
 stream) are left out of that score's mean, and ``n`` says how many runs each mean is over.
-Rows are ranked by mean final accuracy (``acc``, higher is better; ties share the better
-rank). Failed runs are counted, never averaged.
+Rows are ranked by mean ``acc`` (the mean final value of R: higher is better for accuracy,
+lower for an error; ties share the better rank). Failed runs are counted, never averaged.
+
+Direction: an entry's ``r_metric`` says whether its R is higher- or lower-is-better (no
+``r_metric``: accuracy, higher). Each score's direction follows from it
+(:func:`score_direction`); a table whose entries give one score two directions is refused, and
+a table of a lower-is-better R marks every score column with ↑ or ↓.
 
 Rows are labelled by their strategy name; where two rows of one table share it (two models,
 two buffer sizes), the config fields that tell them apart are appended.
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clbench.config import canonical_json
+from clbench.errors import UserError
 
 # Score columns, in display order; only those present in some entry of a table are shown.
 SCORES = ("acc", "aia", "bwt", "fwt", "forgetting", "gmean_final", "mauc_final", "global_acc", "global_gmean",
@@ -28,9 +34,42 @@ TITLES = {"acc": "ACC", "aia": "AIA", "bwt": "BWT", "fwt": "FWT", "forgetting": 
           "gmean_final": "G-mean", "mauc_final": "MAUC", "global_acc": "Global ACC", "global_gmean": "Global G-mean",
           "global_mauc": "Global MAUC", "im": "IM", "fwt_ref": "FWT (ref)"}
 CORE_SCORES = ("acc", "aia", "bwt", "fwt", "forgetting")
-LOWER_IS_BETTER = frozenset({"forgetting", "im"})
+LOWER_IS_BETTER = frozenset({"forgetting", "im"})  # for an R of accuracies; see score_direction
 RANK_BY = "acc"
+# Evaluation metrics whose larger values are better, for <metric>_final and global_<metric>.
+HIGHER_METRICS = frozenset({"acc", "gmean", "mauc"})
 _IGNORED = ("seed", "order", "logging")
+
+
+def r_metric(entry: dict) -> tuple[list[str] | None, bool]:
+    """(metric name of each R column or None, whether higher is better) of an ok entry."""
+    spec = entry.get("r_metric")
+    if not isinstance(spec, dict):
+        return None, True
+    return spec.get("names"), bool(spec.get("higher_is_better", True))
+
+
+def score_direction(key: str, entry: dict) -> bool:
+    """Whether a larger value of score ``key`` is better in ``entry``.
+
+    CL scores follow :func:`clbench.metrics.scores.score_higher_is_better` for the entry's R;
+    ``<m>_final`` and ``global_<m>`` follow R when ``m`` is R's metric, else are higher-is-better
+    (accuracy, G-mean, MAUC).
+    """
+    from clbench.metrics.scores import SCORE_KEYS, score_higher_is_better
+
+    names, higher = r_metric(entry)
+    if key in SCORE_KEYS:
+        return score_higher_is_better(key, higher)
+    metric = key[: -len("_final")] if key.endswith("_final") else key[len("global_"):] \
+        if key.startswith("global_") else None
+    if metric is not None and metric not in HIGHER_METRICS and names and metric in names:
+        return higher
+    return True
+
+
+def arrow(higher: bool) -> str:
+    return "↑" if higher else "↓"
 
 
 @dataclass
@@ -78,6 +117,25 @@ class BenchmarkTable:
     label: str
     scores: list[str]
     rows: list[Row]
+    # score -> whether higher is better, for every score of the table's entries
+    higher: dict[str, bool] = field(default_factory=dict)
+    r_names: list[str] = field(default_factory=list)  # R's metric names (empty: accuracy, no r_metric)
+
+    @property
+    def r_higher(self) -> bool:
+        return self.higher.get(RANK_BY, True)
+
+    @property
+    def marked(self) -> bool:
+        """Whether columns carry direction arrows: for a lower-is-better R (accuracy tables stay as they were)."""
+        return not self.r_higher
+
+    def title(self, score: str) -> str:
+        title = TITLES.get(score, score)
+        return f"{title} {arrow(self.higher.get(score, True))}" if self.marked else title
+
+    def ranked_by(self) -> str:
+        return "ranked by ACC" + ("" if self.r_higher else " (lower is better)")
 
     @property
     def orders(self) -> list[str]:
@@ -137,14 +195,14 @@ def _disambiguate(labels: list[str], configs: list[dict]) -> list[str]:
     return out
 
 
-def _rank(rows: list[Row]) -> None:
-    """Competition ranking ("1224") by mean ``acc``: higher is better, ties share a rank."""
+def _rank(rows: list[Row], higher: bool = True) -> None:
+    """Competition ranking ("1224") by mean ``acc`` in its direction; ties share a rank."""
     from scipy.stats import rankdata
 
     scored = [r for r in rows if RANK_BY in r.stats]
     if not scored:
         return
-    ranks = rankdata([-r.stats[RANK_BY].mean for r in scored], method="min")
+    ranks = rankdata([-r.stats[RANK_BY].mean if higher else r.stats[RANK_BY].mean for r in scored], method="min")
     for row, rank in zip(scored, ranks):
         row.rank = int(rank)
 
@@ -156,12 +214,32 @@ def _order_key(label: str) -> tuple:
     return (named.get(label, 2), tuple((0, p) if isinstance(p, int) else (1, p) for p in parts))
 
 
-def build_tables(entries: list[dict], sequence: list[str] | None = None) -> list[BenchmarkTable]:
+def _directions(entries: list[dict], label: str, source: str | None) -> dict[str, bool]:
+    """score -> higher is better over the ok ``entries`` of one table; refuses a score with two directions."""
+    seen: dict[str, dict[bool, list[str]]] = {}
+    for e in entries:
+        if e["status"] != "ok":
+            continue
+        for key in e["scores"]:
+            seen.setdefault(key, {}).setdefault(score_direction(key, e), []).append(e["config_hash"])
+    for key, by in seen.items():
+        if len(by) > 1:
+            folder = f"{source}/entries" if source else "entries"
+            raise UserError(f"entries of {label} mix directions for score '{key}': {len(by[True])} higher-is-better "
+                            f"(e.g. {by[True][0]}.json), {len(by[False])} lower-is-better "
+                            f"(e.g. {by[False][0]}.json)", where=folder,
+                            fix="keep runs whose R metric points one way in one benchmark (see r_metric), or move "
+                                "the others to another leaderboard directory")
+    return {key: next(iter(by)) for key, by in seen.items()}
+
+
+def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
+                 source: str | None = None) -> list[BenchmarkTable]:
     """Per-benchmark tables over ``entries`` (any mix of suites, statuses, orders and seeds).
 
     ``sequence`` (config hashes, e.g. a suite's grid order) orders benchmarks and task orders as
     the suite lists them; without it benchmarks are alphabetical and orders go default,
-    reverse, then the rest.
+    reverse, then the rest. ``source`` (the leaderboard directory) only names it in errors.
     """
     if sequence:
         position = {h: i for i, h in enumerate(sequence)}
@@ -192,15 +270,21 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None) -> list
                     model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]
         present = {s for e in benches[key] if e["status"] == "ok" for s, v in e["scores"].items() if v is not None}
         scores = [s for s in SCORES if s in present]
+        higher = _directions(benches[key], bench_label, source)
         for row in rows:
             for score in scores:
                 stat = summarize([e["scores"].get(score) for e in row.ok])
                 if stat is not None:
                     row.stats[score] = stat
-        _rank(rows)
+        _rank(rows, higher.get(RANK_BY, True))
         rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.label))
+        names: list[str] = []
+        for e in benches[key]:
+            for name in (r_metric(e)[0] or []) if e["status"] == "ok" else []:
+                if name not in names:
+                    names.append(name)
         tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
-                                     scores=scores, rows=rows))
+                                     scores=scores, rows=rows, higher=higher, r_names=names))
     return tables
 
 
@@ -240,13 +324,13 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
         scores, narrow = t.scores, 30 + label_width + 14 * len(t.scores) > console.width
         if narrow:
             scores = [s for s in t.scores if s in CORE_SCORES]
-        table = Table(title=f"{t.label}: mean ± std over orders and seeds (%), ranked by ACC", title_justify="left",
+        table = Table(title=f"{t.label}: mean ± std over orders and seeds (%), {t.ranked_by()}", title_justify="left",
                       box=box.SIMPLE_HEAVY, padding=(0, 1))
         table.add_column("rank", justify="right")
         table.add_column("strategy", style="bold", no_wrap=True)
         table.add_column("runs", justify="right")
         for score in scores:
-            table.add_column(TITLES.get(score, score), justify="right", no_wrap=True)
+            table.add_column(t.title(score), justify="right", no_wrap=True)
         if not narrow:
             table.add_column("wall s", justify="right")
         for row in t.rows:

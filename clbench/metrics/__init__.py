@@ -8,6 +8,9 @@
 - :class:`ExpertUtilization` and :mod:`clbench.metrics.routing` (:func:`record`,
   :class:`RoutingRecorder`): per-domain expert utilization fed by MoE layers.
 - :func:`effective_compositions`: MH-MoE's route-wise N_eff.
+- :class:`ExactMatch`, :class:`AnswerLetterAccuracy`, :class:`RougeL`, :class:`EditSimilarity`,
+  :class:`SARI`, :func:`make_text_metric`: TRACE's per-task scores of generated text
+  (:mod:`clbench.metrics.text`).
 
 Names load on first access, so ``from clbench.metrics import cl_scores`` does not import torch.
 Formulas, sources and sign conventions: ``docs/metrics.md``.
@@ -31,6 +34,14 @@ _EXPORTS = {
     "SCORE_KEYS": "clbench.metrics.scores",
     "effective_compositions": "clbench.metrics.compositions",
     "Compositions": "clbench.metrics.compositions",
+    "ExactMatch": "clbench.metrics.text",
+    "AnswerLetterAccuracy": "clbench.metrics.text",
+    "RougeL": "clbench.metrics.text",
+    "EditSimilarity": "clbench.metrics.text",
+    "SARI": "clbench.metrics.text",
+    "make_text_metric": "clbench.metrics.text",
+    "TEXT_METRICS": "clbench.metrics.text",
+    "TRACE_TASK_METRICS": "clbench.metrics.text",
 }
 
 __all__ = sorted(_EXPORTS)

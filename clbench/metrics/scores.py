@@ -7,6 +7,12 @@ one (future experiences included). In the formulas below indices are 1-based lik
 ``a*_j`` = ``reference[j]`` the score of a reference model trained only on experience j.
 ``docs/metrics.md`` has each formula with its source and the places where libraries disagree.
 
+R may also hold errors, where lower is better (``higher_is_better=False``). The scores then keep
+the classical reading of their sign: every *transfer* score (BWT, FWT, IM, ...) is turned so
+that its usual "good" side stays good (BWT < 0 still means forgetting), while the *levels*
+(ACC, AIA, A, FWT_DR) stay plain means of R, so for errors they are mean errors, lower better.
+:func:`score_higher_is_better` says which way each score points.
+
 Only NumPy is imported, so result and leaderboard code can score runs without torch.
 """
 
@@ -25,6 +31,22 @@ DEFAULT_CL_SCORE_WEIGHTS: Mapping[str, float] = {name: 0.25 for name in CL_SCORE
 
 SCORE_KEYS = ("acc", "aia", "bwt", "fwt", "forgetting", "im", "fwt_ref", "op", "bwt_trace",
               "a", "bwt_dr", "rem", "bwt_plus", "fwt_dr", "cl_score")
+# Scores that are means of R itself: they follow R's direction (mean accuracy up, mean error down).
+LEVEL_SCORES = frozenset({"acc", "op", "aia", "a", "fwt_dr"})
+# Scores where a smaller value is better whichever way R points (forgetting, intransigence).
+LOWER_IS_BETTER_SCORES = frozenset({"forgetting", "im"})
+
+
+def score_higher_is_better(key: str, higher_is_better: bool = True) -> bool:
+    """Whether a larger value of CL score ``key`` is better, for an R whose direction is given.
+
+    Levels (``acc``, ``op``, ``aia``, ``a``, ``fwt_dr``) follow R; ``forgetting`` and ``im`` are
+    always lower-is-better; every other score (BWT, FWT, REM, BWT+, CL_score) is
+    higher-is-better for both directions of R.
+    """
+    if key in LEVEL_SCORES:
+        return higher_is_better
+    return key not in LOWER_IS_BETTER_SCORES
 
 
 def _as_array(values: Any, name: str, ndim: int) -> np.ndarray:
@@ -45,7 +67,8 @@ def _value(x: float) -> float | None:
 
 
 def cl_scores(r_matrix: Any, r_init: Any = None, reference: Any = None, *,
-              weights: Mapping[str, float] | None = None) -> dict[str, float | None]:
+              weights: Mapping[str, float] | None = None,
+              higher_is_better: bool = True) -> dict[str, float | None]:
     """All CL scores of one run; None where a score is undefined.
 
     A score is None when T is too small (everything that compares stages needs T >= 2), when
@@ -85,6 +108,27 @@ def cl_scores(r_matrix: Any, r_init: Any = None, reference: Any = None, *,
       FWT); equal weights 1/4 by default (``weights`` overrides; they must sum to 1). Their
       paper's MS, SSS and CE need sizes and op counts that R does not carry, so they are left
       out rather than guessed. The criteria lie in [0, 1] when R does.
+
+    With ``higher_is_better=False`` R holds errors (lower is better) and, with s = -1, every
+    difference above is multiplied by s, so each score keeps the meaning of its sign:
+
+    - ``acc``, ``op``, ``aia``, ``a``, ``fwt_dr``: unchanged formulas, so mean (final,
+      incremental, over time, on unseen experiences) *errors*: lower is better.
+    - ``bwt`` = (1/(T-1)) sum_{j<T} (R[j, j] - R[T, j]); ``bwt_trace`` and ``bwt_dr`` likewise:
+      < 0 = the error on old experiences grew (forgetting), higher is better.
+    - ``forgetting`` = (1/(T-1)) sum_{j<T} (R[T, j] - min_{j<=l<T} R[l, j]): the increase of
+      error over each experience's best, > 0 = forgetting, lower is better.
+    - ``fwt`` = (1/(T-1)) sum_{j>=2} (b_j - R[j-1, j]) and ``fwt_ref`` with a*_j: > 0 = a lower
+      error than the untrained (reference) model before training j, higher is better.
+    - ``im`` = R[T, T] - a*_T: how much higher the final error on the last experience is than
+      the reference model's, lower is better.
+    - ``rem`` = 1 - |min(bwt_dr, 0)| and ``bwt_plus`` = max(bwt_dr, 0) from that ``bwt_dr``.
+    - ``cl_score``: None. Its criteria add accuracies in [0, 1] to REM and BWT+; an error
+      (possibly unbounded, e.g. a mean squared error) gives no such sum.
+
+    With ``higher_is_better=True`` (the default) nothing is negated, so classification scores
+    are bit-identical to the formulas above. :func:`score_higher_is_better` gives each score's
+    direction.
     """
     r = _as_array(r_matrix, "r_matrix", 2)
     if r.shape[0] != r.shape[1] or r.shape[0] == 0:
@@ -96,6 +140,11 @@ def cl_scores(r_matrix: Any, r_init: Any = None, reference: Any = None, *,
         if vec is not None and vec.shape[0] != t:
             raise ValueError(f"{name} must have length T={t}, got {vec.shape[0]}")
     w = _check_weights(weights)
+    if not isinstance(higher_is_better, (bool, np.bool_)):
+        raise ValueError(f"higher_is_better must be a bool, got {higher_is_better!r}")
+
+    def signed(x):  # a difference turned so that > 0 keeps its classical meaning
+        return x if higher_is_better else -x
 
     last, diag = r[-1], np.diagonal(r)
     lower_incl = np.tril_indices(t)
@@ -106,23 +155,24 @@ def cl_scores(r_matrix: Any, r_init: Any = None, reference: Any = None, *,
     s["acc"] = s["op"] = last.mean()
     s["aia"] = np.mean([r[i, : i + 1].mean() for i in range(t)])
     if t >= 2:
-        s["bwt"] = (last[:-1] - diag[:-1]).mean()
-        s["bwt_trace"] = (last - diag).sum() / t
-        best = [r[j:-1, j].max() for j in range(t - 1)]
-        s["forgetting"] = (np.asarray(best) - last[:-1]).mean()
+        s["bwt"] = signed((last[:-1] - diag[:-1]).mean())
+        s["bwt_trace"] = signed((last - diag).sum() / t)
+        best = [r[j:-1, j].max() if higher_is_better else r[j:-1, j].min() for j in range(t - 1)]
+        s["forgetting"] = signed((np.asarray(best) - last[:-1]).mean())
         before = r[np.arange(t - 1), np.arange(1, t)]          # R[j-1, j], j = 2..T
-        s["fwt"] = (before - init[1:]).mean() if init is not None else nan
-        s["fwt_ref"] = (before - ref[1:]).mean() if ref is not None else nan
-        s["bwt_dr"] = (r[lower] - diag[lower[1]]).mean()
+        s["fwt"] = signed((before - init[1:]).mean()) if init is not None else nan
+        s["fwt_ref"] = signed((before - ref[1:]).mean()) if ref is not None else nan
+        s["bwt_dr"] = signed((r[lower] - diag[lower[1]]).mean())
         s["fwt_dr"] = r[upper].mean()
     else:
         for key in ("bwt", "bwt_trace", "forgetting", "fwt", "fwt_ref", "bwt_dr", "fwt_dr"):
             s[key] = nan
-    s["im"] = ref[-1] - r[-1, -1] if ref is not None else nan
+    s["im"] = signed(ref[-1] - r[-1, -1]) if ref is not None else nan
     s["a"] = r[lower_incl].mean()
     s["rem"] = 1.0 - abs(min(s["bwt_dr"], 0.0)) if np.isfinite(s["bwt_dr"]) else nan
     s["bwt_plus"] = max(s["bwt_dr"], 0.0) if np.isfinite(s["bwt_dr"]) else nan
-    s["cl_score"] = sum(weight * s[name] for name, weight in w.items() if weight != 0)
+    s["cl_score"] = sum(weight * s[name] for name, weight in w.items() if weight != 0) if higher_is_better \
+        else nan
     return {key: _value(s[key]) for key in SCORE_KEYS}
 
 

@@ -1,0 +1,229 @@
+"""Checkpoints between experiences: what they hold, how they are checked, how they restore.
+
+A checkpoint is written after every experience (atomically: a crash leaves the previous one)
+and holds the model's weights, the strategy's state, the run state (R rows so far, timings),
+the global RNG states, the Trainer's loop counters and the config. It is a ``torch.save``
+file that loads with ``weights_only=True``, so it never runs code when read.
+
+Integrity: ``digest`` is a SHA-256 over every tensor's dtype, shape and bytes and every other
+value of the payload, stored in the payload and recomputed on load. Bytes damaged on disk
+(a bad sector, a copy cut short inside a tensor) are refused instead of resuming from wrong
+weights; the file's zip container checks only its own structure, not tensor contents.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from clbench.config import NON_SEMANTIC, canonical_json, config_hash
+from clbench.errors import UserError
+
+CHECKPOINT = "checkpoint.pt"
+# Version of the checkpoint layout; a checkpoint of another version is refused, not misread.
+SCHEMA = 3
+_REQUIRED = ("config_json", "model", "strategy", "rng", "loop", "epoch", "state", "digest")
+
+# Types ``torch.load(weights_only=True)`` reads back (besides tensors and containers).
+_SAFE_LEAVES = (int, float, bool, str, bytes, bytearray, complex, type(None))
+
+
+def unsafe_path(value: Any, path: str = "") -> str | None:
+    """The first place in ``value`` holding something a weights-only load would refuse."""
+    import torch
+
+    kind = type(value)
+    if kind in _SAFE_LEAVES or kind in (torch.Tensor, torch.nn.Parameter, torch.Size, torch.device, torch.dtype):
+        return None
+    if kind in (dict, collections.OrderedDict, collections.Counter):
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            found = unsafe_path(key, sub + " (key)") or unsafe_path(item, sub)
+            if found:
+                return found
+        return None
+    if kind in (list, tuple, set):
+        for i, item in enumerate(value):
+            found = unsafe_path(item, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    return f"{path or '<root>'} ({kind.__module__}.{kind.__qualname__})"
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of a payload's contents (tensors by dtype, shape and bytes), order-stable."""
+    import torch
+
+    h = hashlib.sha256()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, torch.Tensor):
+            t = node.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(node, dict):
+            h.update(b"{")
+            for key in node:  # insertion order: the same payload is written and read in one order
+                h.update(repr(key).encode())
+                walk(node[key])
+            h.update(b"}")
+        elif isinstance(node, (list, tuple, set)):
+            h.update(b"[")
+            for item in (sorted(node, key=repr) if isinstance(node, set) else node):
+                walk(item)
+            h.update(b"]")
+        else:
+            h.update(repr(node).encode())
+
+    walk(value)
+    return h.hexdigest()
+
+
+def rng_states() -> dict:
+    """Python, numpy, torch (and CUDA) global generator states, as tensors and plain values."""
+    import random
+
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": {"version": version, "state": list(internal), "gauss": gauss},
+            "numpy": {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached": float(cached)},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized()
+            else []}
+
+
+def set_rng_states(rng: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    py = rng["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    npy = rng["numpy"]
+    np.random.set_state((npy["kind"], np.asarray(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached"]))
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def restore_loop(trainer, state: dict) -> None:
+    """Put the Trainer's epoch and step counters where the checkpointed one left them.
+
+    A checkpoint is taken between two ``fit`` calls, never inside an epoch, so the loops must
+    then behave as the uninterrupted Trainer's would at that point, not as Lightning's
+    mid-epoch restart: the restart flags that ``load_state_dict`` raises are cleared.
+    """
+    from lightning.pytorch.loops.loop import _Loop
+
+    trainer.fit_loop.load_state_dict(state)
+    loops = [trainer.fit_loop]
+    while loops:
+        loop = loops.pop()
+        loop.on_iteration_done()
+        loops.extend(v for v in vars(loop).values() if isinstance(v, _Loop))
+
+
+def payload(cfg: dict, module, strategy, trainer, state: dict, source: str) -> dict:
+    """The checkpoint's contents, checked storable and sealed with its digest."""
+    out = {"schema": SCHEMA, "config_json": canonical_json(cfg), "config_hash": config_hash(cfg),
+           "model": module.model.state_dict(), "strategy": strategy.state_dict(), "rng": rng_states(),
+           "loop": trainer.fit_loop.state_dict(), "epoch": trainer.current_epoch, "state": state}
+    unsafe = unsafe_path(out["strategy"])
+    if unsafe:
+        raise UserError(f"strategy state holds a value a checkpoint cannot store at {unsafe}",
+                        where=f"{source}: strategy",
+                        fix="return only tensors and plain Python values (int, float, str, list, dict) "
+                            "from the strategy's state_dict")
+    unsafe = unsafe_path(out)
+    if unsafe:
+        raise TypeError(f"checkpoint holds an unstorable value at {unsafe}")
+    out["digest"] = digest(out)
+    return out
+
+
+def _damage(err: BaseException) -> str:
+    """What a failed load says about the file, in words (not the unpickler's internals)."""
+    text = str(err).lower()
+    if isinstance(err, EOFError) or "central directory" in text or "truncated" in text or "unexpected eof" in text:
+        return "it is truncated (an interrupted write or copy)"
+    return "its contents are scrambled or it is not a clbench checkpoint"
+
+
+def read(path: Path, cfg: dict, source: str) -> dict:
+    """The checkpoint at ``path``, refused (before anything is built) if it is damaged or its
+    config differs from ``cfg`` in anything that changes results."""
+    import torch
+
+    fix = "delete the output directory and rerun without --resume"
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a damaged file fails in many ways inside the unpickler
+        raise UserError(f"cannot read checkpoint {path}: {_damage(err)}", where="--resume", fix=fix) from None
+    schema = ckpt.get("schema") if isinstance(ckpt, dict) else None
+    if schema != SCHEMA:
+        raise UserError(f"checkpoint {path} has format {schema}, this clbench writes {SCHEMA}",
+                        where="--resume", fix="rerun without --resume (with --overwrite) to start again")
+    missing = [k for k in _REQUIRED if k not in ckpt]
+    if missing:
+        raise UserError(f"checkpoint {path} lacks {', '.join(missing)}", where="--resume",
+                        fix="rerun without --resume (with --overwrite) to start again")
+    stored = ckpt.pop("digest")
+    if digest(ckpt) != stored:
+        raise UserError(f"checkpoint {path} fails its checksum: its contents changed after it was written "
+                        "(disk or copy damage)", where="--resume", fix=fix)
+    saved = json.loads(ckpt["config_json"])
+    current = json.loads(canonical_json(cfg))
+    differing = [k for k in _diff_keys(saved, current) if k.split(".")[0] not in NON_SEMANTIC]
+    if differing:
+        shown = "; ".join(f"{k}: checkpoint {_lookup(saved, k)!r}, now {_lookup(current, k)!r}"
+                          for k in differing[:4])
+        more = f" and {len(differing) - 4} more" if len(differing) > 4 else ""
+        raise UserError(f"config differs from the checkpoint's at {', '.join(differing)} ({shown}{more})",
+                        where=source,
+                        fix="resume with the config the run started with, or start a new run in another --output")
+    return ckpt
+
+
+def restore(ckpt: dict, module, strategy, trainer) -> dict:
+    """Strategy, model structure and weights, trainer counters and RNG states as they were.
+
+    The strategy's state first, then its structural changes to the model (layers it added,
+    shapes it grew), then the weights, which need those shapes.
+    """
+    strategy.load_state_dict(ckpt["strategy"])
+    strategy.restore_model(module, ckpt["strategy"])
+    current = {k: tuple(v.shape) for k, v in module.model.state_dict().items()}
+    for key, tensor in ckpt["model"].items():
+        if key in current and current[key] != tuple(tensor.shape):
+            raise UserError(f"the checkpoint's '{key}' has shape {tuple(tensor.shape)}, the rebuilt model's "
+                            f"{current[key]}", where="--resume",
+                            fix="the strategy must re-create its changes to the model in restore_model()")
+    module.model.load_state_dict(ckpt["model"])
+    restore_loop(trainer, ckpt["loop"])
+    set_rng_states(ckpt["rng"])
+    return ckpt["state"]
+
+
+def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b)):
+            out += _diff_keys(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [] if a == b else [prefix or "<root>"]
+
+
+def _lookup(cfg: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        cfg = cfg.get(key) if isinstance(cfg, dict) else None
+    return cfg

@@ -1,0 +1,65 @@
+"""``DIR/suite.json``: which grid points make up a leaderboard directory, in suite order.
+
+``clbench leaderboard run`` writes it (:meth:`clbench.leaderboard.suite.Suite.manifest`):
+``{name, description, source, threads, runs: [{hash, strategy, benchmark, model, order,
+seed}]}``. Render and compare show exactly the runs it lists, in its order. A directory without
+one shows every entry; a ``suite.json`` that is there but unreadable or malformed is refused
+rather than passed over, since passing over it would silently show another set of runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from clbench.errors import UserError
+
+MANIFEST = "suite.json"
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _refuse(path: Path, what: str) -> UserError:
+    return UserError(what, where=str(path),
+                     fix=f"rewrite it with 'clbench leaderboard run --suite SUITE --output {path.parent}' (reruns "
+                         "nothing already done), or delete it to show every entry")
+
+
+def read_manifest(root: str | Path) -> dict | None:
+    """``DIR/suite.json`` checked, or None when there is none; a :class:`UserError` if it is malformed."""
+    path = Path(root) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise _refuse(path, f"not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}") from None
+    except UnicodeDecodeError:
+        raise _refuse(path, "not a UTF-8 text file") from None
+    except OSError as err:
+        raise UserError(f"cannot read: {err.strerror}", where=str(path), fix="check the file's permissions") from None
+    if not isinstance(data, dict):
+        raise _refuse(path, f"expected a JSON object, got {type(data).__name__}")
+    if not isinstance(data.get("name"), str) or not data["name"]:
+        raise _refuse(path, "missing or invalid 'name'")
+    for key in ("description", "source"):
+        if key in data and data[key] is not None and not isinstance(data[key], str):
+            raise _refuse(path, f"'{key}' must be a string")
+    runs = data.get("runs")
+    if not isinstance(runs, list):
+        raise _refuse(path, "missing or invalid 'runs' (a list of {hash, ...})")
+    seen: set[str] = set()
+    for i, run in enumerate(runs):
+        digest = run.get("hash") if isinstance(run, dict) else None
+        if not isinstance(digest, str) or not _HASH.match(digest):
+            raise _refuse(path, f"runs[{i}] has no valid 'hash' (64 hex digits)")
+        if digest in seen:
+            raise _refuse(path, f"runs[{i}]: hash {digest[:12]}... is listed twice")
+        seen.add(digest)
+    return data
+
+
+def manifest_hashes(root: str | Path) -> list[str] | None:
+    """The config hashes ``DIR/suite.json`` lists, in suite order; None without a manifest."""
+    manifest = read_manifest(root)
+    return [run["hash"] for run in manifest["runs"]] if manifest else None

@@ -1,0 +1,101 @@
+"""The objective plugin API (see :mod:`clbench.objectives`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric
+
+    from clbench.module import ContinualModule
+    from clbench.streams import Experience, StreamSpec
+
+
+class Objective:
+    """What is learned from a batch and how each test experience is scored.
+
+    One step of training is ``inputs, targets = split(batch)`` (through the strategy's
+    ``prepare_batch``), ``outputs = forward(model, inputs)``, ``loss(outputs, targets)``; the
+    strategy sees the same ``inputs, targets, outputs``. Evaluation calls :meth:`evaluate` on
+    every batch of a test experience with that column's metrics from :meth:`metrics`, whose
+    first entry is the primary score: the R-matrix entry.
+
+    Every score of an R matrix assumes one direction; ``higher_is_better`` gives it, and
+    ``result.json``, CL scores and leaderboard tables follow it.
+    """
+
+    #: Arguments the harness passes to the model builder (:meth:`model_kwargs` gives values).
+    model_args: ClassVar[tuple[str, ...]] = ()
+    #: Direction of every primary metric of this objective.
+    higher_is_better: ClassVar[bool] = True
+    #: Performs the parameter update itself in :meth:`update` (Lightning manual optimisation).
+    owns_update: ClassVar[bool] = False
+
+    def setup(self, spec: "StreamSpec", experiences: list["Experience"]) -> None:
+        """Once per run, before the model is built."""
+        self.spec = spec
+        self.experiences = experiences
+
+    def model_kwargs(self, spec: "StreamSpec") -> dict[str, Any]:
+        """Values of :attr:`model_args` for this stream."""
+        return {}
+
+    def collate(self, train: bool) -> Callable | None:
+        """The ``collate_fn`` of training (``train``) or test loaders (None: PyTorch's default)."""
+        return None
+
+    def attach(self, model: nn.Module) -> None:
+        """Once the model is built (and for every reference model): what the objective needs of
+        it, such as a language model's tokenizer."""
+
+    # -- training -------------------------------------------------------------------------
+    def split(self, batch: Any) -> tuple[Any, Any]:
+        """``(inputs, targets)`` of what the loader yields."""
+        return batch[0], batch[1]
+
+    def join(self, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """One ``(inputs, targets)`` from several (a replay batch joined to the current one)."""
+        return torch.cat([inputs for inputs, _ in parts]), torch.cat([targets for _, targets in parts])
+
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
+        return model(inputs)
+
+    def loss(self, outputs: Any, targets: Any) -> Tensor:
+        """The task loss, averaged over the batch."""
+        raise NotImplementedError
+
+    def loss_of(self, model: nn.Module, inputs: Any, targets: Any) -> Tensor:
+        """The task loss of ``model`` on a batch; what strategies call to recompute it
+        (A-GEM's reference gradient, EWC's Fisher)."""
+        return self.loss(self.forward(model, inputs), targets)
+
+    def update(self, module: "ContinualModule", batch: Any) -> Tensor:
+        """One step of an objective that owns its update (``owns_update``); returns the loss."""
+        raise NotImplementedError
+
+    # -- evaluation -----------------------------------------------------------------------
+    def metrics(self, experience: "Experience | None") -> dict[str, "Metric"]:
+        """The metrics of one test column (``None``: a stream-wide test set), primary first."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batch: Any, metrics: Any, column: "Experience | None" = None) -> None:
+        """Update one column's metrics (a ``MetricCollection``) with one test batch;
+        ``column`` is the experience the column scores (``None``: a stream-wide test set)."""
+        inputs, targets = self.split(batch)
+        metrics.update(self.forward(model, inputs), targets)
+
+    def begin_evaluation(self) -> None:
+        """Before every evaluation pass over the test columns."""
+
+    def summary(self) -> dict[str, Any]:
+        """Figures for ``result.json`` under ``objective`` (e.g. how many prompts were truncated)."""
+        return {}
+
+    def save_outputs(self, directory: Path) -> None:
+        """After the final evaluation, write what a reader may want besides scores (a
+        generative objective's predictions per test experience) under ``directory``."""

@@ -1,0 +1,220 @@
+"""Continual instruction tuning of causal language models (TRACE and its look-alikes).
+
+Training: each record ``{"prompt", "answer"}`` is tokenised as prompt and answer separately
+(no special tokens inside either), joined as ``prompt + answer + EOS``, and the next-token loss
+is taken on the answer and EOS tokens only: prompt and padding positions carry the label
+``-100``. Sequences longer than ``max_length`` lose tokens from the *left of the prompt*, so
+the answer and the instruction's end (nearest the answer) are kept; the answer itself is cut
+only when it alone exceeds ``max_length``.
+
+Evaluation: greedy decoding, batched, with the KV cache, from left-padded prompts (every prompt
+then ends where decoding starts), stopping at EOS or after ``max_new_tokens``. The generation
+is decoded without special tokens and stripped, then scored by the column's task metric
+(:mod:`clbench.metrics.text`; TRACE's per-task choice arrives from the stream as
+``task_metrics``). Greedy decoding has no randomness, so evaluation is deterministic up to the
+hardware's arithmetic. The final stage's generations are written per task to
+``predictions/<task>.jsonl`` with their prompt, reference and score.
+
+The loss is the mean over the batch's answer tokens (as transformers computes it), so a
+batch's long answers weigh more than short ones; TRACE's training code does the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from clbench.errors import UserError
+from clbench.objectives.base import Objective
+
+IGNORE = -100
+
+
+def _record(item: Any) -> tuple[str, str]:
+    """(prompt, answer) of a dataset item: a ``{"prompt", "answer"}`` dict (Avalanche may wrap
+    it in a tuple with its task label)."""
+    if isinstance(item, (tuple, list)):
+        item = item[0]
+    return item["prompt"], item["answer"]
+
+
+class TextCollator:
+    """Tokenises and pads a list of records; a plain class, so loader workers can pickle it."""
+
+    def __init__(self, tokenizer: Any, max_length: int, train: bool, max_new_tokens: int = 0):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.train = train
+        self.max_new_tokens = max_new_tokens
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_id = tokenizer.eos_token_id
+
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def __call__(self, items: list[Any]) -> dict[str, Any]:
+        prompts, answers = zip(*(_record(item) for item in items))
+        prompt_ids = self._ids(list(prompts))
+        if self.train:
+            return self._train(prompt_ids, self._ids(list(answers)))
+        return self._test(prompt_ids, list(prompts), list(answers))
+
+    def _train(self, prompt_ids: list[list[int]], answer_ids: list[list[int]]) -> dict[str, Any]:
+        rows, labels, truncated = [], [], 0
+        for p, a in zip(prompt_ids, answer_ids):
+            a = a + ([self.eos_id] if self.eos_id is not None else [])
+            a = a[: self.max_length]
+            keep = self.max_length - len(a)
+            if len(p) > keep:
+                truncated += 1
+                p = p[len(p) - keep:] if keep > 0 else []
+            rows.append(p + a)
+            labels.append([IGNORE] * len(p) + a)
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        label_t = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (r, lab) in enumerate(zip(rows, labels)):  # right padding
+            input_ids[i, : len(r)] = torch.tensor(r)
+            label_t[i, : len(lab)] = torch.tensor(lab)
+            mask[i, : len(r)] = 1
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": label_t,
+                "truncated": torch.tensor(truncated)}
+
+    def _test(self, prompt_ids: list[list[int]], prompts: list[str], answers: list[str]) -> dict[str, Any]:
+        room = max(1, self.max_length - self.max_new_tokens)
+        truncated = sum(len(p) > room for p in prompt_ids)
+        rows = [p[-room:] for p in prompt_ids]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding: every prompt ends at the last position
+            if r:
+                input_ids[i, width - len(r):] = torch.tensor(r)
+                mask[i, width - len(r):] = 1
+        return {"input_ids": input_ids, "attention_mask": mask, "prompts": prompts, "answers": answers,
+                "truncated": torch.tensor(truncated)}
+
+
+class CausalLanguageModeling(Objective):
+    """Prompt-masked next-token loss; scored by generation with a metric per task.
+
+    ``task_metrics``: metric name per experience name (``exact_match``, ``answer_letter``,
+    ``rouge_l``, ``edit_similarity``, ``sari``); experiences not named use ``default_metric``.
+    ``max_new_tokens``: one number, or one per experience name. ``max_length``: tokens of
+    prompt + answer in training, of prompt + generation in evaluation.
+    """
+
+    model_args: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, task_metrics: dict[str, str] | None = None, default_metric: str = "exact_match",
+                 max_length: int = 512, max_new_tokens: int | dict[str, int] = 32):
+        if not isinstance(max_length, int) or max_length < 2:
+            raise UserError(f"max_length must be an integer >= 2, got {max_length!r}",
+                            where="objective.init_args.max_length", fix="e.g. 512 (2048 for TRACE)")
+        self.task_metrics = dict(task_metrics or {})
+        self.default_metric = default_metric
+        self.max_length = max_length
+        self.max_new_tokens = max_new_tokens
+        self.tokenizer = None
+        self.truncated = {"train": 0, "test": 0}  # samples whose prompt lost tokens, as seen
+        self._generations: dict[str, list[dict]] = {}
+
+    def setup(self, spec, experiences) -> None:
+        from clbench.metrics.text import make_text_metric
+
+        super().setup(spec, experiences)
+        for exp in experiences:  # an unknown metric name fails before any model is built
+            make_text_metric(self.metric_name(exp))
+
+    def attach(self, model) -> None:
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise UserError(f"the causal-LM objective needs a model with a tokenizer, got {type(model).__name__}",
+                            where="model", fix="use model: {class_path: hf_causal_lm, ...}")
+        self.tokenizer = tokenizer
+
+    def metric_name(self, experience) -> str:
+        return self.task_metrics.get(experience.name, self.default_metric) if experience else self.default_metric
+
+    def new_tokens(self, experience) -> int:
+        if isinstance(self.max_new_tokens, dict):
+            return int(self.max_new_tokens.get(experience.name if experience else "", 32))
+        return int(self.max_new_tokens)
+
+    def collate(self, train: bool):
+        longest = max([self.new_tokens(e) for e in self.experiences] or [self.new_tokens(None)])
+        return TextCollator(self.tokenizer, self.max_length, train, max_new_tokens=longest)
+
+    # -- training -------------------------------------------------------------------------
+    def split(self, batch: dict) -> tuple[dict, Tensor]:
+        if "truncated" in batch:
+            self.truncated["train"] += int(batch["truncated"])
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, batch["labels"]
+
+    def join(self, parts: list[tuple[dict, Tensor]]) -> tuple[dict, Tensor]:
+        """Right-pad every part to the longest and stack (a replay batch with the current one)."""
+        width = max(labels.shape[1] for _, labels in parts)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+
+        def widen(t: Tensor, value: int) -> Tensor:
+            return F.pad(t, (0, width - t.shape[1]), value=value)
+
+        inputs = {"input_ids": torch.cat([widen(i["input_ids"], pad_id) for i, _ in parts]),
+                  "attention_mask": torch.cat([widen(i["attention_mask"], 0) for i, _ in parts])}
+        return inputs, torch.cat([widen(labels, IGNORE) for _, labels in parts])
+
+    def forward(self, model, inputs: dict) -> Tensor:
+        return model(**inputs).logits
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Mean next-token cross-entropy over the answer tokens (labels != -100)."""
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=IGNORE)
+
+    # -- evaluation -----------------------------------------------------------------------
+    def metrics(self, experience):
+        from clbench.metrics.text import make_text_metric
+
+        name = self.metric_name(experience)
+        return {name: make_text_metric(name)}
+
+    def begin_evaluation(self) -> None:
+        self._generations = {}
+
+    @torch.no_grad()
+    def generate(self, model, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> list[str]:
+        """Greedy continuations of left-padded prompts, decoded without special tokens."""
+        tok = self.tokenizer
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                             do_sample=False, use_cache=True, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)
+        return [text.strip() for text in tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)]
+
+    @torch.no_grad()
+    def evaluate(self, model, batch: dict, metrics, column=None) -> None:
+        self.truncated["test"] += int(batch["truncated"])
+        predictions = self.generate(model, batch["input_ids"], batch["attention_mask"], self.new_tokens(column))
+        metrics.update(predictions, batch["answers"], sources=batch["prompts"])
+        (metric,) = metrics.values()
+        scores = metric.sample_scores(predictions, batch["answers"], batch["prompts"])
+        rows = self._generations.setdefault(column.name if column else "all", [])
+        rows += [{"prompt": p, "answer": a, "prediction": g, "score": s}
+                 for p, a, g, s in zip(batch["prompts"], batch["answers"], predictions, scores)]
+
+    def save_outputs(self, directory: Path) -> None:
+        """``predictions/<task>.jsonl``: what the model generated at the last evaluation."""
+        from clbench.io import atomic_write
+
+        folder = Path(directory) / "predictions"
+        folder.mkdir(parents=True, exist_ok=True)
+        for task, rows in self._generations.items():
+            text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            atomic_write(folder / f"{task}.jsonl", lambda handle, t=text: handle.write(t), "w")
+
+    def summary(self) -> dict[str, Any]:
+        return {"max_length": self.max_length, "truncated_samples": dict(self.truncated)}

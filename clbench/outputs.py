@@ -1,0 +1,113 @@
+"""The output directory of a run: what may be written where, and when a run replaces another.
+
+A finished run (``result.json``) is never clobbered without ``--overwrite``, an unfinished one
+(``checkpoint.pt``) is continued with ``--resume`` or replaced with ``--overwrite``. With
+``--overwrite`` the new run writes into a staging folder beside the old files
+(``<output>/.staging``) and the two are swapped only once the new run has succeeded: a new run
+that fails leaves the previous result, checkpoint and logs as they were; one that is killed
+can be continued there with ``--resume``. A run that fails leaves no empty output directory
+behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from clbench.errors import UserError
+
+RESULT = "result.json"
+CHECKPOINT = "checkpoint.pt"
+TENSORBOARD = "tensorboard"
+PREDICTIONS = "predictions"
+STAGING = ".staging"
+_REPLACED = ".replaced"
+# What a run owns in its directory (anything else there is the user's and left alone).
+RUN_FILES = (RESULT, CHECKPOINT, TENSORBOARD, PREDICTIONS)
+
+
+def check_output(output: Path | None, *, resume: bool, overwrite: bool) -> None:
+    """Refuse a clobber or an impossible resume. Creates and deletes nothing."""
+    if output is None:
+        if resume:
+            raise UserError("nothing to resume without an output directory", where="--resume",
+                            fix="give the interrupted run's --output")
+        return
+    if resume and overwrite:
+        raise UserError("--resume continues the run in --output, --overwrite starts it again", where="--resume",
+                        fix="pass one of them, not both")
+    if output.exists() and not output.is_dir():
+        raise UserError(f"output path {output} is a file", where="--output", fix="give a directory path")
+    if not resume and not overwrite:
+        if (output / RESULT).exists():
+            raise UserError(f"{output} already holds a finished run ({RESULT})", where="--output",
+                            fix="choose another --output, or pass --overwrite to replace it")
+        if (output / CHECKPOINT).exists():
+            raise UserError(f"{output} holds an unfinished run ({CHECKPOINT})", where="--output",
+                            fix="pass --resume to continue it, or --overwrite to start again")
+    if resume and not (output / CHECKPOINT).exists() and not (output / STAGING / CHECKPOINT).exists():
+        if (output / RESULT).exists():
+            raise UserError(f"the run in {output} is already complete", where="--resume",
+                            fix=f"read {output / RESULT}; nothing to resume")
+        raise UserError(f"no checkpoint to resume in {output}", where="--resume",
+                        fix="run without --resume to start it, or point --output at the interrupted run")
+
+
+class OutputDir:
+    """Where one run writes: ``output`` itself, or its staging folder under ``--overwrite``.
+
+    ``open()`` creates what is needed, ``commit()`` makes a staged run the directory's run,
+    ``abandon()`` (on failure) removes what this run created and nothing else.
+    """
+
+    def __init__(self, output: Path, *, resume: bool, overwrite: bool):
+        self.output = output
+        self.created = not output.exists()
+        replacing = overwrite and any((output / name).exists() for name in RUN_FILES)
+        # An interrupted replacement resumes in its staging folder, the old run still in place.
+        continuing = resume and (output / STAGING / CHECKPOINT).exists() and not (output / CHECKPOINT).exists()
+        self.staged = replacing or continuing
+        self.fresh_staging = replacing
+        self.path = output / STAGING if self.staged else output
+
+    def open(self) -> Path:
+        try:
+            if self.fresh_staging:
+                shutil.rmtree(self.path, ignore_errors=True)  # left by an earlier replacement that died
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".clbench-write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as err:
+            self.abandon()
+            raise UserError(f"cannot write to {self.output}: {err.strerror}", where="--output",
+                            fix="choose a writable directory") from None
+        return self.path
+
+    def commit(self) -> None:
+        """Swap a staged run in: the old run's files move aside, the new ones in, the old go."""
+        if not self.staged:
+            return
+        aside = self.output / _REPLACED
+        shutil.rmtree(aside, ignore_errors=True)
+        aside.mkdir()
+        for name in RUN_FILES:
+            if (self.output / name).exists():
+                (self.output / name).rename(aside / name)
+        for name in RUN_FILES:
+            if (self.path / name).exists():
+                (self.path / name).rename(self.output / name)
+        shutil.rmtree(self.path, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def abandon(self) -> None:
+        """After a failure: drop a staged run; remove the directory if this run created it and
+        it holds nothing worth keeping (an interrupted run's checkpoint is kept)."""
+        if self.staged:
+            if not (self.path / CHECKPOINT).exists():
+                shutil.rmtree(self.path, ignore_errors=True)
+            return
+        if self.created and self.output.is_dir() and not (self.output / CHECKPOINT).exists():
+            leftovers = [p for p in self.output.rglob("*") if p.is_file()]
+            if not leftovers or all(p.parent.name == TENSORBOARD or TENSORBOARD in p.parts for p in leftovers):
+                shutil.rmtree(self.output, ignore_errors=True)

@@ -1,0 +1,200 @@
+"""``result.json``: what a finished run reports, and its TensorBoard summary.
+
+The R matrix holds each test column's primary score (the objective's first metric: accuracy
+for classification, an error for regression); ``r_metric`` names it and its direction, and the
+CL scores follow that direction. Every other metric of the columns is a matrix of its own under
+``matrices``, with its final-row mean as ``scores["<name>_final"]``. A single-stage strategy
+(joint training) has one row and reports only ``acc`` (its final mean), as
+:mod:`clbench.leaderboard.rescore` recomputes it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from clbench.config import SCHEMA_VERSION, config_hash, order_label
+
+
+def environment() -> dict[str, Any]:
+    """Package versions, Python, platform, device and git commit, for the record."""
+    import platform
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    packages = {}
+    for name in ("clbench", "torch", "lightning", "torchmetrics", "avalanche-lib", "timm", "transformers", "peft",
+                 "numpy", "scikit-learn"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = None
+    commit = dirty = None
+    try:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+        if commit:
+            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                        capture_output=True, text=True, timeout=5).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+    # torch_threads is recorded because CPU results depend on it (reduction order).
+    return {"python": platform.python_version(), "platform": platform.platform(), "packages": packages,
+            "device": device, "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+            "torch_threads": torch.get_num_threads(), "git_commit": commit, "git_dirty": dirty}
+
+
+def peak_memory_mb() -> dict[str, float | None]:
+    import resource
+
+    import torch
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+    return {"cpu_peak_rss_mb": round(rss, 1), "gpu_peak_allocated_mb": round(gpu, 1) if gpu is not None else None}
+
+
+def finite_or_none(value: Any) -> Any:
+    """NaN/Inf (a score undefined on this data, e.g. MAUC on a one-class test set) -> None,
+    so result.json is strict JSON and readers see ``null`` for "undefined"."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def _column_matrices(rows: list[dict[str, list]]) -> dict[str, list[list]]:
+    """name -> matrix for every metric the columns report, besides the primary score."""
+    names = [name for name in rows[-1] if name != "primary"] if rows else []
+    return {name: [row[name] for row in rows] for name in names}
+
+
+def scores_of(r: list[list[float]], r_init: list[float] | None, reference: list[float] | None, *,
+              single_stage: bool, higher_is_better: bool) -> dict[str, float | None]:
+    from clbench.metrics import cl_scores
+
+    if single_stage:
+        scores: dict[str, float | None] = {"acc": sum(r[-1]) / len(r[-1])}
+        scores.update({k: None for k in ("aia", "bwt", "fwt", "forgetting")})
+        return scores
+    return cl_scores(r, r_init=r_init, reference=reference, higher_is_better=higher_is_better)
+
+
+def epoch_scores(r_epochs, epoch_stage, r_init, reference, *, higher_is_better: bool) -> list[dict]:
+    """Scores on the intermediate R matrix after every epoch (thesis appendix A.11).
+
+    After an epoch of stage i, the matrix is the finished rows 0..i-1 plus the current
+    epoch's row as row i; scores are computed on that (i+1) x (i+1) leading block, so they
+    track how forgetting and intransigence evolve within an experience.
+    """
+    from clbench.metrics import cl_scores
+
+    out = []
+    finished: list[list[float]] = []
+    for k, (row, stage) in enumerate(zip(r_epochs, epoch_stage)):
+        if len(finished) < stage:  # rows of completed stages are their last epoch's rows
+            finished.append(r_epochs[k - 1])
+        block = [r[: stage + 1] for r in finished[:stage]] + [row[: stage + 1]]
+        scores = cl_scores(block, r_init=r_init[: stage + 1], reference=reference[: stage + 1] if reference else None,
+                           higher_is_better=higher_is_better)
+        out.append({"epoch": k, "stage": stage, **scores})
+    return out
+
+
+def assemble(run, state: dict, reference: list[float] | None, wall: float, import_seconds: float) -> dict:
+    """The result dict of a finished :class:`clbench.runner.ContinualRun`."""
+    from clbench.registry import plugin_source
+
+    cfg = run.cfg
+    higher = run.objective.higher_is_better
+    r = [row["primary"] for row in state["rows"]]
+    r_init = state["r_init"]["primary"]
+    scores = scores_of(r, r_init, reference, single_stage=run.strategy.single_stage, higher_is_better=higher)
+    matrices = _column_matrices(state["rows"])
+    column_names = [run.module.primary[i] for i in run.column_of]  # R's metric, per experience column
+    primary_names = set(column_names)
+    for name, matrix in matrices.items():
+        if name in primary_names:
+            continue  # that is R itself
+        final = [v for v in matrix[-1] if v is not None]
+        scores[f"{name}_final"] = sum(final) / len(final) if final else None
+    model = run.module.model
+    result: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "status": "ok",
+        "benchmark": {"name": cfg["benchmark"]["class_path"], "init_args": cfg["benchmark"]["init_args"],
+                      "scenario_type": run.spec.scenario_type, "num_classes": run.spec.num_classes},
+        "objective": {"name": type(run.objective).__name__, **run.objective.summary()},
+        "model": {"name": cfg["model"]["class_path"], "init_args": cfg["model"]["init_args"],
+                  "params_total": sum(p.numel() for p in model.parameters()),
+                  "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)},
+        "strategy": {"name": cfg["strategy"]["class_path"],
+                     "class": f"{type(run.strategy).__module__}:{type(run.strategy).__qualname__}",
+                     "params": run.strategy.hparams(),
+                     "source": plugin_source(cfg["strategy"]["class_path"])},
+        "seed": cfg["seed"],
+        "order": cfg["order"],
+        "order_label": order_label(cfg["order"]),
+        "experiences": [exp.name for exp in run.experiences],
+        "r_metric": {"names": column_names, "higher_is_better": higher},
+        "r_matrix": r,
+        "r_init": r_init,
+        "matrices": {k: v for k, v in matrices.items() if k not in primary_names},
+        "scores": scores,
+    }
+    if state["global_rows"] and state["global_rows"][-1]:
+        result["global_test"] = {name: [row[name] for row in state["global_rows"]]
+                                 for name in state["global_rows"][-1] if name != "primary"}
+        result["global_test_init"] = {k: v for k, v in state["global_init"].items() if k != "primary"}
+        for name, values in result["global_test"].items():
+            scores[f"global_{name}"] = values[-1]
+    if reference is not None:
+        result["reference"] = reference
+    if state.get("routing"):
+        # per stage, per MoE layer: utilization[d][e] (fraction of domain d's units routed to
+        # expert e), routing entropy and load imbalance (clbench.metrics.ExpertUtilization)
+        result["expert_utilization"] = state["routing"]
+    if any(state.get("train_routing") or []):
+        result["train_expert_utilization"] = state["train_routing"]  # the same, while each experience trained
+    if state["epoch_rows"]:
+        result["r_epochs"] = [row["primary"] for row in state["epoch_rows"]]
+        result["epoch_stage"] = state["epoch_stage"]
+        result["epoch_scores"] = [] if run.strategy.single_stage else epoch_scores(
+            result["r_epochs"], state["epoch_stage"], r_init, reference, higher_is_better=higher)
+    result.update({
+        "config": cfg,
+        "config_hash": config_hash(cfg),
+        "env": environment(),
+        "compute": {"wall_seconds": round(wall, 3), "train_seconds": round(state["train_seconds"], 3),
+                    "eval_seconds": round(state["eval_seconds"], 3), "import_seconds": round(import_seconds, 3),
+                    "resumes": state["resumes"], **peak_memory_mb()},
+    })
+    return finite_or_none(result)
+
+
+def log_tensorboard(writer, result: dict) -> None:
+    """The R matrix per test experience, the final scores and the heatmap, in one event stream."""
+    from clbench.plots import r_matrix_figure
+
+    metric = "/".join(dict.fromkeys(result["r_metric"]["names"]))
+    for i, row in enumerate(result["r_matrix"]):
+        for name, value in zip(result["experiences"], row):
+            if value is not None:
+                writer.add_scalar(f"eval/{metric}/{name}", value, i)
+    for key, value in result["scores"].items():
+        if isinstance(value, (int, float)):
+            writer.add_scalar(f"scores/{key}", value, 0)
+    for k, scores in enumerate(result.get("epoch_scores", [])):
+        for key, value in scores.items():
+            if isinstance(value, (int, float)) and key not in ("epoch", "stage"):
+                writer.add_scalar(f"epoch_scores/{key}", value, k)
+    writer.add_figure("r_matrix", r_matrix_figure(result), 0)
+    writer.flush()

@@ -1,0 +1,172 @@
+"""The Lightning Trainer of a run: which arguments a config may set, how it is built, how
+Ctrl-C reaches the user as Ctrl-C.
+
+The runner fixes the Trainer arguments that its loop depends on (``RESERVED_TRAINER_ARGS``);
+everything else under ``trainer:`` in a config goes to ``lightning.pytorch.Trainer`` as is.
+An argument Lightning refuses (``precision: 7``, ``accelerator: gpu`` on a machine without
+one) is reported as one line naming the config field, not as Lightning's traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from clbench.errors import UserError, did_you_mean
+
+# Trainer arguments the runner sets itself; a config may not override them.
+RESERVED_TRAINER_ARGS = ("max_epochs", "min_epochs", "callbacks", "logger", "enable_checkpointing",
+                         "num_sanity_val_steps", "enable_progress_bar", "deterministic", "check_val_every_n_epoch",
+                         "default_root_dir", "inference_mode", "use_distributed_sampler")
+_SHARDED = ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy")
+
+
+def quiet_lightning() -> None:
+    """Keep Lightning's start-up chatter and advice that does not apply off the terminal."""
+    import lightning.pytorch  # noqa: F401  (it sets its loggers to INFO when first imported)
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for pattern in (".*does not have many workers.*", ".*You defined a `validation_step` but have no.*",
+                    ".*isinstance\\(treespec, LeafSpec\\).*", ".*LeafSpec.*", ".*GPU available but not used.*",
+                    ".*The number of training batches.*", ".*Total length of .* across ranks is zero.*"):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def check_reserved(cfg: dict, source: str) -> None:
+    for key in cfg["trainer"] or {}:
+        if key in RESERVED_TRAINER_ARGS:
+            raise UserError(f"'{key}' is set by the runner", where=f"{source}: trainer.{key}",
+                            fix="use train.epochs / train.eval_every_epoch instead, or remove it")
+
+
+def trainer_args(cfg: dict, source: str) -> dict:
+    """The config's ``trainer:`` arguments, checked against the Trainer's signature."""
+    import inspect
+
+    import lightning.pytorch as pl
+
+    from clbench.build import check_init_args
+
+    check_reserved(cfg, source)
+    args = dict(cfg["trainer"] or {})
+    allowed = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self", *RESERVED_TRAINER_ARGS}
+    for key in args:
+        if key not in allowed:  # suggest only what a config may set
+            raise UserError(f"unknown Trainer argument '{key}'", where=f"{source}: trainer.{key}",
+                            fix=did_you_mean(key, allowed))
+    check_init_args(pl.Trainer, args, f"{source}: trainer")
+    return args
+
+
+def _field_of(message: str, args: dict) -> str | None:
+    """The config field a Trainer construction error is about, guessed from its message."""
+    lowered = message.lower()
+    named = [key for key in args if key.lower() in lowered]
+    valued = [key for key, value in args.items() if isinstance(value, str) and len(value) > 2
+              and value.lower() in lowered]
+    return (named or valued or [None])[0]
+
+
+def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logger: Any = False,
+                 root: str | None = None, max_epochs: int = 0) -> Any:
+    """A Trainer with the runner's fixed arguments and the config's; its refusals as one line."""
+    import lightning.pytorch as pl
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    args = trainer_args(cfg, source)
+    try:
+        return pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=callbacks or [], enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                          deterministic=cfg["train"]["deterministic"], check_val_every_n_epoch=1,
+                          inference_mode=False, use_distributed_sampler=False, default_root_dir=root, **args)
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as err:
+        message = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        field = _field_of(message, args)
+        raise UserError(f"Lightning refuses the Trainer settings: {message}",
+                        where=f"{source}: trainer" + (f".{field}" if field else ""),
+                        fix="change or remove that trainer argument (see lightning.pytorch.Trainer)") from None
+
+
+def check_parallel_support(trainer, strategy, name: str, source: str) -> None:
+    """Fail fast when the CL strategy cannot run under the Trainer's parallelism."""
+    kind = type(trainer.strategy).__name__
+    if kind in _SHARDED and not strategy.supports_sharded:
+        raise UserError(f"strategy '{name}' does not support sharded parameters ({kind})",
+                        where=f"{source}: trainer.strategy", fix="use trainer.strategy: ddp for this method")
+    if trainer.world_size > 1 and not strategy.supports_distributed:
+        raise UserError(f"strategy '{name}' does not support data-parallel training ({trainer.world_size} processes)",
+                        where=f"{source}: trainer", fix="run it on one device (trainer.devices: 1)")
+
+
+def interruptible(trainer, call, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` (a Trainer entry point), with Ctrl-C kept a KeyboardInterrupt.
+
+    Lightning answers Ctrl-C inside ``fit``/``validate`` with ``sys.exit(1)`` (and ignores
+    SIGINT from then on), which would bypass the CLI's message and the leaderboard's
+    bookkeeping; the last checkpoint is intact either way.
+    """
+    import signal
+
+    try:
+        return call(*args, **kwargs)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:  # not the main thread
+            pass
+        raise KeyboardInterrupt from None
+
+
+class SigintWatch:
+    """Remembers Ctrl-C for the duration of a run (a context manager).
+
+    Python only reports a KeyboardInterrupt raised inside a garbage-collector or ``__del__``
+    callback; the watch notes every SIGINT, so :meth:`check` stops the run at the next stage
+    boundary even then, and hides that report's traceback. Outside the main thread, or when the
+    caller installed its own SIGINT handler, it does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self._previous: tuple | None = None
+
+    def __enter__(self) -> "SigintWatch":
+        import signal
+        import sys
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not signal.default_int_handler:
+            return self  # the caller handles SIGINT its own way
+        hook = sys.unraisablehook
+
+        def on_sigint(signum, frame):
+            self.interrupted = True
+            raise KeyboardInterrupt
+
+        def unraisable(report) -> None:
+            if not isinstance(report.exc_value, KeyboardInterrupt):
+                hook(report)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        sys.unraisablehook = unraisable
+        self._previous = (handler, hook)
+        return self
+
+    def check(self) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+        import sys
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous[0])
+            sys.unraisablehook = self._previous[1]

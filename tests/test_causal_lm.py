@@ -1,0 +1,123 @@
+"""The causal-LM objective: prompt-masked loss, truncation, batched greedy generation, and a
+TRACE-format stream through the runner with checkpoints and generations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import tiny_config
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
+
+
+@pytest.fixture(scope="module")
+def model():
+    from clbench.lm.models import hf_causal_lm
+
+    torch.manual_seed(0)
+    return hf_causal_lm(architecture="qwen3", tokenizer="trace-mini", config=TINY).eval()
+
+
+def _objective(model, **kwargs):
+    from clbench.objectives.causal_lm import CausalLanguageModeling
+    from clbench.streams import StreamSpec
+
+    objective = CausalLanguageModeling(**kwargs)
+    objective.setup(StreamSpec(name="t", objective="causal_lm"), [])
+    objective.attach(model)
+    return objective
+
+
+def test_the_loss_is_on_answer_tokens_only_and_truncation_cuts_the_prompts_left(model):
+    tok = model.tokenizer
+    objective = _objective(model, max_length=12)
+    records = [{"prompt": "one two three four five six seven eight nine", "answer": "ten"},
+               {"prompt": "a b", "answer": "c d"}]
+    batch = objective.collate(train=True)(records)
+    answer = tok("ten", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    prompt = tok(records[0]["prompt"], add_special_tokens=False)["input_ids"]
+    assert len(prompt) + len(answer) > 12
+    row = batch["input_ids"][0].tolist()
+    assert row == prompt[-(12 - len(answer)):] + answer  # the prompt's start is what goes
+    labels = batch["labels"][0].tolist()
+    assert labels == [-100] * (12 - len(answer)) + answer
+    # the short record: right padding, masked out of attention and loss
+    short = tok("a b", add_special_tokens=False)["input_ids"]
+    n = len(short) + len(tok("c d", add_special_tokens=False)["input_ids"]) + 1
+    assert batch["attention_mask"][1].tolist() == [1] * n + [0] * (12 - n)
+    assert batch["labels"][1, n:].eq(-100).all() and batch["labels"][1, : len(short)].eq(-100).all()
+    assert int(batch["truncated"]) == 1
+    inputs, targets = objective.split(batch)
+    with torch.no_grad():
+        ours = objective.loss(objective.forward(model, inputs), targets)
+        reference = model(**inputs, labels=targets).loss  # transformers' own shifted, masked loss
+    assert ours.item() == pytest.approx(reference.item(), rel=1e-5)
+    joined_inputs, joined_targets = objective.join([(inputs, targets), objective.split(
+        objective.collate(train=True)([{"prompt": "x", "answer": "y"}]))])
+    assert joined_inputs["input_ids"].shape == (3, 12) and joined_targets[2].ne(-100).sum() == 2
+
+
+def test_batched_generation_from_left_padded_prompts_equals_one_prompt_at_a_time(model):
+    from torchmetrics import MetricCollection
+
+    objective = _objective(model, max_length=64, max_new_tokens=6, default_metric="exact_match")
+    records = [{"prompt": "How many legs do 3 spiders have? Answer:", "answer": "24"},
+               {"prompt": "Hi", "answer": "x"}]
+    batch = objective.collate(train=False)(records)
+    assert batch["attention_mask"][1, 0] == 0 and batch["attention_mask"][1, -1] == 1  # left padding
+    together = objective.generate(model, batch["input_ids"], batch["attention_mask"], 6)
+    alone = []
+    for record in records:
+        single = objective.collate(train=False)([record])
+        alone += objective.generate(model, single["input_ids"], single["attention_mask"], 6)
+    assert together == alone
+    metrics = MetricCollection(objective.metrics(None))
+    objective.evaluate(model, batch, metrics)
+    assert float(metrics.compute()["exact_match"]) == sum(p == r["answer"] for p, r in zip(together, records)) / 2
+
+
+def _lm_config(**overrides) -> dict:
+    from clbench.config import resolve_config
+
+    raw = tiny_config(benchmark={"class_path": "trace-mini",
+                                 "init_args": {"tasks": ["FOMC", "NumGLUE-cm"], "n_train": 64, "n_test": 12}},
+                      model={"class_path": "hf_causal_lm",
+                             "init_args": {"architecture": "qwen3", "tokenizer": "trace-mini", "config": TINY}},
+                      objective={"class_path": "causal_lm", "init_args": {"max_length": 96, "max_new_tokens": 4}},
+                      train={"epochs": 2, "batch_size": 16,
+                             "optimizer": {"class_path": "adamw", "init_args": {"lr": 0.003}}})
+    raw["model"]["init_args"].pop("hidden", None)
+    return resolve_config({**raw, **overrides})
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_trace_format_stream_runs_resumes_and_keeps_its_generations(tmp_path, monkeypatch):
+    from clbench import faults
+    from clbench.runner import run
+
+    cfg = _lm_config()
+    reference = run(cfg, tmp_path / "reference")
+    assert reference["experiences"] == ["FOMC", "NumGLUE-cm"]
+    assert reference["r_metric"] == {"names": ["exact_match", "exact_match"], "higher_is_better": True}
+    assert reference["r_matrix"][0][0] > reference["r_init"][0]  # FOMC is learned
+    saved = [json.loads(line) for line in (tmp_path / "reference" / "predictions" / "FOMC.jsonl").open()]
+    assert len(saved) == 12 and set(saved[0]) == {"prompt", "answer", "prediction", "score"}
+    assert sum(row["score"] for row in saved) / 12 == pytest.approx(reference["r_matrix"][-1][0])
+    assert reference["objective"]["truncated_samples"] == {"train": 0, "test": 0}
+
+    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
+    monkeypatch.setenv(faults.ENV, "stage:1:step:2")
+    with pytest.raises(_Crash):
+        run(cfg, tmp_path / "crashed")
+    monkeypatch.delenv(faults.ENV)
+    resumed = run(cfg, tmp_path / "crashed", resume=True)
+    assert resumed["r_matrix"] == reference["r_matrix"]
+    assert (tmp_path / "crashed" / "predictions" / "NumGLUE-cm.jsonl").read_text() == \
+        (tmp_path / "reference" / "predictions" / "NumGLUE-cm.jsonl").read_text()
