@@ -119,7 +119,7 @@ def cifar10_dirichlet(root: str, num_experiences: int = 5, alpha: float = 0.3, m
     g = torch.from_numpy(split.global_test_indices)
     spec = StreamSpec(name="cifar10-dirichlet", num_classes=10, input_shape=(3, image_size, image_size),
                       scenario_type="instance-il", global_test=ArrayDataset(test_x[g], test_y[g], eval_tf),
-                      class_names=class_names)
+                      class_names=class_names, imbalance_metrics=True)
     scenario = build_scenario(spec, train, test, names=[f"part{p}" for p in range(num_experiences)])
     scenario.dirichlet = split  # the partition (indices into the official arrays, class proportions)
     return scenario

@@ -266,6 +266,6 @@ def core50(root: str, protocol: Literal["domains11", "ni"] = "domains11",
                                               if s in exp_sessions]
     spec = StreamSpec(name=f"core50-{protocol}", num_classes=len(classes_used), input_shape=(3, image_size, image_size),
                       scenario_type="domain-il", named_orders=named_orders,
-                      class_names=[names_all[c] for c in classes_used])
+                      class_names=[names_all[c] for c in classes_used], imbalance_metrics=True)
     return build_scenario(spec, train, test, names=names, domain_ids=[s - 1 for s in exp_sessions],
                           classes=[list(range(len(classes_used)))] * len(names))

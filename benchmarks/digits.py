@@ -62,7 +62,7 @@ def digits_domains(domains: list[str] | None = None, test_fraction: float = 0.25
     spec = StreamSpec(name="digits-domains", num_classes=10, input_shape=(1, 8, 8), scenario_type="domain-il",
                       named_orders={"rotations-first": [d for d in domains if d.startswith("rot")]
                                     + [d for d in domains if not d.startswith("rot")]},
-                      class_names=[str(i) for i in range(10)])
+                      class_names=[str(i) for i in range(10)], imbalance_metrics=True)
     return build_scenario(spec, train, test, names=domains, classes=[list(range(10))] * len(domains))
 
 
@@ -76,5 +76,6 @@ def digits_dirichlet(num_experiences: int = 5, alpha: float = 0.3, min_size: int
     test = [ArrayDataset(x_te[idx], y_te[idx]) for idx in split.test_indices]
     g = split.global_test_indices
     spec = StreamSpec(name="digits-dirichlet", num_classes=10, input_shape=(1, 8, 8), scenario_type="instance-il",
-                      global_test=ArrayDataset(x_te[g], y_te[g]), class_names=[str(i) for i in range(10)])
+                      global_test=ArrayDataset(x_te[g], y_te[g]), class_names=[str(i) for i in range(10)],
+                      imbalance_metrics=True)
     return build_scenario(spec, train, test, names=[f"part{p}" for p in range(num_experiences)])

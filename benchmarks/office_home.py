@@ -132,7 +132,7 @@ def office_home(root: str, domains: list[str] | None = None, classes: list[str] 
             train.append(ImageFiles([paths[i] for i in tr], y[tr], train_tf, draft_size=image_size))
             test.append(ImageFiles([paths[i] for i in te], y[te], eval_tf, draft_size=image_size))
     spec = StreamSpec(name="office-home", num_classes=len(use_classes), input_shape=(3, image_size, image_size),
-                      scenario_type="domain-il", class_names=list(use_classes))
+                      scenario_type="domain-il", class_names=list(use_classes), imbalance_metrics=True)
     return build_scenario(spec, train, test, names=use_domains,
                           domain_ids=[list(DOMAINS).index(d) for d in use_domains],
                           classes=[list(range(len(use_classes)))] * len(use_domains))

@@ -1,7 +1,7 @@
 """Checkpoints between experiences: what they hold, how they are checked, how they restore.
 
 A checkpoint is written after every experience (atomically: a crash leaves the previous one)
-and holds the model's weights, the strategy's state, the run state (R rows so far, timings),
+and holds the model's weights (less a frozen base, see :class:`FrozenBase`), the strategy's state, the run state (R rows so far, timings),
 the global RNG states, the Trainer's loop counters and the config. It is a ``torch.save``
 file that loads with ``weights_only=True``, so it never runs code when read.
 
@@ -25,7 +25,7 @@ from clbench.errors import UserError
 CHECKPOINT = "checkpoint.pt"
 # Version of the checkpoint layout; a checkpoint of another version is refused, not misread.
 SCHEMA = 3
-_REQUIRED = ("config_json", "model", "strategy", "rng", "loop", "epoch", "state", "digest")
+_REQUIRED = ("config_json", "model", "frozen_base", "strategy", "rng", "loop", "epoch", "state", "digest")
 
 # Types ``torch.load(weights_only=True)`` reads back (besides tensors and containers).
 _SAFE_LEAVES = (int, float, bool, str, bytes, bytearray, complex, type(None))
@@ -133,10 +133,53 @@ def restore_loop(trainer, state: dict) -> None:
         loops.extend(v for v in vars(loop).values() if isinstance(v, _Loop))
 
 
-def payload(cfg: dict, module, strategy, trainer, state: dict, source: str) -> dict:
+class FrozenBase:
+    """The model's parameters that no step can have changed: those present when it was built
+    that have never required gradients since (a frozen LLM base under LoRA-style strategies).
+
+    Checkpoints leave them out and store their digest instead; a resume rebuilds the model from
+    the config (the same local weights, or the same seeded initialisation), checks the digest,
+    and loads the rest on top. So a stage checkpoint of a frozen 0.6B-parameter base holds the
+    adapters and strategy state only. Parameters are followed by identity, not by name, since
+    adapter injection renames the layers it wraps. A run whose base is trained (full
+    fine-tuning) has no frozen part and checkpoints every weight, as before.
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.built = {id(p) for p in model.parameters()}
+        self.trained: set[int] = set()
+
+    def observe(self) -> None:
+        """Note what requires gradients now (called before every experience trains)."""
+        self.trained |= {id(p) for p in self.model.parameters() if p.requires_grad}
+
+    def names(self) -> list[str]:
+        self.observe()
+        return [name for name, p in self.model.named_parameters(remove_duplicate=False)
+                if id(p) in self.built and id(p) not in self.trained]
+
+    def restore_trained(self, names: set[str]) -> None:
+        """After a resume: the parameters the checkpointed process had seen trained."""
+        self.trained |= {id(p) for name, p in self.model.named_parameters(remove_duplicate=False) if name in names}
+
+    def digest(self, names: list[str]) -> str:
+        values = dict(self.model.named_parameters(remove_duplicate=False))
+        return digest({name: values[name] for name in names})
+
+
+def payload(cfg: dict, module, strategy, trainer, state: dict, source: str, base: FrozenBase | None = None) -> dict:
     """The checkpoint's contents, checked storable and sealed with its digest."""
+    weights = module.model.state_dict()
+    frozen: dict[str, Any] = {"names": [], "digest": None, "trained": []}
+    if base is not None:
+        names = base.names()
+        if names:
+            frozen = {"names": names, "digest": base.digest(names),
+                      "trained": [n for n, p in module.model.named_parameters() if id(p) in base.trained]}
+            weights = {k: v for k, v in weights.items() if k not in set(names)}
     out = {"schema": SCHEMA, "config_json": canonical_json(cfg), "config_hash": config_hash(cfg),
-           "model": module.model.state_dict(), "strategy": strategy.state_dict(), "rng": rng_states(),
+           "model": weights, "frozen_base": frozen, "strategy": strategy.state_dict(), "rng": rng_states(),
            "loop": trainer.fit_loop.state_dict(), "epoch": trainer.current_epoch, "state": state}
     unsafe = unsafe_path(out["strategy"])
     if unsafe:
@@ -194,11 +237,12 @@ def read(path: Path, cfg: dict, source: str) -> dict:
     return ckpt
 
 
-def restore(ckpt: dict, module, strategy, trainer) -> dict:
+def restore(ckpt: dict, module, strategy, trainer, base: FrozenBase | None = None) -> dict:
     """Strategy, model structure and weights, trainer counters and RNG states as they were.
 
     The strategy's state first, then its structural changes to the model (layers it added,
-    shapes it grew), then the weights, which need those shapes.
+    shapes it grew), then the weights, which need those shapes. A frozen base left out of the
+    checkpoint must be the rebuilt model's, bit for bit.
     """
     strategy.load_state_dict(ckpt["strategy"])
     strategy.restore_model(module, ckpt["strategy"])
@@ -208,7 +252,21 @@ def restore(ckpt: dict, module, strategy, trainer) -> dict:
             raise UserError(f"the checkpoint's '{key}' has shape {tuple(tensor.shape)}, the rebuilt model's "
                             f"{current[key]}", where="--resume",
                             fix="the strategy must re-create its changes to the model in restore_model()")
-    module.model.load_state_dict(ckpt["model"])
+    frozen = ckpt["frozen_base"]
+    if frozen["names"]:
+        present = dict(module.model.named_parameters(remove_duplicate=False))
+        lost = [n for n in frozen["names"] if n not in present]
+        if lost or base is None or base.digest(frozen["names"]) != frozen["digest"]:
+            raise UserError("the base model's frozen weights differ from those the run started with"
+                            + (f" ({lost[0]} is gone)" if lost else ""), where="--resume",
+                            fix="resume with the same base checkpoint (model.init_args.path), or start again")
+        base.restore_trained(set(frozen["trained"]))
+        missing = set(module.model.load_state_dict(ckpt["model"], strict=False).missing_keys) - set(frozen["names"])
+        if missing:
+            raise UserError(f"the checkpoint lacks the weight '{sorted(missing)[0]}'", where="--resume",
+                            fix="delete the output directory and rerun without --resume")
+    else:
+        module.model.load_state_dict(ckpt["model"])
     restore_loop(trainer, ckpt["loop"])
     set_rng_states(ckpt["rng"])
     return ckpt["state"]

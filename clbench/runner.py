@@ -38,7 +38,6 @@ CPU; ``docs/reliability.md`` lists what a checkpoint holds and what a resume che
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import time
@@ -101,7 +100,7 @@ class ContinualRun:
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
-        from clbench import build, seeding
+        from clbench import build, checkpoint, seeding
         from clbench.module import ContinualModule
         from clbench.streams import ordered_experiences, spec_of
 
@@ -123,7 +122,9 @@ class ContinualRun:
         seeding.seed_all(seeding.derive(seed, "model"))
         model = build.build_model(cfg, self.spec, src, self.objective)
         self.objective.attach(model)
-        self.initial_model_state = copy.deepcopy(model.state_dict()) if cfg["metrics"]["reference_models"] else None
+        # Reference models are rebuilt the same seeded way; the digest proves they start equal.
+        self.initial_digest = checkpoint.digest(model.state_dict()) if cfg["metrics"]["reference_models"] else None
+        self.frozen_base = checkpoint.FrozenBase(model)
         self.has_global_test = self.spec.global_test is not None
         # Experiences that share one test set (CORe50's NI protocol) are evaluated once.
         self.test_sets: list = []
@@ -219,7 +220,7 @@ class ContinualRun:
         then measures what the earlier experiences did, not seed noise. (The thesis seeds its
         baselines with a separate key; this is the controlled version of that comparison.)
         """
-        from clbench import build, seeding
+        from clbench import build, checkpoint, seeding
         from clbench.module import ContinualModule
         from clbench.strategy import Strategy
         from clbench.trainer import interruptible, make_trainer
@@ -228,7 +229,9 @@ class ContinualRun:
         for exp in self.experiences:
             seeding.seed_all(seeding.derive(self.cfg["seed"], "model"))
             model = build.build_model(self.cfg, self.spec, self.source, self.objective)
-            model.load_state_dict(self.initial_model_state)
+            if checkpoint.digest(model.state_dict()) != self.initial_digest:
+                raise RuntimeError("the model builder is not deterministic: a reference model would not start "
+                                   "from the continual run's initial weights")
             module = ContinualModule(model, Strategy(), self.objective, optimizer=self.optimizer,
                                      scheduler=self.scheduler, columns=[exp])
             trainer = make_trainer(self.cfg, self.source, max_epochs=stage_epochs)
@@ -324,7 +327,8 @@ class ContinualRun:
 
         state = RunState()
         if ckpt is not None:
-            state = RunState.from_dict(checkpoint.restore(ckpt, self.module, self.strategy, trainer))
+            state = RunState.from_dict(checkpoint.restore(ckpt, self.module, self.strategy, trainer,
+                                                                 self.frozen_base))
             state.resumes += 1
             if progress is not None:
                 last = f" ({stages[state.stage - 1].name})" if state.stage and not self.strategy.single_stage else ""
@@ -387,6 +391,7 @@ class ContinualRun:
             progress.start_stage(stage, label, epochs, first_epoch)
         self.module.epoch_evals = []
         self.module.stage_steps = self._stage_steps(trainer, loader, epochs)
+        self.frozen_base.observe()
         trainer.fit_loop.max_epochs = first_epoch + epochs
         t0 = time.perf_counter()
         try:
@@ -427,7 +432,8 @@ class ContinualRun:
         from clbench import checkpoint, faults
         from clbench.io import torch_save
 
-        payload = checkpoint.payload(self.cfg, self.module, self.strategy, trainer, asdict(state), self.source)
+        payload = checkpoint.payload(self.cfg, self.module, self.strategy, trainer, asdict(state), self.source,
+                                     self.frozen_base)
         path = self.path / CHECKPOINT
         if self.kill is not None and self.kill.where == "checkpoint" and self.kill.stage == state.stage - 1:
             faults.interrupted_write(path, lambda handle: torch.save(payload, handle))

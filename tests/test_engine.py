@@ -453,3 +453,71 @@ def test_trainer_settings_lightning_refuses_are_one_line_naming_the_field(traine
     assert caught.value.where.endswith(field)
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "out").exists()
+
+
+FROZEN_BASE = '''
+import torch
+from clbench.models import mlp
+from clbench.strategy import Strategy
+
+
+def from_file(path, num_classes, input_shape):
+    """An MLP whose weights are read from a file, as a pretrained base is."""
+    model = mlp(num_classes=num_classes, input_shape=input_shape, hidden=32)
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model
+
+
+class FrozenWithAdapter(Strategy):
+    """Freezes the base and trains a residual linear adapter on its output (set up on every build)."""
+
+    def setup(self, module, experiences, seed):
+        super().setup(module, experiences, seed)
+        model = module.model
+        for p in model.parameters():
+            p.requires_grad_(False)
+        k = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features
+        model.adapter = torch.nn.Linear(k, k)
+        torch.nn.init.zeros_(model.adapter.weight)
+        torch.nn.init.zeros_(model.adapter.bias)
+        model.register_forward_hook(lambda m, args, out: out + m.adapter(out))
+'''
+
+
+def test_a_frozen_base_stays_out_of_checkpoints_and_must_match_on_resume(tmp_path, monkeypatch):
+    from clbench import faults
+    from clbench.config import resolve_config
+    from clbench.errors import UserError
+    from clbench.models import mlp
+    from clbench.runner import run
+
+    plugin = tmp_path / "frozen.py"
+    plugin.write_text(FROZEN_BASE)
+    weights = tmp_path / "base.pt"
+    torch.manual_seed(1)
+    base = mlp(num_classes=10, input_shape=(1, 8, 8), hidden=32).state_dict()
+    torch.save(base, weights)
+    cfg = resolve_config(tiny_config(model={"class_path": f"{plugin}:from_file"},
+                                     strategy={"class_path": f"{plugin}:FrozenWithAdapter"}))
+    cfg["model"]["init_args"] = {"path": str(weights)}
+    reference = run(cfg, tmp_path / "reference")
+    assert reference["r_matrix"][0][0] != reference["r_init"][0]  # the adapter learned something
+
+    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
+    monkeypatch.setenv(faults.ENV, "stage:2:step:1")
+    with pytest.raises(_Crash):
+        run(cfg, tmp_path / "crashed")
+    monkeypatch.delenv(faults.ENV)
+    ckpt = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
+    assert sorted(ckpt["model"]) == ["adapter.bias", "adapter.weight"]
+    assert sorted(ckpt["frozen_base"]["names"]) == sorted(base)
+    resumed = run(cfg, tmp_path / "crashed", resume=True)
+    assert resumed["r_matrix"] == reference["r_matrix"]
+
+    with pytest.raises(_Crash):
+        monkeypatch.setenv(faults.ENV, "stage:2:step:1")
+        run(cfg, tmp_path / "changed")
+    monkeypatch.delenv(faults.ENV)
+    torch.save({k: v + 1e-3 for k, v in base.items()}, weights)  # another base under the same path
+    with pytest.raises(UserError, match="frozen weights differ"):
+        run(cfg, tmp_path / "changed", resume=True)

@@ -101,6 +101,20 @@ def test_benchmark_orders_override_the_suite_orders(tmp_path):
     assert [r.config["order"] for r in suite.runs] == [["rot90", "rot0"], ["rot90", "rot0"]]
 
 
+def test_a_strategys_model_args_apply_to_its_points_only(tmp_path):
+    data = yaml.safe_load(SMOKE.read_text())
+    data["strategies"] = ["naive", {"class_path": "replay", "init_args": {"mem_size": 50},
+                                    "model_args": {"hidden": 8}}]
+    suite = load_suite(write_suite(tmp_path, data))
+    hidden = {r.strategy: r.config["model"]["init_args"].get("hidden") for r in suite.runs}
+    base = yaml.safe_load(SMOKE.read_text())["models"][0]
+    assert hidden == {"naive": (base.get("init_args") or {}).get("hidden"), "replay": 8}
+    assert all("model_args" not in r.config["strategy"] for r in suite.runs)
+    data["strategies"][1]["model_args"] = [8]
+    with pytest.raises(UserError, match=r"strategies\[1\]\.model_args"):
+        load_suite(write_suite(tmp_path, data))
+
+
 def test_quickstart_is_the_default_suite():
     path = default_suite_path()
     assert Path(path).resolve() == (REPO / "configs" / "suites" / "quickstart.yaml").resolve()

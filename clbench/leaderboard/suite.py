@@ -18,7 +18,9 @@ Each grid point (benchmark x model x strategy x order x seed) becomes ``base`` w
 point's five fields laid over it, resolved by :func:`clbench.config.resolve_config`, so a run
 in a suite is exactly the run ``clbench run`` would make from the same config and has the
 same hash. A benchmark item may carry its own ``orders`` (orders given as experience names
-only make sense for one stream). Every mistake is reported before any run starts, as one
+only make sense for one stream). A strategy item may carry ``model_args``, laid over every
+model's ``init_args`` for that strategy's points: a method defined on adapters (EWC or GEM on
+LoRA) beside one that trains the whole model, in one grid. Every mistake is reported before any run starts, as one
 line naming the suite file and the field (``suite.yaml: strategies[2].init_args.mem_size``).
 
 ``threads`` sets torch's intra-op CPU threads for the suite's runs. It is not part of any run
@@ -209,10 +211,14 @@ def load_suite(path: str | Path) -> Suite:
     components: dict[str, list[tuple[str, dict]]] = {}
     for key in ("benchmarks", "models", "strategies"):
         items = _non_empty_list(raw, key, source)
-        extra = ("orders",) if key == "benchmarks" else ()
+        extra = {"benchmarks": ("orders",), "strategies": ("model_args",)}.get(key, ())
         components[key] = [(f"{key}[{i}]", _component(item, f"{source}: {key}[{i}]", _KIND[key], extra))
                            for i, item in enumerate(items)]
     orders = _orders(raw["orders"], f"{source}: orders")
+    for where, strat in components["strategies"]:
+        if not isinstance(strat.get("model_args", {}), dict):
+            raise UserError("model_args must be a mapping", where=f"{source}: {where}.model_args",
+                            fix="write e.g. model_args: {lora: {r: 8}}")
     for where, bench in components["benchmarks"]:
         if "orders" in bench:
             bench["orders"] = _orders(bench["orders"], f"{source}: {where}.orders")
@@ -234,11 +240,14 @@ def load_suite(path: str | Path) -> Suite:
         bench_orders = bench.get("orders", orders)
         bench_component = {"class_path": bench["class_path"], "init_args": bench["init_args"]}
         for m_where, model in components["models"]:
-            for s_where, strategy in components["strategies"]:
+            for s_where, strat in components["strategies"]:
+                strategy = {"class_path": strat["class_path"], "init_args": strat["init_args"]}
+                model_here = model if "model_args" not in strat else \
+                    {**model, "init_args": deep_merge(model["init_args"], strat["model_args"])}
                 for order in bench_orders:
                     for seed in seeds:
-                        point = {"seed": seed, "benchmark": bench_component, "model": model, "strategy": strategy,
-                                 "order": order}
+                        point = {"seed": seed, "benchmark": bench_component, "model": model_here,
+                                 "strategy": strategy, "order": order}
                         cfg = resolve_config(deep_merge(base, point), source=source)
                         digest = config_hash(cfg)
                         here = f"{b_where} x {m_where} x {s_where} x order {order_label(order)} x seed {seed}"
@@ -265,8 +274,8 @@ def preflight(suite: Suite) -> None:
 
     from clbench import registry
     from clbench.build import check_init_args, optimizer_factory
-    from clbench.trainer import RESERVED_TRAINER_ARGS
     from clbench.strategy import Strategy
+    from clbench.trainer import RESERVED_TRAINER_ARGS
 
     source = str(suite.path)
     provided = {"benchmarks": (), "models": ("num_classes", "input_shape"), "strategies": ()}

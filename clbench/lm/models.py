@@ -93,7 +93,7 @@ def parameter_counts(module: nn.Module) -> dict[str, int]:
 
 def hf_causal_lm(path: str | None = None, architecture: str | None = None, config: dict | None = None,
                  tokenizer: str | None = None, dtype: str = "float32", attn_implementation: str = "sdpa",
-                 gradient_checkpointing: bool = False) -> CausalLM:
+                 gradient_checkpointing: bool = False, lora: dict | None = None) -> CausalLM:
     """Build a causal LM: pretrained from ``path``, or randomly initialised from ``architecture``.
 
     ``config`` overrides fields of the model's configuration (with ``path``: of its
@@ -104,6 +104,10 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
     dtype; ``attn_implementation`` is transformers' (``flash_attention_2`` needs flash-attn,
     CUDA and a 16-bit dtype). Gradient checkpointing recomputes activations in the backward
     pass (non-reentrant, so frozen bases with adapters work).
+
+    ``lora`` (``{r, alpha, dropout, target_modules}``) injects one LoRA adapter with peft and
+    freezes everything else, so that any strategy (EWC, GEM, replay, plain sequential training)
+    runs on the adapter's parameters only: "EWC on LoRA" is the ``ewc`` strategy on such a model.
     """
     from transformers import AutoModelForCausalLM
 
@@ -142,6 +146,8 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
             raise UserError(f"{type(hf).__name__} does not support gradient checkpointing",
                             where=f"{WHERE}.gradient_checkpointing", fix="set gradient_checkpointing: false")
         _enable_checkpointing(hf)
+    if lora is not None:
+        _inject_lora(hf, lora)
     tok_name = tokenizer if tokenizer is not None else path
     tok_at = str(Path(tok_name).expanduser().resolve()) if Path(tok_name).expanduser().is_dir() else tok_name
     return CausalLM(hf, tok, source={**source, "tokenizer": tok_at, "dtype": dtype})
@@ -211,6 +217,31 @@ def _locate(name: str, field: str) -> str:
     if _HUB_ID.match(name) and not name.startswith("."):
         return name  # a hub id: _from_disk turns a cache miss into the download hint
     raise UserError(f"folder {name} does not exist", where=where, fix=_download_fix(name, field, folder=name))
+
+
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+
+
+def _inject_lora(hf: nn.Module, spec: dict) -> None:
+    """One LoRA adapter (peft) on ``target_modules`` (default: the attention's query and value
+    projections, as in the LoRA paper); only its parameters stay trainable."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    where = f"{WHERE}.lora"
+    if not isinstance(spec, dict):
+        raise UserError("lora must be a mapping", where=where, fix="write e.g. lora: {r: 8, alpha: 16}")
+    unknown = [k for k in spec if k not in LORA_KEYS]
+    if unknown:
+        raise UserError(f"unknown LoRA setting '{unknown[0]}'", where=f"{where}.{unknown[0]}",
+                        fix=f"use {', '.join(LORA_KEYS)}")
+    config = LoraConfig(r=int(spec.get("r", 8)), lora_alpha=float(spec.get("alpha", 16)),
+                        lora_dropout=float(spec.get("dropout", 0.0)),
+                        target_modules=spec.get("target_modules", ["q_proj", "v_proj"]))
+    try:
+        inject_adapter_in_model(config, hf)
+    except ValueError as err:
+        raise UserError(f"LoRA cannot be injected: {str(err).splitlines()[0]}", where=f"{where}.target_modules",
+                        fix="name modules the model has (e.g. q_proj, v_proj)") from None
 
 
 def _trace_mini_tokenizer() -> Path:

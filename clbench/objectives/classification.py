@@ -13,9 +13,10 @@ from clbench.objectives.base import Objective
 class Classification(Objective):
     """Logits ``(N, K)`` against integer labels ``(N,)``.
 
-    Every test column is scored by micro accuracy (``acc``, the R entry), G-mean and MAUC,
-    unless the stream turns ``imbalance_metrics`` off or the config says
-    ``objective: {class_path: classification, init_args: {imbalance: false}}``.
+    Every test column is scored by micro accuracy (``acc``, the R entry), and by G-mean and
+    MAUC when the stream opts in (``StreamSpec.imbalance_metrics``, as the built-in image
+    streams do) or the config says ``objective: {class_path: classification, init_args:
+    {imbalance: true}}`` (``false`` turns them off for any stream).
     """
 
     model_args: ClassVar[tuple[str, ...]] = ("num_classes", "input_shape")
