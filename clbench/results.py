@@ -180,10 +180,58 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
     return finite_or_none(result)
 
 
-def log_tensorboard(writer, result: dict) -> None:
-    """The R matrix per test experience, the final scores and the heatmap, in one event stream."""
+def tensorboard_logger(folder: Path, name: str, purge_step: int | None = None):
+    """A Lightning TensorBoard logger that keeps one event stream for the whole run.
+
+    Lightning finalizes its logger after every ``fit``, which closes the writer, so each
+    experience used to open a new event file, and saved an empty ``hparams.yaml``. Here
+    ``finalize`` only flushes; :func:`log_tensorboard` closes the stream once, after writing the
+    hyper-parameters with the final scores as TensorBoard hparams.
+    """
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    class RunLogger(TensorBoardLogger):
+        def finalize(self, status: str) -> None:
+            if self._experiment is not None:
+                self._experiment.flush()
+
+        def close(self) -> None:
+            # Lightning saves hparams.yaml whenever it saves the logger and never overwrites it;
+            # the one written before the hyper-parameters were known is replaced.
+            Path(self.log_dir, self.NAME_HPARAMS_FILE).unlink(missing_ok=True)
+            super().finalize("success")
+
+    extra = {"purge_step": purge_step} if purge_step is not None else {}
+    return RunLogger(save_dir=str(folder), name=name, version="", default_hp_metric=False, **extra)
+
+
+def _scalar(value: Any) -> Any:
+    return value if isinstance(value, (int, float, str, bool)) else json_dumps(value)
+
+
+def json_dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def hyperparameters(result: dict) -> dict[str, Any]:
+    """What distinguishes this run from its neighbours, flat, for TensorBoard's hparams view."""
+    cfg = result["config"]
+    out = {"benchmark": result["benchmark"]["name"], "model": result["model"]["name"],
+           "strategy": result["strategy"]["name"], "order": result["order_label"], "seed": result["seed"],
+           "epochs": cfg["train"]["epochs"], "batch_size": cfg["train"]["batch_size"],
+           "optimizer": cfg["train"]["optimizer"]["class_path"]}
+    out.update({f"optimizer.{k}": _scalar(v) for k, v in cfg["train"]["optimizer"]["init_args"].items()})
+    out.update({f"strategy.{k}": _scalar(v) for k, v in (result["strategy"]["params"] or {}).items()})
+    return out
+
+
+def log_tensorboard(logger, result: dict) -> None:
+    """The R matrix per test experience, the final scores, the heatmap and the hparams, then close."""
     from clbench.plots import r_matrix_figure
 
+    writer = logger.experiment
     metric = "/".join(dict.fromkeys(result["r_metric"]["names"]))
     for i, row in enumerate(result["r_matrix"]):
         for name, value in zip(result["experiences"], row):
@@ -197,4 +245,6 @@ def log_tensorboard(writer, result: dict) -> None:
             if isinstance(value, (int, float)) and key not in ("epoch", "stage"):
                 writer.add_scalar(f"epoch_scores/{key}", value, k)
     writer.add_figure("r_matrix", r_matrix_figure(result), 0)
-    writer.flush()
+    final = {f"final/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
+    logger.log_hyperparams(hyperparameters(result), metrics=final)
+    logger.close()

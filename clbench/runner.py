@@ -309,11 +309,10 @@ class ContinualRun:
                 callbacks.append(kill)
         logger = False
         if self.path is not None and cfg["logging"]["tensorboard"]:
-            from lightning.pytorch.loggers import TensorBoardLogger
+            from clbench.results import tensorboard_logger
 
             # On resume, TensorBoard hides what the killed process logged after the checkpoint.
-            logger = TensorBoardLogger(save_dir=str(self.path), name=TENSORBOARD, version="",
-                                       **({"purge_step": ckpt["epoch"]} if ckpt else {}))
+            logger = tensorboard_logger(self.path, TENSORBOARD, purge_step=ckpt["epoch"] if ckpt else None)
         trainer = make_trainer(cfg, self.source, callbacks=callbacks, logger=logger,
                                root=str(self.path) if self.path else None)
         check_parallel_support(trainer, self.strategy, cfg["strategy"]["class_path"], self.source)
@@ -358,7 +357,7 @@ class ContinualRun:
         result = results.assemble(self, asdict(state), reference, wall=wall_before + time.perf_counter() - start,
                                   import_seconds=import_seconds)
         if logger:
-            results.log_tensorboard(logger.experiment, result)
+            results.log_tensorboard(logger, result)
         if writes:
             from clbench.io import json_text, write_json
 

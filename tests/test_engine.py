@@ -521,3 +521,23 @@ def test_a_frozen_base_stays_out_of_checkpoints_and_must_match_on_resume(tmp_pat
     torch.save({k: v + 1e-3 for k, v in base.items()}, weights)  # another base under the same path
     with pytest.raises(UserError, match="frozen weights differ"):
         run(cfg, tmp_path / "changed", resume=True)
+
+
+def test_tensorboard_gets_one_event_stream_per_run_with_hparams_and_final_scores(tmp_path):
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from clbench.config import resolve_config
+    from clbench.runner import run
+
+    result = run(resolve_config(tiny_config(logging={"tensorboard": True})), tmp_path / "out")
+    folder = tmp_path / "out" / "tensorboard"
+    events = list(folder.glob("events.out.tfevents.*"))
+    assert len(events) == 1  # three experiences, one stream
+    hparams = yaml.safe_load((folder / "hparams.yaml").read_text())
+    assert hparams["strategy"] == "naive" and hparams["order"] == result["order_label"]
+    accumulator = EventAccumulator(str(folder))
+    accumulator.Reload()
+    scalars = accumulator.Tags()["scalars"]
+    assert "final/acc" in scalars and "train/loss" in scalars
+    assert accumulator.Scalars("final/acc")[0].value == pytest.approx(result["scores"]["acc"])
