@@ -16,13 +16,15 @@ minimises ``loss + λ/2 · Σ_i F_i (θ_i − θ*_i)²``.
 Fisher: the diagonal *empirical* Fisher, the mean over ``fisher_samples`` training samples of
 the squared per-sample gradient of the log-likelihood at the observed label,
 ``(∂ log p(y_n | x_n; θ*) / ∂θ)²``, computed with ``torch.func`` (vmap over per-sample grads,
-in chunks of ``fisher_batch_size``). The paper defines F as the Fisher of the model's own
-predictive distribution (the "true" Fisher, expectation over y ~ p(y | x; θ*)); the empirical
-one needs no sampling or sum over classes and is deterministic, at the cost of being a coarser
-curvature estimate away from a well-fit optimum (van de Ven 2025, "On the Computation of the
-Fisher Information in Continual Learning", compares the variants). The model is put in eval
-mode while the Fisher is estimated (dropout off, batch norm on its running statistics), so the
-estimate is deterministic and per-sample gradients are well defined.
+in chunks of ``fisher_batch_size``); keyword (dict) inputs, a transformers model's, take one
+backward pass per sample instead, since vmap cannot trace their data-dependent masking. The
+paper defines F as the Fisher of the model's own predictive distribution (the "true" Fisher,
+expectation over y ~ p(y | x; θ*)); the empirical one needs no sampling or sum over classes and
+is deterministic, at the cost of being a coarser curvature estimate away from a well-fit
+optimum (van de Ven 2025, "On the Computation of the Fisher Information in Continual
+Learning", compares the variants). The model is put in eval mode while the Fisher is estimated
+(dropout off, batch norm on its running statistics), so the estimate is deterministic and
+per-sample gradients are well defined.
 """
 
 from __future__ import annotations
@@ -81,13 +83,34 @@ def diagonal_fisher(model: nn.Module, dataset, *, batch_size: int = 64, device: 
     try:
         for batch in make_loader(dataset, batch_size, shuffle=False, collate_fn=objective.collate(train=True)):
             x, y = tree_map(lambda t: t.to(device), objective.split(batch))
-            grads = per_sample(trainable, x, y)
-            for n, g in grads.items():
-                fisher[n] += g.pow(2).sum(0)
+            if isinstance(x, dict):
+                _accumulate_one_by_one(model, objective, x, y, fisher)
+            else:
+                for n, g in per_sample(trainable, x, y).items():
+                    fisher[n] += g.pow(2).sum(0)
             count += len(tree_leaves(y)[0])
     finally:
         model.train(was_training)
     return {n: f / max(count, 1) for n, f in fisher.items()}
+
+
+def _accumulate_one_by_one(model: nn.Module, objective: Objective, x: dict, y, fisher: dict) -> None:
+    """Add each sample's squared gradient to ``fisher``, one backward pass per sample.
+
+    For keyword (dict) inputs, the form of transformers models: their forward builds attention
+    masks with data-dependent branches, which ``vmap`` cannot trace. A sample keeps its batch's
+    padding, which its attention mask and ignored labels leave out of its loss.
+    """
+    names = list(fisher)
+    params = dict(model.named_parameters())
+    params = [params[n] for n in names]
+    for i in range(len(tree_leaves(y)[0])):
+        xi, yi = tree_map(lambda t, i=i: t[i:i + 1], (x, y))
+        with torch.enable_grad():
+            loss = objective.loss_of(model, xi, yi)
+        for n, g in zip(names, torch.autograd.grad(loss, params, allow_unused=True)):
+            if g is not None:
+                fisher[n] += g.pow(2)
 
 
 def compute_device(module) -> torch.device:

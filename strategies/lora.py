@@ -1,0 +1,169 @@
+"""Sequential LoRA (SeqLoRA): one shared LoRA adapter trained on every task in turn.
+
+The adapter baseline of the continual instruction-tuning papers (MH-MoE's "SeqLoRA", MoSEs'
+"LoRA-based Sequential Fine-Tuning"): low-rank adapters (Hu et al. 2021, "LoRA") are added to
+a frozen pretrained model once, and the same adapter parameters are trained sequentially across
+all tasks with nothing against forgetting. Other methods (EWC, GEM) run "on top of the SeqLoRA
+setup" as their own strategy on a model whose only trainable parameters are an adapter's
+(``hf_causal_lm``'s ``lora`` option); the helpers here are shared with :mod:`strategies.o_lora`.
+
+The adapter is made by peft (``inject_adapter_in_model`` on ``module.model.hf``, or on the
+model itself when it has no ``hf``): each targeted ``nn.Linear`` becomes a peft LoRA layer whose
+``base_layer`` holds the original, frozen weight. The module's state dict then has the base
+under ``...base_layer.weight`` and the adapter under ``...lora_A.<name>.weight`` /
+``...lora_B.<name>.weight``; on resume :meth:`SeqLoRA.restore_model` re-injects the adapter so
+the checkpoint's keys and shapes exist before the weights load.
+
+Defaults: r = 8 and α = 32, MoSEs' LoRA baseline and O-LoRA's released code (MH-MoE gives no
+rank); dropout 0.1, O-LoRA's code. Target modules: the attention query and value projections
+(peft's table per architecture: ``q_proj``/``v_proj`` on Llama and Qwen, ``c_attn`` on GPT-2),
+the LoRA paper's best choice for a fixed budget (its Sec. 7.1) and what O-LoRA's TRACE port
+adapts. Every other weight, embeddings and head included, is frozen.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from clbench.errors import UserError
+from clbench.strategy import Strategy
+
+ADAPTER = "default"
+
+
+def lora_target(model: nn.Module) -> nn.Module:
+    """The module adapters go into: the transformers model of a ``CausalLM``, else the model."""
+    return getattr(model, "hf", model)
+
+
+def check_lora_args(r: int, alpha: float, dropout: float, target_modules, layers) -> None:
+    where = "strategy.init_args"
+    if not isinstance(r, int) or r < 1:
+        raise UserError(f"r must be an integer >= 1, got {r!r}", where=f"{where}.r", fix="give a rank such as 8")
+    if alpha <= 0:
+        raise UserError(f"alpha must be > 0, got {alpha}", where=f"{where}.alpha", fix="give e.g. 32 (scale α/r)")
+    if not 0.0 <= dropout < 1.0:
+        raise UserError(f"dropout must be in [0, 1), got {dropout}", where=f"{where}.dropout", fix="give e.g. 0.1")
+    if target_modules is not None and (isinstance(target_modules, str) or not target_modules):
+        raise UserError(f"target_modules must be a non-empty list of module names, got {target_modules!r}",
+                        where=f"{where}.target_modules", fix="e.g. [q_proj, v_proj], or leave it unset")
+    if layers is not None and (not layers or not all(isinstance(i, int) and i >= 0 for i in layers)):
+        raise UserError(f"layers must be a non-empty list of layer indices, got {layers!r}",
+                        where=f"{where}.layers", fix="e.g. [0, 1, 2], or leave it unset for every layer")
+
+
+def lora_config(r: int, alpha: float, dropout: float, target_modules: list[str] | None,
+                layers: list[int] | None) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                      target_modules=list(target_modules) if target_modules is not None else None,
+                      layers_to_transform=list(layers) if layers is not None else None, bias="none")
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    """Names of the LoRA adapters present in ``model``."""
+    from peft.tuners.lora import LoraLayer
+
+    names: set[str] = set()
+    for m in model.modules():
+        if isinstance(m, LoraLayer):
+            names.update(m.lora_A.keys())
+    return sorted(names)
+
+
+def lora_layers(model: nn.Module) -> list[nn.Module]:
+    """Every peft LoRA layer of ``model``, in module order."""
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+def add_adapter(model: nn.Module, config: Any, name: str) -> None:
+    """Inject LoRA adapter ``name`` into ``model``; everything but LoRA weights is frozen."""
+    from peft.functional import inject_adapter_in_model
+
+    target = lora_target(model)
+    try:
+        with warnings.catch_warnings():  # a second adapter is what we mean, not a mistake
+            warnings.filterwarnings("ignore", message=".*Already found a `peft_config`.*")
+            inject_adapter_in_model(config, target, adapter_name=name)
+    except ValueError as err:
+        raise UserError(f"cannot add LoRA adapters: {str(err).splitlines()[0]}",
+                        where="strategy.init_args.target_modules",
+                        fix="name the linear layers to adapt, e.g. [q_proj, v_proj]") from None
+    for n, p in model.named_parameters():
+        if "lora_" not in n:
+            p.requires_grad_(False)
+
+
+def refuse_other_adapters(model: nn.Module, strategy: str) -> None:
+    """A strategy that makes its own adapters cannot share the model with a builder's adapter
+    (``model.init_args.lora``): peft would run only one of them, silently."""
+    found = adapter_names(model)
+    if found:
+        raise UserError(f"the model already has LoRA adapters ({', '.join(found)}); {strategy} adds its own",
+                        where="model.init_args.lora",
+                        fix=f"remove lora from the model's init_args, or use another strategy than {strategy}")
+
+
+def activate(model: nn.Module, names: list[str], trainable: list[str]) -> None:
+    """Make ``names`` the adapters that run (their outputs are summed); only ``trainable`` train."""
+    from peft.functional import set_adapter, set_requires_grad
+
+    target = lora_target(model)
+    set_adapter(target, list(names))
+    frozen = [n for n in names if n not in trainable]
+    if frozen:
+        set_requires_grad(target, frozen, requires_grad=False)
+
+
+class SeqLoRA(Strategy):
+    """One shared LoRA adapter on a frozen model, trained on each task in turn.
+
+    Args:
+        r: LoRA rank.
+        alpha: LoRA α; the adapter's output is scaled by α / r.
+        dropout: dropout on the adapter's input.
+        target_modules: names (or name suffixes) of the linear layers to adapt; ``None`` takes
+            the architecture's attention query and value projections from peft's table.
+        layers: indices of the transformer layers to adapt; ``None`` adapts every layer.
+    """
+
+    supports_distributed = True  # DDP replicates the adapter like any parameter
+    supports_sharded = False     # peft layers are injected into a whole, unsharded model
+
+    def __init__(self, r: int = 8, alpha: float = 32.0, dropout: float = 0.1,
+                 target_modules: list[str] | None = None, layers: list[int] | None = None):
+        super().__init__()
+        check_lora_args(r, alpha, dropout, target_modules, layers)
+        self.r = r
+        self.alpha = alpha
+        self.dropout = dropout
+        self.target_modules = target_modules
+        self.layers = layers
+
+    def config(self) -> Any:
+        return lora_config(self.r, self.alpha, self.dropout, self.target_modules, self.layers)
+
+    def setup(self, module, experiences, seed):
+        super().setup(module, experiences, seed)
+        refuse_other_adapters(module.model, "seq_lora")
+        self._inject(module.model)
+
+    def _inject(self, model: nn.Module) -> None:
+        if ADAPTER not in adapter_names(model):
+            add_adapter(model, self.config(), ADAPTER)
+            activate(model, [ADAPTER], trainable=[ADAPTER])
+
+    def restore_model(self, module, state):
+        self._inject(module.model)
+
+
+def base_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without LoRA weights, under the names it had before injection."""
+    return {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items() if "lora_" not in k}
