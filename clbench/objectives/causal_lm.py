@@ -122,7 +122,7 @@ class CausalLanguageModeling(Objective):
         self.max_length = max_length
         self.max_new_tokens = max_new_tokens
         self.tokenizer = None
-        self.truncated = {"train": 0, "test": 0}  # samples whose prompt lost tokens, as seen
+        self._truncated: dict[str, Any] = {"train": 0, "test": 0}  # samples whose prompt lost tokens, as seen
         self._generations: dict[str, list[dict]] = {}
 
     def setup(self, spec, experiences) -> None:
@@ -152,9 +152,13 @@ class CausalLanguageModeling(Objective):
         return TextCollator(self.tokenizer, self.max_length, train, max_new_tokens=longest)
 
     # -- training -------------------------------------------------------------------------
-    def split(self, batch: dict) -> tuple[dict, Tensor]:
+    def _count(self, split: str, batch: dict) -> None:
+        """Add a batch's truncation count without reading it back from the device (no sync)."""
         if "truncated" in batch:
-            self.truncated["train"] += int(batch["truncated"])
+            self._truncated[split] = self._truncated[split] + batch["truncated"].detach()
+
+    def split(self, batch: dict) -> tuple[dict, Tensor]:
+        self._count("train", batch)
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, batch["labels"]
 
     def join(self, parts: list[tuple[dict, Tensor]]) -> tuple[dict, Tensor]:
@@ -197,7 +201,7 @@ class CausalLanguageModeling(Objective):
 
     @torch.no_grad()
     def evaluate(self, model, batch: dict, metrics, column=None) -> None:
-        self.truncated["test"] += int(batch["truncated"])
+        self._count("test", batch)
         predictions = self.generate(model, batch["input_ids"], batch["attention_mask"], self.new_tokens(column))
         metrics.update(predictions, batch["answers"], sources=batch["prompts"])
         (metric,) = metrics.values()
@@ -217,4 +221,4 @@ class CausalLanguageModeling(Objective):
             atomic_write(folder / f"{task}.jsonl", lambda handle, t=text: handle.write(t), "w")
 
     def summary(self) -> dict[str, Any]:
-        return {"max_length": self.max_length, "truncated_samples": dict(self.truncated)}
+        return {"max_length": self.max_length, "truncated_samples": {k: int(v) for k, v in self._truncated.items()}}
