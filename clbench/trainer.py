@@ -30,7 +30,8 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     for pattern in (".*does not have many workers.*", ".*You defined a `validation_step` but have no.*",
                     ".*isinstance\\(treespec, LeafSpec\\).*", ".*LeafSpec.*", ".*GPU available but not used.*",
-                    ".*The number of training batches.*", ".*Total length of .* across ranks is zero.*"):
+                    ".*The number of training batches.*", ".*Total length of .* across ranks is zero.*",
+                    ".*this fit will run with no optimizer.*"):  # a closed-form learner has none, on purpose
         warnings.filterwarnings("ignore", message=pattern)
 
 

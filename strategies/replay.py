@@ -177,7 +177,7 @@ class Replay(Strategy):
         return objective.split(batch)
 
     def after_experience(self, module, experience):
-        labels = targets_of(experience.train).long().cpu()
+        labels = self._labels(experience)
         new = torch.stack([torch.full((len(labels),), experience.position, dtype=torch.long),
                            torch.arange(len(labels))], dim=1)
         generator = seeded_generator(self.seed, "replay-buffer", experience.position)
@@ -190,6 +190,18 @@ class Replay(Strategy):
             rows, all_labels, picked = self._class_balanced(new, labels, generator)
         self.buffer, self.labels = rows[picked], all_labels[picked]
         self.seen += len(labels)
+
+    def _labels(self, experience) -> torch.Tensor:
+        """Class labels of the experience's samples; the reservoir needs only their number
+        (-1 each), so streams without labels (text records) replay with it."""
+        if self.policy == "reservoir":
+            return torch.full((len(experience.train),), -1, dtype=torch.long)
+        try:
+            return targets_of(experience.train).long().cpu()
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise UserError(f"class-balanced replay needs class labels, and the samples of '{experience.name}' "
+                            "have none", where="strategy.init_args.policy",
+                            fix="use policy: reservoir for this stream") from None
 
     def _class_balanced(self, new, labels, generator):
         """Shrink each class to its new quota (a uniform subsample stays uniform), then stream

@@ -111,6 +111,7 @@ def test_a_trace_format_stream_runs_resumes_and_keeps_its_generations(tmp_path, 
     assert len(saved) == 12 and set(saved[0]) == {"prompt", "answer", "prediction", "score"}
     assert sum(row["score"] for row in saved) / 12 == pytest.approx(reference["r_matrix"][-1][0])
     assert reference["objective"]["truncated_samples"] == {"train": 0, "test": 0}
+    assert reference["objective"]["predictions"]["FOMC"] == "predictions/FOMC.jsonl"
 
     monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
     monkeypatch.setenv(faults.ENV, "stage:1:step:2")

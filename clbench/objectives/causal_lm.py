@@ -221,4 +221,7 @@ class CausalLanguageModeling(Objective):
             atomic_write(folder / f"{task}.jsonl", lambda handle, t=text: handle.write(t), "w")
 
     def summary(self) -> dict[str, Any]:
-        return {"max_length": self.max_length, "truncated_samples": {k: int(v) for k, v in self._truncated.items()}}
+        out = {"max_length": self.max_length, "truncated_samples": {k: int(v) for k, v in self._truncated.items()}}
+        if self._generations:  # where the final stage's generations are, beside result.json
+            out["predictions"] = {task: f"predictions/{task}.jsonl" for task in self._generations}
+        return out

@@ -1,0 +1,270 @@
+"""Grow, Don't Overwrite: function-preserving MLP expansion (G-Freeze and G-Train).
+
+Adila, Mazzawi, Dherin, Gonzalvo, "Grow, Don't Overwrite: Fine-tuning Without Forgetting".
+Before training on a new task, the MLP of each selected layer is widened from p to k·p hidden
+units by copying its up-projection k times and stacking its down-projection k times scaled by
+1/k (strategies/grow_layers.py), so the grown model computes exactly the function it had. Then
+only part of the model trains:
+
+* ``freeze`` (G-Freeze, the paper's default): only the new copies, the up/gate rows and the
+  down columns of hidden units p..k·p; everything else, the original block of every grown
+  matrix included, stays as it was.
+* ``train`` (G-Train, the paper's variant for reasoning tasks): the whole grown up (and gate)
+  projection trains; the down projection and everything else stay frozen.
+
+In a stream the first experience trains the model as configured (it plays the pretrained
+model M_0); growth happens before each later experience (``when: each``) or only before the
+second (``when: once``). With ``each``, the model as it is at that point is grown, so the
+frozen part is everything trained so far and grown widths go p, k·p, k²·p, …: the paper's
+equation applied to the current model. Parameter counts before and after every growth are kept
+(``hparams()["growth"]``), the paper's cost axis.
+
+Choices where the paper is silent (see docs/strategies.md):
+
+* Gated MLPs (Gemma, Qwen3, LLaMA): the paper writes a ReLU MLP; the gate is treated as a second
+  up projection, copied like it and trained like it in both variants.
+* Biases: up/gate biases are copied; in G-Freeze the copies' entries train and the originals do
+  not; the down bias is original and frozen in both variants.
+* Freezing within one matrix uses gradient masks, not a split into a frozen and a trainable
+  module: the grown layers stay plain ``nn.Linear`` (state-dict keys unchanged, a grown model
+  loads into a plain model of width k·p, other tools see ordinary layers). Masked gradients
+  keep the optimizer's moments at zero for frozen entries, but weight decay (AdamW's decoupled
+  decay, SGD's L2 term) and any optimizer that moves a weight with zero gradient would still
+  change them; so the frozen slices are also written back after every optimizer step, which
+  keeps them bit for bit. The price is optimizer state for the frozen half of grown matrices.
+* Layer choice (``top_n``): "rank layers by the magnitude of their weight updates" after "a
+  preliminary standard fine-tuning run". Here: ``probe_steps`` steps of full fine-tuning of a
+  copy of the model on the new experience with the run's optimizer; a layer's magnitude is the
+  norm (``probe_norm``) of the update of its MLP weights (up, gate and down, as one vector),
+  optionally relative to their norm before. Only MLP weights are measured since the MLP is what
+  grows, and this works for models with no notion of "block". The probe's time is recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from clbench.data import make_loader
+from clbench.errors import UserError
+from clbench.strategy import Strategy
+from strategies.ewc import compute_device
+from strategies.grow_layers import MLP, find_mlps, grow_mlp
+
+WHERE = "strategy.init_args"
+
+
+class Grow(Strategy):
+    """Grow, Don't Overwrite.
+
+    Args:
+        k: the expansion factor (hidden width p -> k·p). The paper uses 2 throughout.
+        variant: ``freeze`` (G-Freeze, only new copies train) or ``train`` (G-Train, whole up
+            projections train, down projections frozen).
+        when: ``each`` (grow before every experience after the first) or ``once`` (before the
+            second only; later experiences keep training the same new copies).
+        layers: ``all`` or a list of MLPs, each an index into the model's MLPs in module order
+            or an MLP name (``blocks.3.mlp``); with ``top_n``, the candidates ranked.
+        top_n: grow the N candidates whose weights moved most in a preliminary run (0: off).
+        probe_steps: optimizer steps of the preliminary run.
+        probe_batch_size: its batch size.
+        probe_norm: ``fro`` (Euclidean), ``l1`` or ``max`` norm of a layer's weight update.
+        probe_relative: divide the update's norm by the weights' norm before the run.
+        also_train: parameter-name prefixes that train in full after growth (e.g. a new
+            classifier head in a class-incremental stream); the paper trains nothing else.
+    """
+
+    supports_sharded = False  # copies and masks whole weight matrices
+
+    def __init__(self, k: int = 2, variant: Literal["freeze", "train"] = "freeze",
+                 when: Literal["each", "once"] = "each", layers: list | str = "all", top_n: int = 0,
+                 probe_steps: int = 20, probe_batch_size: int = 32,
+                 probe_norm: Literal["fro", "l1", "max"] = "fro", probe_relative: bool = False,
+                 also_train: list | None = None):
+        super().__init__()
+        if not isinstance(k, int) or k < 2:
+            raise UserError(f"k must be an integer of at least 2, got {k!r}", where=f"{WHERE}.k", fix="k: 2")
+        if layers != "all" and not (isinstance(layers, list) and layers
+                                    and all(isinstance(x, (int, str)) for x in layers)):
+            raise UserError(f"layers must be 'all' or a non-empty list of MLP indices or names, got {layers!r}",
+                            where=f"{WHERE}.layers", fix="layers: all, or e.g. layers: [0, 2]")
+        if top_n < 0 or probe_steps < 1 or probe_batch_size < 1:
+            raise UserError("top_n must be >= 0 and probe_steps, probe_batch_size >= 1", where=WHERE)
+        self.k, self.variant, self.when = k, variant, when
+        self.layers, self.top_n = layers, top_n
+        self.probe_steps, self.probe_batch_size = probe_steps, probe_batch_size
+        self.probe_norm, self.probe_relative = probe_norm, probe_relative
+        self.also_train = list(also_train or [])
+        self.growths: list[dict[str, Any]] = []  # one record per growth, in order
+        self._masked: list[tuple[torch.Tensor, int, int]] = []  # (parameter, dim, frozen length)
+        self._saved: list[torch.Tensor] = []  # the frozen slices' values
+
+    def hparams(self) -> dict[str, Any]:
+        out = super().hparams()
+        out["growth"] = [{k: v for k, v in g.items() if k != "scores"} for g in self.growths]
+        out["probe_seconds"] = sum(g["probe_seconds"] for g in self.growths)
+        return out
+
+    # -- choosing --------------------------------------------------------------------------
+    def setup(self, module, experiences, seed):
+        super().setup(module, experiences, seed)
+        self.candidates(module.model)  # refuse a model without MLPs or a bad list before training
+
+    def candidates(self, model: nn.Module) -> list[MLP]:
+        mlps = find_mlps(model)
+        if not mlps:
+            raise UserError(f"{type(model).__name__} has no MLP the grow strategy can widen", where=WHERE,
+                            fix="use a model with gate/up/down projections, timm Mlp blocks (fc1/fc2) or "
+                                "Linear-activation-Linear in an nn.Sequential")
+        if self.layers == "all":
+            return mlps
+        names = {m.name: m for m in mlps}
+        chosen = []
+        for entry in self.layers:
+            if isinstance(entry, int) and -len(mlps) <= entry < len(mlps):
+                chosen.append(mlps[entry])
+            elif isinstance(entry, str) and entry in names:
+                chosen.append(names[entry])
+            else:
+                raise UserError(f"layers names {entry!r}, which is not one of the model's {len(mlps)} MLPs",
+                                where=f"{WHERE}.layers", fix=f"use indices 0..{len(mlps) - 1} or names: "
+                                                             + ", ".join(list(names)[:8]))
+        return list(dict.fromkeys(chosen))
+
+    def update_magnitudes(self, module, experience, mlps: list[MLP]) -> dict[str, float]:
+        """Per MLP, the norm of its weights' update after a short full fine-tuning of a copy."""
+        device = compute_device(module)
+        model = copy.deepcopy(module.model).to(device).train()
+        for p in model.parameters():
+            p.requires_grad_(True)
+        before = {q: model.get_submodule(q).weight.detach().clone() for m in mlps for q in m.linears}
+        optimizer = module.make_optimizer(list(model.parameters()))
+        objective = module.objective
+        from clbench import seeding
+
+        loader = make_loader(experience.train, self.probe_batch_size, shuffle=True,
+                             seed=seeding.derive(self.seed, "grow-probe", experience.position),
+                             collate_fn=objective.collate(train=True))
+        steps = 0
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # the run's own random stream is left as it was
+            while steps < self.probe_steps:
+                for batch in loader:
+                    x, y = tree_map(lambda t: t.to(device) if torch.is_tensor(t) else t, objective.split(batch))
+                    optimizer.zero_grad(set_to_none=True)
+                    objective.loss_of(model, x, y).backward()
+                    optimizer.step()
+                    steps += 1
+                    if steps == self.probe_steps:
+                        break
+        order = {"fro": 2, "l1": 1, "max": float("inf")}[self.probe_norm]
+        scores = {}
+        for m in mlps:
+            delta = torch.cat([(model.get_submodule(q).weight.detach() - before[q]).flatten() for q in m.linears])
+            value = torch.linalg.vector_norm(delta.float(), ord=order)
+            if self.probe_relative:
+                value = value / torch.linalg.vector_norm(torch.cat([before[q].flatten() for q in m.linears]).float(),
+                                                         ord=order).clamp_min(1e-12)
+            scores[m.name] = float(value)
+        return scores
+
+    # -- growing ---------------------------------------------------------------------------
+    def before_experience(self, module, experience):
+        due = experience.position >= 1 and (self.when == "each" or not self.growths)
+        if due:
+            self.grow(module, experience)
+        if self.growths:
+            self._snapshot(module.model)
+
+    def grow(self, module, experience) -> dict[str, Any]:
+        """Choose the MLPs, widen them, set what trains; returns the growth's record."""
+        model = module.model
+        mlps = self.candidates(model)
+        scores, seconds = {}, 0.0
+        if self.top_n:
+            start = time.perf_counter()
+            scores = self.update_magnitudes(module, experience, mlps)
+            seconds = time.perf_counter() - start
+            keep = set(sorted(scores, key=lambda name: -scores[name])[: self.top_n])
+            mlps = [m for m in mlps if m.name in keep]
+        params_before = sum(p.numel() for p in model.parameters())
+        widths = [grow_mlp(model, m, self.k) for m in mlps]
+        record = {"experience": experience.position, "k": self.k, "layers": [m.name for m in mlps],
+                  "widths": widths, "params_before": params_before,
+                  "params_after": sum(p.numel() for p in model.parameters()),
+                  "probe_seconds": seconds, "scores": scores}
+        self._set_trainable(model, record)
+        record["params_trainable"] = self.trainable_count(model)
+        self.growths.append(record)
+        return record
+
+    def _set_trainable(self, model: nn.Module, record: dict[str, Any]) -> None:
+        """Freeze everything, then open the slices the variant trains for this growth's MLPs."""
+        for p in model.parameters():
+            p.requires_grad_(False)
+        mlps = {m.name: m for m in find_mlps(model)}
+        self._masked = []
+        for name, p in zip(record["layers"], record["widths"]):
+            mlp = mlps[name]
+            for q in mlp.ups:
+                up = model.get_submodule(q)
+                for param in (up.weight, up.bias):
+                    if param is not None:
+                        param.requires_grad_(True)
+                        if self.variant == "freeze":  # hidden units 0..p are the original ones
+                            self._masked.append((param, 0, p))
+            if self.variant == "freeze":
+                down = model.get_submodule(mlp.down)
+                down.weight.requires_grad_(True)
+                self._masked.append((down.weight, 1, p))
+        for name, param in model.named_parameters():
+            if any(name.startswith(prefix) for prefix in self.also_train):
+                param.requires_grad_(True)
+        self._saved = []
+
+    def trainable_count(self, model: nn.Module) -> int:
+        """Entries that can change: trainable parameters less their frozen slices."""
+        total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return total - sum(p.narrow(dim, 0, n).numel() for p, dim, n in self._masked)
+
+    def _snapshot(self, model: nn.Module) -> None:
+        self._saved = [p.detach().narrow(dim, 0, n).clone() for p, dim, n in self._masked]
+
+    # -- per step --------------------------------------------------------------------------
+    def on_after_backward(self, module):
+        for p, dim, n in self._masked:
+            if p.grad is not None:
+                p.grad.narrow(dim, 0, n).zero_()
+
+    @torch.no_grad()
+    def on_after_optimizer_step(self, module):
+        for i, (p, dim, n) in enumerate(self._masked):
+            if self._saved[i].device != p.device:  # Lightning moved the model after the snapshot
+                self._saved[i] = self._saved[i].to(p.device)
+            p.narrow(dim, 0, n).copy_(self._saved[i])
+
+    # -- resume ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"growths": copy.deepcopy(self.growths)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.growths = copy.deepcopy(state["growths"])
+
+    def restore_model(self, module, state):
+        """Widen the fresh model as the growths did (the weights load afterwards) and freeze the
+        same way as the last growth."""
+        model = module.model
+        for record in state["growths"]:
+            mlps = {m.name: m for m in find_mlps(model)}
+            for name, width in zip(record["layers"], record["widths"]):
+                if name not in mlps or mlps[name].width(model) != width:
+                    raise UserError(f"cannot re-grow MLP {name!r} of width {width} on the rebuilt model",
+                                    where="--resume", fix="resume with the model the run started with")
+                grow_mlp(model, mlps[name], record["k"])
+        if state["growths"]:
+            self._set_trainable(model, state["growths"][-1])
