@@ -200,3 +200,31 @@ class _AvalancheView(Dataset):
 
     def __getitem__(self, i):
         return _first_two(self.dataset[i])
+
+
+def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None,
+               world_size: int = 1, rank: int = 0, **kw):
+    """The loader a run uses for ``dataset`` (training when ``shuffle``), from the config's ``train:``.
+
+    Under data parallelism each rank reads its own shard, sharded here rather than by Lightning
+    (``use_distributed_sampler=False``): training shards come from a seeded
+    ``DistributedSampler``; evaluation shards from ``UnrepeatedDistributedSampler``, which never
+    pads, so no test sample is counted twice when the per-rank metric states are summed.
+    """
+    train = cfg["train"]
+    bs = batch_size or (train["batch_size"] if shuffle else train["eval_batch_size"])
+    if world_size > 1 and "sampler" not in kw:
+        from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+        from torch.utils.data import DistributedSampler
+
+        if shuffle:
+            kw["sampler"] = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                               seed=seed or 0)
+        else:
+            kw["sampler"] = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+    pin = torch.cuda.is_available() and cfg["trainer"].get("accelerator") != "cpu"
+    # Evaluation loaders do not keep workers alive: with one loader per test experience,
+    # persistent workers would hold T x num_workers processes between evaluations.
+    kw.setdefault("persistent_workers", shuffle)
+    return make_loader(dataset, bs, shuffle=shuffle, seed=seed, num_workers=train["num_workers"], pin_memory=pin,
+                       **kw)

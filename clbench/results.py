@@ -11,10 +11,38 @@ CL scores follow that direction. Every other metric of the columns is a matrix o
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clbench.config import SCHEMA_VERSION, config_hash, order_label
+
+
+@dataclass
+class RunState:
+    """What the loop has produced so far; stored in every checkpoint as a plain dict.
+
+    A row is ``{metric: [value per column]}`` with ``"primary"`` the R-matrix entries.
+    """
+
+    stage: int = 0
+    rows: list[dict] = field(default_factory=list)
+    global_rows: list[dict] = field(default_factory=list)
+    epoch_rows: list[dict] = field(default_factory=list)
+    epoch_stage: list[int] = field(default_factory=list)
+    r_init: dict | None = None
+    global_init: dict | None = None
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    resumes: int = 0
+    routing: list[dict] = field(default_factory=list)
+    train_routing: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunState":
+        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
 
 
 def environment() -> dict[str, Any]:

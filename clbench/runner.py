@@ -41,44 +41,17 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from clbench.checkpoint import CHECKPOINT
 from clbench.errors import NonFiniteLoss, UserError
 from clbench.outputs import RESULT, TENSORBOARD, OutputDir, check_output
-from clbench.results import environment  # noqa: F401  (re-exported: the leaderboard records it)
+from clbench.results import RunState, environment  # noqa: F401  (environment: the leaderboard records it)
 from clbench.trainer import RESERVED_TRAINER_ARGS
 
 __all__ = ["CHECKPOINT", "RESULT", "TENSORBOARD", "RESERVED_TRAINER_ARGS", "ContinualRun", "run"]
-
-
-@dataclass
-class RunState:
-    """What the loop has produced so far; stored in every checkpoint as a plain dict.
-
-    A row is ``{metric: [value per column]}`` with ``"primary"`` the R-matrix entries.
-    """
-
-    stage: int = 0
-    rows: list[dict] = field(default_factory=list)
-    global_rows: list[dict] = field(default_factory=list)
-    epoch_rows: list[dict] = field(default_factory=list)
-    epoch_stage: list[int] = field(default_factory=list)
-    r_init: dict | None = None
-    global_init: dict | None = None
-    train_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    resumes: int = 0
-    routing: list[dict] = field(default_factory=list)
-    train_routing: list[dict] = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "RunState":
-        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
 
 
 class ContinualRun:
@@ -149,36 +122,12 @@ class ContinualRun:
         self.strategy.setup(self.module, self.experiences, seeding.derive(seed, "strategy"))
 
     def _loader(self, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None, **kw):
-        """A configured loader; under data parallelism each rank reads its own shard.
+        """A loader configured from ``train:``; under data parallelism each rank reads its shard."""
+        from clbench.data import run_loader
 
-        Sharding is done here rather than by Lightning (``use_distributed_sampler=False``):
-        training shards come from a seeded ``DistributedSampler``; evaluation shards from
-        ``UnrepeatedDistributedSampler``, which never pads, so no test sample is counted twice
-        when the per-rank metric states are summed.
-        """
-        import torch
-
-        from clbench.data import make_loader
-
-        train = self.cfg["train"]
-        bs = batch_size or (train["batch_size"] if shuffle else train["eval_batch_size"])
-        if self.world_size > 1 and "sampler" not in kw:
-            from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-            from torch.utils.data import DistributedSampler
-
-            if shuffle:
-                kw["sampler"] = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank,
-                                                   shuffle=True, seed=seed or 0)
-            else:
-                kw["sampler"] = UnrepeatedDistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank,
-                                                             shuffle=False)
-        pin = torch.cuda.is_available() and self.cfg["trainer"].get("accelerator") != "cpu"
-        # Evaluation loaders do not keep workers alive: with one loader per test experience,
-        # persistent workers would hold T x num_workers processes between evaluations.
-        kw.setdefault("persistent_workers", shuffle)
         kw.setdefault("collate_fn", self.objective.collate(train=shuffle))
-        return make_loader(dataset, bs, shuffle=shuffle, seed=seed, num_workers=train["num_workers"],
-                           pin_memory=pin, **kw)
+        return run_loader(self.cfg, dataset, shuffle=shuffle, seed=seed, batch_size=batch_size,
+                          world_size=self.world_size, rank=self.rank, **kw)
 
     def _stage_steps(self, trainer, loader, epochs: int) -> int | None:
         """Optimizer steps one experience takes: the length of its schedule (None without one,
