@@ -79,6 +79,7 @@ class Grow(Strategy):
             classifier head in a class-incremental stream); the paper trains nothing else.
     """
 
+    supports_distributed = False  # expansion on every rank is not yet checked by a two-process test
     supports_sharded = False  # copies and masks whole weight matrices
 
     def __init__(self, k: int = 2, variant: Literal["freeze", "train"] = "freeze",
