@@ -49,6 +49,7 @@ class Summary:
     images_checked: int | None = None  # image files decoded; None: not checked
     class_names: list[str] | None = None
     speed: dict[str, float] | None = None
+    objective: str = "classification"
 
     @property
     def train_total(self) -> int:
@@ -101,14 +102,16 @@ def build(benchmark: str, root: str, **init_args):
 def summarize(benchmark: str, root: str, spec, experiences) -> Summary:
     from clbench.data import targets_of
 
+    labelled = spec.num_classes is not None  # text records (TRACE) have no classes to count
     rows = []
     for exp in experiences:
-        counts = targets_of(exp.train).bincount(minlength=spec.num_classes)
+        counts = targets_of(exp.train).bincount(minlength=spec.num_classes).tolist() if labelled else []
         rows.append(ExperienceSummary(name=exp.name, domain_id=int(exp.domain_id), classes=list(exp.classes),
                                       train=len(exp.train), test=len(exp.test),
-                                      train_class_counts={c: int(n) for c, n in enumerate(counts.tolist()) if n}))
+                                      train_class_counts={c: int(n) for c, n in enumerate(counts) if n}))
     return Summary(benchmark=benchmark, root=str(root), stream=spec.name, scenario_type=spec.scenario_type,
-                   num_classes=spec.num_classes, input_shape=list(spec.input_shape), experiences=rows,
+                   num_classes=spec.num_classes or 0, input_shape=list(spec.input_shape or []), experiences=rows,
+                   objective=spec.objective,
                    shared_test=len(experiences) > 1 and len({id(e.test) for e in experiences}) == 1,
                    named_orders=sorted({"default", "reverse", *spec.named_orders}),
                    global_test=len(spec.global_test) if spec.global_test is not None else None,
@@ -179,25 +182,32 @@ def print_summary(summary: Summary, console=None) -> None:
 
     console = console or Console()
     shape = "x".join(map(str, summary.input_shape))
+    kind = f"{summary.num_classes} classes, input {shape}" if summary.num_classes else \
+        f"prompt/answer records ({summary.objective})"
     console.print(f"[bold]{summary.benchmark}[/bold] at {summary.root}: stream {summary.stream}, "
-                  f"{summary.scenario_type}, {summary.num_classes} classes, input {shape}")
+                  f"{summary.scenario_type}, {kind}")
     table = Table(show_footer=True)
     table.add_column("#", footer="")
     table.add_column("experience", footer="total")
     table.add_column("domain", justify="right", footer="")
-    table.add_column("classes", footer=str(summary.num_classes))
+    labelled = bool(summary.num_classes)
+    if labelled:
+        table.add_column("classes", footer=str(summary.num_classes))
     table.add_column("train", justify="right", footer=str(summary.train_total))
     test_total = summary.experiences[0].test if summary.shared_test else sum(e.test for e in summary.experiences)
     table.add_column("test", justify="right", footer=str(test_total))
     for i, e in enumerate(summary.experiences):
-        table.add_row(str(i), e.name, str(e.domain_id), _classes_text(e.classes), str(e.train), str(e.test))
+        classes = [_classes_text(e.classes)] if labelled else []
+        table.add_row(str(i), e.name, str(e.domain_id), *classes, str(e.train), str(e.test))
     console.print(table)
     if summary.shared_test:
         console.print("every experience is tested on the same test set (counted once in the total)")
     if summary.global_test is not None:
         console.print(f"balanced global test set: {summary.global_test} samples")
     console.print(f"named orders: {', '.join(summary.named_orders)} (or a list of names, or {{permutation: SEED}})")
-    if summary.images_checked:
+    if not labelled:
+        console.print(f"read all {summary.train_total + test_total} records: each has a prompt and an answer")
+    elif summary.images_checked:
         console.print(f"decoded all {summary.images_checked} image files: OK")
     elif summary.images_checked == 0:
         console.print("no image files to decode: the images are read from arrays")
@@ -245,7 +255,7 @@ def main(args: list[str]) -> int:
     summary = summarize(opts.benchmark, opts.root, spec, experiences)
     if not opts.no_decode:
         summary.images_checked = verify(experiences, opts.threads)
-    if opts.speed > 0:
+    if opts.speed > 0 and spec.num_classes is not None:  # the loader-speed probe reads image batches
         summary.speed = measure_speed(experiences[0].train, batches=opts.speed, workers=opts.workers,
                                       batch_size=opts.batch_size)
     if opts.json:

@@ -222,3 +222,25 @@ def test_trace_mini_references_score_one_by_their_tasks_metric(data):
         shifted = make_text_metric(TRACE_TASK_METRICS[task])
         shifted.update(answers[1:] + answers[:1], answers, sources=prompts)
         assert float(shifted.compute()) < 0.95, task
+
+
+def test_data_check_reads_a_trace_tree(tmp_path):
+    """`clbench data check trace` summarises text tasks (no classes) and names a bad record."""
+    import json
+    import subprocess
+    import sys
+
+    from benchmarks.trace import write_trace
+    from benchmarks.trace_mini import generate
+
+    root = write_trace(tmp_path / "TRACE", generate(tasks=["FOMC", "Py150"], n_train=4, n_eval=1, n_test=2))
+    ok = subprocess.run([sys.executable, "-m", "clbench.cli", "data", "check", "trace", "--root", str(root),
+                         "--json", "tasks=[FOMC, Py150]"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    summary = json.loads(ok.stdout)
+    assert summary["objective"] == "causal_lm" and [e["train"] for e in summary["experiences"]] == [4, 4]
+    (root / "FOMC" / "test.json").write_text(json.dumps([{"prompt": "x"}]))
+    bad = subprocess.run([sys.executable, "-m", "clbench.cli", "data", "check", "trace", "--root", str(root),
+                          "tasks=[FOMC, Py150]"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "FOMC/test.json" in bad.stderr and "record 0" in bad.stderr
