@@ -1,0 +1,127 @@
+"""``vit_moe``: the thesis's ViT-MoE on timm's ``VisionTransformer``.
+
+The dense ViT is built by timm (any size: explicit ``embed_dim``/``depth``/... for the
+stream's image size, or a timm model ``name`` such as ``vit_small_patch16_224``); the MLP of
+every block in ``moe_blocks`` is then replaced by :class:`clbench.vision.moe.MoEMLP`. The
+rest (patch embedding, attention, norms, class token, head) is timm's, so a ViT-MoE and the
+dense ViT it came from have "identical structure except for the router and additional FFN
+experts".
+
+Thesis labels (``label=``; explicit arguments override the label's settings):
+
+=========================  ===============================================================
+``ViT``                    the dense ViT (no MoE blocks)
+``MoE``                    4 experts, top-1 switch router, balance loss only
+``MoE-many``               8 experts, top-2 switch router
+``MoE_ensemble_LR_scale``  4 always-on experts with learning-rate multipliers
+                           (1.0, 0.5, 0.1, 0.01), no router
+``EMA router``             4 experts, top-1, ``ema_centroid`` router (variant 1)
+=========================  ===============================================================
+
+Choices:
+
+* ``moe_blocks`` (0-based block indices) defaults to the last third of the blocks:
+  ``range(depth - depth // 3, depth)``, i.e. blocks 8-11 of 12. The thesis reports routing
+  "at the first MoE layer (block 8 in depth)" and its variant 2 splits "the final 4 layers";
+  0-based block 8 of 12 starts exactly the final four.
+* Initialisation: random by default (timm's initialisation for the dense parts; experts
+  drawn independently with timm's truncated normal, std 0.02). ``weights_path`` loads a local
+  dense ViT state dict (``.pth``/``.bin``/``.safetensors``, passed through timm's
+  ``checkpoint_filter_fn``, which resamples position embeddings) and copies each MoE block's
+  dense MLP into every expert (the thesis's model transfer); the head is re-initialised when
+  the class count differs. ``expert_init="copy"`` copies the randomly initialised dense MLP
+  into every expert instead (an MoE that starts as its dense twin).
+* ``expert_mlp_ratio``: the experts' MLP ratio; the dense ``mlp_ratio`` (equal active
+  parameters, the thesis's small models) by default, ``mlp_ratio / num_experts`` for equal
+  total parameters (its mini models, "MoE MLPs = 1/4"). Model transfer needs the dense ratio.
+* ``level``, ``top_k``, shared experts, learning-rate multipliers and the routers' options:
+  see :mod:`clbench.vision.moe` and :mod:`clbench.vision.routers`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import nn
+
+from clbench.vision.moe import MoEMLP
+
+LABELS: dict[str, dict] = {
+    "ViT": {"moe_blocks": []},
+    "MoE": {"num_experts": 4, "top_k": 1, "router": "switch"},
+    "MoE-many": {"num_experts": 8, "top_k": 2, "router": "switch"},
+    "MoE_ensemble_LR_scale": {"num_experts": 0, "num_shared": 4, "shared_lr_mult": [1.0, 0.5, 0.1, 0.01]},
+    "EMA router": {"num_experts": 4, "top_k": 1, "router": "ema_centroid"},
+}
+DEFAULTS = {"num_experts": 4, "top_k": 1, "router": "switch", "num_shared": 0, "shared_lr_mult": None,
+            "moe_blocks": None}
+
+
+def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = None, patch_size: int = 4,
+            embed_dim: int = 64, depth: int = 4, num_heads: int = 4, mlp_ratio: float = 4.0,
+            label: str | None = None, moe_blocks: Sequence[int] | None = None, num_experts: int | None = None,
+            top_k: int | None = None, num_shared: int | None = None, router: str | None = None,
+            router_args: dict | None = None, level: str = "image", pool: str = "mean",
+            expert_mlp_ratio: float | None = None, expert_lr_mult: float | Sequence[float] | None = None,
+            shared_lr_mult: float | Sequence[float] | None = None, shared_combine: str = "mean",
+            weights_path: str = "", expert_init: str = "random", drop_path_rate: float = 0.0) -> nn.Module:
+    """A timm ViT whose MLPs in ``moe_blocks`` are mixtures of experts (see the module notes)."""
+    import timm
+    from timm.models.vision_transformer import VisionTransformer
+
+    if label is not None and label not in LABELS:
+        raise ValueError(f"unknown label {label!r}; choose one of {sorted(LABELS)}")
+    if expert_init not in ("random", "copy"):
+        raise ValueError(f"expert_init must be 'random' or 'copy', got {expert_init!r}")
+    given = {"num_experts": num_experts, "top_k": top_k, "router": router, "num_shared": num_shared,
+             "shared_lr_mult": shared_lr_mult, "moe_blocks": moe_blocks}
+    preset = LABELS.get(label, {})
+    opts = {k: v if v is not None else preset.get(k, DEFAULTS[k]) for k, v in given.items()}
+
+    in_ch, h, w = input_shape
+    if name is None:
+        model = VisionTransformer(img_size=(h, w), patch_size=patch_size, in_chans=in_ch, num_classes=num_classes,
+                                  embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+                                  drop_path_rate=drop_path_rate)
+    else:
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_ch,
+                                  img_size=(h, w), drop_path_rate=drop_path_rate)
+    if weights_path:
+        load_dense_weights(model, weights_path)
+
+    blocks = model.blocks
+    chosen = opts["moe_blocks"]
+    chosen = list(range(len(blocks) - len(blocks) // 3, len(blocks))) if chosen is None else list(chosen)
+    for index in chosen:
+        if not 0 <= index < len(blocks):
+            raise ValueError(f"moe_blocks: block {index} is outside 0..{len(blocks) - 1}")
+    copy = bool(weights_path) or expert_init == "copy"
+    for index in chosen:
+        dense = blocks[index].mlp
+        hidden = None
+        if expert_mlp_ratio is not None:
+            hidden = max(1, int(dense.fc1.in_features * expert_mlp_ratio))
+        blocks[index].mlp = MoEMLP.from_dense(
+            dense, copy_weights=copy, hidden=hidden, num_experts=opts["num_experts"], top_k=opts["top_k"],
+            num_shared=opts["num_shared"], level=level, pool=pool, router=opts["router"],
+            router_args=router_args, shared_combine=shared_combine, expert_lr_mult=expert_lr_mult,
+            shared_lr_mult=opts["shared_lr_mult"])
+    model.moe_blocks = chosen
+    return model
+
+
+def load_dense_weights(model: nn.Module, path: str) -> None:
+    """Load a local dense ViT state dict into ``model``; a head of another class count is kept fresh."""
+    from timm.models import load_state_dict
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    state = checkpoint_filter_fn(load_state_dict(path), model)
+    own = model.state_dict()
+    for key in [k for k in state if k.startswith("head.")]:
+        if key in own and state[key].shape != own[key].shape:
+            del state[key]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("head.")]
+    if missing or unexpected:
+        raise ValueError(f"{path}: weights do not fit this ViT (missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}); give the dense model's architecture arguments")
