@@ -1,0 +1,163 @@
+"""LoRAMoE and MH-MoE: mixtures of LoRA experts on a frozen causal LM, trained on every task in turn.
+
+Both replace the targeted linear modules of the frozen model by
+:class:`clbench.lm.moe_adapters.MoELoRALinear` (see there for the layer, its gating and the
+top-1 router-gradient choice) in :meth:`setup`, and train only the experts and routers over the
+whole stream: no task ids, boundaries or replay (MH-MoE, Sec. 5.1 and App. A.3.4).
+
+* ``loramoe`` (Dou et al. 2024): one router over the module's input, K LoRA experts. Default
+  K = 4, top-1: MH-MoE's Table 1 baseline. ``top_k=None`` gives LoRAMoE's published dense
+  softmax gating; ``balance_weight`` its (δ = 0) balancing term.
+* ``mh_moe`` (MH-MoE, Algorithm 1): the input split into ``heads`` contiguous slices, each
+  with its own router and K = 4 private LoRA experts, top-1 per head, head outputs summed and
+  added to the frozen base (the additive reading of "LoRA-style" experts, App. A.3.3).
+
+Targets: the MLP's linear modules (the paper attaches experts "to the linear modules in the MLP
+layers"; which ones is not given): ``gate_proj``, ``up_proj`` and ``down_proj``, the modules of
+LoRAMoE's released code. The down projection's input is the MLP's intermediate activation;
+MH-MoE splits it like any input (App. A.3.3, item 2). Every transformer layer is adapted unless
+``layers`` is given.
+
+Budget: the paper tunes ranks "so that the number of activated parameters is comparable across
+methods". ``r`` sets the rank directly; ``match_lora_rank=r0`` instead picks, at setup, the rank
+whose active parameters per token (experts used + routers,
+:func:`~clbench.lm.moe_adapters.param_counts`) over the adapted modules come closest to those
+of one plain LoRA of rank r0 on the same modules. ``active_params`` and ``total_params`` are
+then set on the strategy (and recorded through :meth:`hparams`).
+"""
+
+from __future__ import annotations
+
+from clbench.errors import UserError
+from clbench.lm import moe_adapters
+from clbench.strategy import Strategy
+from strategies.lora import lora_target, refuse_other_adapters
+
+MLP = ["gate_proj", "up_proj", "down_proj"]
+
+
+class _MoELoRA(Strategy):
+    kind = "loramoe"
+    supports_distributed = True
+    supports_sharded = False  # modules are replaced in a whole, unsharded model
+
+    def __init__(self, num_experts: int = 4, top_k: int | None = 1, r: int = 4, alpha: float = 16.0,
+                 heads: int = 1, match_lora_rank: int | None = None, top1_gate: str = "probability",
+                 dropout: float = 0.0, balance_weight: float = 0.0, target_modules: list[str] | None = None,
+                 layers: list[int] | None = None):
+        super().__init__()
+        where = "strategy.init_args"
+        checks = [
+            ("num_experts", isinstance(num_experts, int) and num_experts >= 1, "an integer >= 1, e.g. 4"),
+            ("top_k", top_k is None or (isinstance(top_k, int) and 1 <= top_k <= num_experts),
+             f"an integer in [1, num_experts = {num_experts}]" + (", or null for dense gating"
+                                                                  if self.kind == "loramoe" else "")),
+            ("r", isinstance(r, int) and r >= 1, "an integer rank >= 1"),
+            ("alpha", alpha > 0, "a positive α, e.g. 16 (scale α/r)"),
+            ("heads", isinstance(heads, int) and heads >= 1 and (self.kind == "mh_moe" or heads == 1),
+             "1 for loramoe; for mh_moe a divisor of the adapted modules' input widths"),
+            ("match_lora_rank", match_lora_rank is None or (isinstance(match_lora_rank, int) and match_lora_rank >= 1),
+             "the rank of the plain LoRA to match, or null"),
+            ("top1_gate", top1_gate in moe_adapters.TOP1_GATES, f"one of {list(moe_adapters.TOP1_GATES)}"),
+            ("dropout", 0.0 <= dropout < 1.0, "a rate in [0, 1)"),
+            ("balance_weight", balance_weight >= 0, "a non-negative weight"),
+            ("target_modules", target_modules is None or (isinstance(target_modules, list) and target_modules),
+             "a non-empty list of module names, e.g. [gate_proj, up_proj, down_proj]"),
+            ("layers", layers is None or (layers and all(isinstance(i, int) and i >= 0 for i in layers)),
+             "a non-empty list of layer indices, or null for every layer"),
+        ]
+        if self.kind == "mh_moe" and top_k is None:
+            checks.append(("top_k", False, "an integer: MH-MoE routes top-k within each head"))
+        for name, ok, fix in checks:
+            if not ok:
+                raise UserError(f"{name} = {locals()[name]!r} is not valid for {self.kind}",
+                                where=f"{where}.{name}", fix=f"give {fix}")
+        self.num_experts, self.top_k, self.r, self.alpha, self.heads = num_experts, top_k, r, alpha, heads
+        self.match_lora_rank, self.top1_gate, self.dropout = match_lora_rank, top1_gate, dropout
+        self.balance_weight, self.target_modules, self.layers = balance_weight, target_modules, layers
+        self.active_params: int | None = None
+        self.total_params: int | None = None
+
+    def layer_args(self) -> dict:
+        return {"kind": self.kind, "num_experts": self.num_experts, "top_k": self.top_k, "heads": self.heads}
+
+    def hparams(self):
+        out = super().hparams()
+        out.update(active_params=self.active_params, total_params=self.total_params)
+        return out
+
+    def setup(self, module, experiences, seed):
+        super().setup(module, experiences, seed)
+        refuse_other_adapters(module.model, self.kind)
+        target = lora_target(module.model)
+        found = moe_adapters.matching_linears(target, self.target_modules or MLP, self.layers)
+        if not found:
+            raise UserError(f"{self.kind}: no linear module named {self.target_modules or MLP} to adapt",
+                            where="strategy.init_args.target_modules",
+                            fix="name the model's linear layers, e.g. [gate_proj, up_proj, down_proj]")
+        shapes = [(m.in_features, m.out_features) for _, m in found]
+        bad = sorted({i for i, _ in shapes if i % self.heads})
+        if bad:
+            raise UserError(f"heads = {self.heads} does not divide the input widths {bad}",
+                            where="strategy.init_args.heads", fix="give a common divisor of the input widths")
+        if self.match_lora_rank is not None:
+            budget = sum(moe_adapters.param_counts(i, o, kind="lora", num_experts=1, top_k=1,
+                                                   r=self.match_lora_rank)["active"] for i, o in shapes)
+            self.r = moe_adapters.rank_for_budget(budget, shapes, **self.layer_args())
+        counts = [moe_adapters.param_counts(i, o, r=self.r, **self.layer_args()) for i, o in shapes]
+        self.active_params = sum(c["active"] for c in counts)
+        self.total_params = sum(c["total"] for c in counts)
+        self._inject(module.model)
+
+    def _inject(self, model) -> None:
+        target = lora_target(model)
+        if moe_adapters.moe_layers(target):
+            return
+        moe_adapters.inject(target, self.target_modules or MLP, self.layers, r=self.r, alpha=self.alpha,
+                            top1_gate=self.top1_gate, dropout=self.dropout, balance_weight=self.balance_weight,
+                            **self.layer_args())
+        for name, p in model.named_parameters():
+            p.requires_grad_("lora_" in name)
+
+    def state_dict(self):
+        return {"r": self.r}
+
+    def load_state_dict(self, state):
+        self.r = int(state["r"])
+
+    def restore_model(self, module, state):
+        """Re-inject the layers (a no-op when setup already did) before the weights load."""
+        self._inject(module.model)
+
+
+class LoRAMoE(_MoELoRA):
+    """LoRAMoE: frozen base + K LoRA experts under one router per adapted module.
+
+    Args:
+        num_experts: K (4, MH-MoE's Table 1 baseline; LoRAMoE's code uses 8).
+        top_k: experts per token, renormalised softmax over them; ``None`` for dense softmax gating.
+        r, alpha: each expert's rank and α (scale α/r); ``match_lora_rank`` overrides ``r``.
+        top1_gate: with top-1, ``"probability"`` (Switch-style p_j, the router learns) or
+            ``"renormalized"`` (weight ≡ 1, router frozen in effect).
+        dropout: on the experts' input. balance_weight: weight of the cv² balancing term.
+        target_modules, layers: which linear modules, in which transformer layers.
+    """
+
+    kind = "loramoe"
+
+
+class MHMoE(_MoELoRA):
+    """MH-MoE: ``heads`` input slices, each with its own router and K private LoRA experts.
+
+    Args as :class:`LoRAMoE`, plus ``heads`` (H; must divide every adapted input width); the
+    defaults are the paper's K = 4 private experts per head, top-1.
+    """
+
+    kind = "mh_moe"
+
+    def __init__(self, num_experts: int = 4, top_k: int | None = 1, r: int = 4, alpha: float = 16.0,
+                 heads: int = 4, match_lora_rank: int | None = None, top1_gate: str = "probability",
+                 dropout: float = 0.0, balance_weight: float = 0.0, target_modules: list[str] | None = None,
+                 layers: list[int] | None = None):
+        super().__init__(num_experts, top_k, r, alpha, heads, match_lora_rank, top1_gate, dropout,
+                         balance_weight, target_modules, layers)

@@ -1,0 +1,182 @@
+"""Mixture-of-LoRA-experts layers (LoRAMoE, MH-MoE) on a tiny random Qwen3: the layer against a
+per-token loop, gating and router gradients, budgets, frozen bases, routing records and resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_strategies_llm import build, lm, lm_config, stream, train, trainable
+from torch import nn
+
+from clbench.errors import UserError
+from clbench.lm.moe_adapters import (
+    MoELoRALinear,
+    inject,
+    moe_layers,
+    param_counts,
+    rank_for_budget,
+)
+from clbench.metrics.routing import RoutingRecorder
+from strategies.lora import base_state
+from strategies.moe_lora import LoRAMoE, MHMoE
+
+pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
+              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
+              pytest.mark.filterwarnings("ignore:The '(train|val)_dataloader' does not have many workers")]
+
+
+def layer(kind="mh_moe", d_in=12, d_out=5, seed=0, **kw) -> MoELoRALinear:
+    torch.manual_seed(seed)
+    out = MoELoRALinear(nn.Linear(d_in, d_out), kind=kind, **kw)
+    with torch.no_grad():
+        out.lora_B.normal_()  # B = 0 would make every expert output 0
+    return out
+
+
+def loop_reference(m: MoELoRALinear, x: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1 token by token, head by head, expert by expert."""
+    out = m.base_layer(x).clone()
+    dh = m.in_features // m.heads
+    for t in range(x.shape[0]):
+        for h in range(m.heads):
+            xh = x[t, h * dh:(h + 1) * dh]
+            logits = m.lora_router[h] @ xh
+            probs = logits.softmax(-1)
+            if m.top_k is None:
+                chosen, weights = range(m.experts_per_head), probs
+            else:
+                chosen = logits.topk(m.top_k).indices.tolist()
+                renorm = logits[chosen].softmax(-1)
+                weights = {j: (probs[j] if m.top_k == 1 and m.top1_gate == "probability" else renorm[i])
+                           for i, j in enumerate(chosen)}
+            for j in chosen:
+                out[t] += weights[j] * ((m.lora_A[h, j] @ xh) @ m.lora_B[h, j]) * m.scaling
+    return out
+
+
+@pytest.mark.parametrize("kw", [{"kind": "mh_moe", "heads": 3, "num_experts": 4, "top_k": 1},
+                                {"kind": "mh_moe", "heads": 2, "num_experts": 4, "top_k": 2},
+                                {"kind": "mh_moe", "heads": 4, "num_experts": 3, "top_k": 1,
+                                 "top1_gate": "renormalized"},
+                                {"kind": "loramoe", "num_experts": 5, "top_k": 2},
+                                {"kind": "loramoe", "num_experts": 4, "top_k": None}], ids=str)
+def test_batched_dispatch_equals_the_per_token_loop(kw):
+    m = layer(r=3, alpha=6.0, **kw)
+    x = torch.randn(7, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x.view(1, 7, 12)).view(7, 5), loop_reference(m, x))
+
+
+def test_mh_moe_with_one_head_computes_what_loramoe_top_k_computes():
+    for top_k in (1, 2):
+        a = layer("mh_moe", heads=1, num_experts=4, top_k=top_k, r=2, seed=1)
+        b = layer("loramoe", num_experts=4, top_k=top_k, r=2, seed=2)
+        b.load_state_dict(a.state_dict())
+        x = torch.randn(2, 6, 12)
+        assert torch.equal(a(x), b(x))
+    # and heads matter: 3 heads on the same input route and compute differently
+    c = layer("mh_moe", heads=3, num_experts=4, top_k=1, r=2)
+    assert c(x).shape == a(x).shape and not torch.allclose(c(x), a(x))
+
+
+def test_top1_router_gradient_follows_the_documented_choice():
+    x = torch.randn(16, 12)
+    for gate, learns in (("probability", True), ("renormalized", False)):
+        m = layer(heads=3, num_experts=4, top_k=1, r=2, top1_gate=gate)
+        m(x).pow(2).sum().backward()
+        assert (m.lora_router.grad.abs().sum() > 0) == learns, gate
+        assert m.lora_A.grad.abs().sum() > 0 and m.base_layer.weight.grad is None
+
+
+def test_parameter_counts_and_rank_for_a_budget():
+    m = layer(heads=4, num_experts=4, top_k=1, r=2, d_in=64, d_out=128)
+    trainable_n = sum(p.numel() for p in m.parameters() if p.requires_grad)
+    assert m.param_counts() == {"total": trainable_n, "active": 4 * 2 * (16 + 128) + 4 * 64}
+    assert param_counts(64, 128, kind="loramoe", num_experts=4, top_k=None, r=2)["active"] == 4 * 2 * 192 + 256
+    # one rank-8 LoRA on gate/up (64 -> 128) and down (128 -> 64) per layer: 3 · 8 · 192 = 4608
+    shapes = [(64, 128), (64, 128), (128, 64)]
+    assert rank_for_budget(4608, shapes, kind="lora", num_experts=1, top_k=1) == 8
+    assert rank_for_budget(4608, shapes, kind="loramoe", num_experts=4, top_k=1) == 6    # 4480
+    assert rank_for_budget(4608, shapes, kind="mh_moe", num_experts=4, top_k=1, heads=4) == 2  # 4096
+
+
+@pytest.mark.parametrize("cls,kw,rank", [(LoRAMoE, {}, 6), (MHMoE, {"heads": 4}, 2)], ids=["loramoe", "mh_moe"])
+def test_strategy_freezes_the_base_matches_the_budget_and_trains(cls, kw, rank):
+    experiences = stream(8)
+    model = lm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    strategy = cls(match_lora_rank=8, **kw)
+    module = build(strategy, experiences, model)
+    layers = moe_layers(model)
+    assert len(layers) == 6 and {m.r for m in layers} == {rank}  # 2 transformer layers × 3 MLP linears
+    names = trainable(model)
+    assert all("lora_" in n for n in names)
+    assert sum(p.numel() for p in names.values()) == strategy.total_params
+    assert strategy.active_params == 2 * sum(m.param_counts()["active"] for m in layers[:3])
+    assert abs(strategy.active_params - 2 * 4608) <= 0.15 * 2 * 4608
+    assert strategy.hparams()["active_params"] == strategy.active_params
+    for exp in experiences:
+        train(module, exp, steps=2)
+    after = base_state(model)
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert all(m.lora_B.abs().sum() > 0 for m in layers)  # experts trained (B starts at 0)
+
+
+def test_routing_records_per_layer_and_heads_as_route_tuples():
+    model = lm()
+    inject(model.hf, ["up_proj"], [1], kind="mh_moe", heads=4, num_experts=4, top_k=1, r=2)
+    (m,) = moe_layers(model)
+    recorder = RoutingRecorder(num_domains=1, keep_routes=True).attach(model)
+    ids = torch.randint(0, 50, (2, 9))
+    with recorder.domain(0), torch.no_grad():
+        model(input_ids=ids)
+    figures = recorder.compute()
+    (name,) = figures
+    assert name.endswith("layers.1.mlp.up_proj") and m.num_experts == 16
+    assert figures[name]["utilization"].shape == (1, 16)
+    _, routes = recorder.routes(name)
+    assert routes.shape == (18, 4)  # one expert per head: the tuple (S_1, …, S_4)
+    assert all(((routes[:, h] >= 4 * h) & (routes[:, h] < 4 * h + 4)).all() for h in range(4))
+
+
+def test_balance_term_reaches_the_loss_and_bad_options_are_refused():
+    from clbench import auxiliary
+
+    m = layer("loramoe", num_experts=4, top_k=None, r=2, balance_weight=0.5)
+    with auxiliary.collect() as terms:
+        m(torch.randn(10, 12))
+    assert terms["balance"] > 0 and terms["balance"].requires_grad
+    for cls, kwargs, field in [(MHMoE, {"top_k": None}, "top_k"), (LoRAMoE, {"heads": 2}, "heads"),
+                               (LoRAMoE, {"top_k": 5}, "top_k"), (MHMoE, {"top1_gate": "x"}, "top1_gate")]:
+        with pytest.raises(UserError) as err:
+            cls(**kwargs)
+        assert err.value.where == f"strategy.init_args.{field}"
+    with pytest.raises(UserError, match="does not divide"):
+        build(MHMoE(heads=5), stream(4))
+
+
+def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same_r(tmp_path, monkeypatch):
+    from clbench import faults
+    from clbench.runner import run
+
+    cfg = lm_config({"class_path": "mh_moe", "init_args": {"heads": 4, "r": 2}})
+    reference = run(cfg, tmp_path / "reference")
+    util = reference["expert_utilization"]  # per stage, per adapted layer
+    assert len(util) == 2 and all(len(stage) == 6 for stage in util) and reference["train_expert_utilization"]
+    assert all(len(row) == 16 for stage in util for figures in stage.values() for row in figures["utilization"])
+    # per transformer layer: gate/up 16 experts · 2 · (16 + 128) + 4 · 64 router, down 16 · 2 · (32 + 64) + 4 · 128
+    assert reference["model"]["params_trainable"] == 2 * (2 * (4608 + 256) + 3072 + 512)
+
+    class Crash(Exception):
+        pass
+
+    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(Crash()))
+    monkeypatch.setenv(faults.ENV, "stage:1:step:2")
+    with pytest.raises(Crash):
+        run(cfg, tmp_path / "crashed")
+    saved = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
+    assert saved["state"]["stage"] == 1 and any(k.endswith("up_proj.lora_router") for k in saved["model"])
+    monkeypatch.delenv(faults.ENV)
+    resumed = run(cfg, tmp_path / "crashed", resume=True)
+    assert resumed["r_matrix"] == reference["r_matrix"]
+    assert resumed["expert_utilization"] == util
