@@ -1,0 +1,298 @@
+"""MoSEs: Mixtures of SubExperts with per-task masks, prompts and keys on a frozen causal LM.
+
+:class:`~clbench.lm.moses_layers.MoSELinear` replaces the targeted attention projections (the
+layer, its masks and the straight-through estimator are described there). Per task t the
+strategy keeps a binary mask set m^t in every layer, a prompt e_t (L_e × D) and a key k_t (D),
+all stored by the experience's **name** in a slot table (``slots``), so any task order works.
+
+Training task t (Algorithm 1): the task id is the experience being trained. At its start the
+score tensors s and the router entries no earlier task's mask uses are re-initialised ("we
+reinitialize the gating and expert score parameters s at the beginning of each new task"; the
+entries earlier masks use are kept, or those tasks would lose their routing). Each step trains
+the masked experts, router, scores, e_t and k_t on
+
+    L = L_task + λ_pull · L_pull,   L_pull = −(1/B) Σ_i cos(q(x_i), k_t)   (λ_pull = 0.1)
+
+the single-key reading of Eq. 7 (the prose: "one selected prompt key per sample"; the printed
+average over all tasks would pull every key toward every task's inputs and defeat matching).
+After every optimizer step the live top-c masks are stored in slot t.
+
+Choices where the paper is silent or self-contradictory (see also the layer's module):
+
+* **Protection** (``protect``). The paper says masks are chosen "without freezing previously
+  learned parameters" yet claims to "isolate and protect knowledge". With ``protect=True`` (the
+  default) the weights an earlier task's mask selected are restored after every optimizer step
+  (WSN, which the masks follow, freezes them), so earlier tasks' sub-networks stay bit-identical
+  while new masks may still reuse them; ``protect=False`` is the literal reading (shared
+  weights drift).
+* **Prompt placement.** e_t is a learnable prefix of L_e vectors prepended to the input
+  embeddings of the decoder (prompt tuning), rather than a separate prefix per attention layer
+  (Eq. 6). Reason: it is done with a forward hook on the decoder that extends the attention
+  mask and position ids and strips the prefix from the output, so training, the KV-cached
+  generation of the causal-LM objective and every architecture with ``embed_tokens`` work
+  without touching the attention internals; every adapted layer still sees the prompted
+  sequence x̃ = [e_t; x] (through the layers below it).
+* **Query feature** q(x): the mean of the frozen base's input embeddings over the prompt tokens
+  (attention mask, and labels = −100 in training). It needs no extra forward pass and is fixed,
+  so keys chase a stationary target.
+* **Task inference** (``task_inference``): ``"keys"`` (TaIL, the paper's main setting) picks per
+  sample the trained task whose key has the highest cosine with q(x) (Algorithm 2; γ read as a
+  cosine distance). ``"oracle"`` (TiL) uses the evaluated column's task; the column is read by
+  wrapping the objective's ``evaluate`` (the module calls ``objective.evaluate(..., column)``),
+  the one place where the column meets the model without a change to the module. A column with
+  no trained task yet (the R matrix's upper triangle) falls back to key matching.
+* Keys are initialised N(0, 0.02²) like the embeddings, prompts likewise.
+* Targets: ``q_proj`` and ``v_proj`` of every layer by default (the paper adapts "the
+  Self-Attention layer" without naming projections; its LoRA baseline count fits two 4096×4096
+  projections); the paper's W/O[0-1] is ``layers: [2, …, 31]``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from clbench.errors import UserError
+from clbench.lm import moses_layers
+from clbench.lm.moses_layers import TaskState
+from clbench.strategy import Strategy
+from strategies.lora import lora_target, refuse_other_adapters
+
+IGNORE = -100
+INFERENCE = ("keys", "oracle")
+_COLUMN: contextvars.ContextVar[str | None] = contextvars.ContextVar("moses_column", default=None)
+
+
+class TaskPrompts(nn.Module):
+    """One prompt (L_e × D) and one key (D) per task slot."""
+
+    def __init__(self, num_tasks: int, length: int, dim: int, device=None):
+        super().__init__()
+        self.prompt = nn.ParameterList([nn.Parameter(torch.randn(length, dim, device=device) * 0.02)
+                                        for _ in range(num_tasks)])
+        self.key = nn.ParameterList([nn.Parameter(torch.randn(dim, device=device) * 0.02)
+                                     for _ in range(num_tasks)])
+
+
+def query(embed: nn.Module, input_ids: Tensor, mask: Tensor | None) -> Tensor:
+    """q(x): the mean of the frozen input embeddings over the tokens where ``mask`` is set."""
+    with torch.no_grad():
+        emb = embed(input_ids).float()
+        mask = torch.ones_like(input_ids) if mask is None else mask
+        weights = mask.to(emb.dtype).unsqueeze(-1)
+        return (emb * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def pull_loss(queries: Tensor, key: Tensor) -> Tensor:
+    """Eq. 7, single-key reading: −mean_i cos(q_i, k)."""
+    return -(F.normalize(queries, dim=-1) @ F.normalize(key.float(), dim=-1)).mean()
+
+
+def match(queries: Tensor, keys: Tensor) -> Tensor:
+    """Index of the key with the highest cosine for every query (Algorithm 2, step 2)."""
+    return (F.normalize(queries, dim=-1) @ F.normalize(keys.float(), dim=-1).T).argmax(-1)
+
+
+class MoSEs(Strategy):
+    """MoSEs on the attention projections of a frozen causal LM.
+
+    Args:
+        num_experts, top_k: N sub-experts per layer and how many each token uses (E2T2: 2, 2).
+        r, alpha: each sub-expert's rank and α (β = α/r; the paper's r = 2, α = 8).
+        density: c, the kept fraction of each weight tensor per task (0.29–0.30 in the paper).
+        prompt_length: L_e. pull_weight: λ_pull.
+        task_inference: ``"keys"`` (task-agnostic, key matching) or ``"oracle"`` (task id given).
+        protect: keep earlier tasks' masked weights fixed (see the module docstring).
+        target_modules, layers: which linear modules, in which transformer layers (null: all).
+    """
+
+    supports_distributed = True
+    supports_sharded = False
+
+    def __init__(self, num_experts: int = 2, top_k: int = 2, r: int = 2, alpha: float = 8.0, density: float = 0.3,
+                 prompt_length: int = 1, pull_weight: float = 0.1, task_inference: str = "keys",
+                 protect: bool = True, target_modules: list[str] | None = None, layers: list[int] | None = None):
+        super().__init__()
+        checks = [
+            ("num_experts", isinstance(num_experts, int) and num_experts >= 1, "an integer >= 1, e.g. 2"),
+            ("top_k", isinstance(top_k, int) and 1 <= top_k <= num_experts, f"an integer in [1, {num_experts}]"),
+            ("r", isinstance(r, int) and r >= 1, "an integer rank >= 1, e.g. 2"),
+            ("alpha", alpha > 0, "a positive α, e.g. 8"),
+            ("density", 0 < density <= 1, "the kept fraction c in (0, 1], e.g. 0.3"),
+            ("prompt_length", isinstance(prompt_length, int) and prompt_length >= 0, "an integer >= 0, e.g. 1"),
+            ("pull_weight", pull_weight >= 0, "a non-negative λ_pull, e.g. 0.1"),
+            ("task_inference", task_inference in INFERENCE, f"one of {list(INFERENCE)}"),
+            ("target_modules", target_modules is None or (isinstance(target_modules, list) and target_modules),
+             "a non-empty list of module names, e.g. [q_proj, v_proj]"),
+            ("layers", layers is None or (layers and all(isinstance(i, int) and i >= 0 for i in layers)),
+             "a non-empty list of layer indices, or null for every layer"),
+        ]
+        for name, ok, fix in checks:
+            if not ok:
+                raise UserError(f"{name} = {locals()[name]!r} is not valid for moses",
+                                where=f"strategy.init_args.{name}", fix=f"give {fix}")
+        self.num_experts, self.top_k, self.r, self.alpha, self.density = num_experts, top_k, r, alpha, density
+        self.prompt_length, self.pull_weight, self.task_inference = prompt_length, pull_weight, task_inference
+        self.protect, self.target_modules, self.layers = protect, target_modules, layers
+        self.slots: dict[str, int] = {}   # experience name -> task slot, in training order
+        self.state = TaskState()
+        self.prompts: TaskPrompts | None = None
+        self.total_params: int | None = None
+        self._strip = False
+        self._frozen: list[tuple[Any, dict, dict]] = []
+
+    def hparams(self):
+        out = super().hparams()
+        out["total_params"] = self.total_params
+        return out
+
+    # -- set-up and injection ---------------------------------------------------------------
+    def setup(self, module, experiences, seed):
+        super().setup(module, experiences, seed)
+        refuse_other_adapters(module.model, "moses")
+        self._inject(module.model)
+        self._wrap_evaluate(module.objective)
+
+    def _inject(self, model) -> None:
+        target = lora_target(model)
+        decoder = target.get_decoder() if hasattr(target, "get_decoder") else target
+        if moses_layers.mose_layers(target):
+            self.prompts = decoder.moses_prompts
+            return
+        names = moses_layers.inject(target, self.target_modules or ["q_proj", "v_proj"], self.layers, self.state,
+                                    num_tasks=len(self.experiences), num_experts=self.num_experts, top_k=self.top_k,
+                                    r=self.r, alpha=self.alpha, density=self.density)
+        if not names:
+            raise UserError(f"moses: no linear module named {self.target_modules or ['q_proj', 'v_proj']} to adapt",
+                            where="strategy.init_args.target_modules", fix="name attention projections, e.g. [q_proj, v_proj]")
+        embed = decoder.get_input_embeddings()
+        self.prompts = TaskPrompts(len(self.experiences), self.prompt_length, embed.embedding_dim,
+                                   device=embed.weight.device)
+        decoder.moses_prompts = self.prompts
+        decoder.register_forward_pre_hook(self._prefix, with_kwargs=True)
+        decoder.register_forward_hook(self._unprefix)
+        self.total_params = sum(m.param_counts()["total"] for m in moses_layers.mose_layers(target))
+        for p in model.parameters():
+            p.requires_grad_(False)
+
+    def _wrap_evaluate(self, objective) -> None:
+        """Make the evaluated column's name visible to the prompt hook (``task_inference: oracle``)."""
+        if getattr(objective, "_moses_column", False):
+            return
+        inner = objective.evaluate
+
+        def evaluate(model, batch, metrics, column=None):
+            token = _COLUMN.set(getattr(column, "name", None))
+            try:
+                return inner(model, batch, metrics, column)
+            finally:
+                _COLUMN.reset(token)
+
+        objective.evaluate, objective._moses_column = evaluate, True
+
+    # -- task selection and the prompt ------------------------------------------------------
+    def choose_slots(self, decoder, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+        """Evaluation: each sample's task slot (oracle column, else key matching); None before any task."""
+        if not self.slots:
+            return None
+        column = _COLUMN.get()
+        if self.task_inference == "oracle" and column in self.slots:
+            return torch.full((input_ids.shape[0],), self.slots[column], device=input_ids.device)
+        seen = sorted(self.slots.values())
+        keys = torch.stack([self.prompts.key[s] for s in seen])
+        q = query(decoder.get_input_embeddings(), input_ids, attention_mask)
+        return torch.tensor(seen, device=input_ids.device)[match(q, keys)]
+
+    def _prefix(self, decoder, args, kwargs):
+        ids = kwargs.get("input_ids")
+        if args or ids is None:
+            return None
+        cache = kwargs.get("past_key_values")
+        first = cache is None or cache.get_seq_length() == 0
+        state, n, length = self.state, ids.shape[0], self.prompt_length
+        training = decoder.training and state.training_slot is not None
+        if training:
+            slots = torch.full((n,), state.training_slot, device=ids.device)
+        else:
+            if first:
+                state.slots = self.choose_slots(decoder, ids, kwargs.get("attention_mask"))
+            slots = state.slots
+        self._strip = False
+        if slots is None or length == 0:
+            return None
+        mask, pos = kwargs.get("attention_mask"), kwargs.get("position_ids")
+        if mask is not None:
+            kwargs["attention_mask"] = torch.cat([mask.new_ones(n, length), mask], dim=1)
+        if pos is not None:
+            pos = pos + length
+            if first:
+                pos = torch.cat([torch.arange(length, device=pos.device).expand(n, length), pos], dim=1)
+            kwargs["position_ids"] = pos
+        if first:
+            embeds = decoder.get_input_embeddings()(ids)
+            prefix = torch.stack([self.prompts.prompt[s] for s in slots.tolist()]).to(embeds.dtype)
+            kwargs["input_ids"], kwargs["inputs_embeds"] = None, torch.cat([prefix, embeds], dim=1)
+            self._strip = True
+        return args, kwargs
+
+    def _unprefix(self, decoder, args, output):
+        if self._strip:
+            output.last_hidden_state = output.last_hidden_state[:, self.prompt_length:]
+            self._strip = False
+        return output
+
+    # -- training ---------------------------------------------------------------------------
+    def before_experience(self, module, experience):
+        slot = self.slots.setdefault(experience.name, len(self.slots))
+        earlier = [s for name, s in self.slots.items() if name != experience.name]
+        self.state.training_slot = slot
+        self._frozen = []
+        for layer in moses_layers.mose_layers(module.model):
+            used = layer.used(earlier)
+            layer.reset_scores()
+            layer.reset_router(keep=used["router"] if earlier else None)
+            layer.store_mask(slot)
+            if self.protect and earlier:
+                snapshot = {name: getattr(layer, f"lora_{name}").detach().clone() for name in used}
+                self._frozen.append((layer, used, snapshot))
+        for name, p in module.model.named_parameters():
+            p.requires_grad_("lora_" in name or "score_" in name)
+        self.prompts.prompt[slot].requires_grad_(True)
+        self.prompts.key[slot].requires_grad_(True)
+
+    def training_loss(self, module, x, y, logits, loss):
+        if not self.pull_weight or self.state.training_slot is None:
+            return loss
+        decoder = lora_target(module.model)
+        decoder = decoder.get_decoder() if hasattr(decoder, "get_decoder") else decoder
+        prompt_tokens = x["attention_mask"].bool() & (y == IGNORE)
+        q = query(decoder.get_input_embeddings(), x["input_ids"], prompt_tokens)
+        return loss + self.pull_weight * pull_loss(q, self.prompts.key[self.state.training_slot])
+
+    @torch.no_grad()
+    def on_after_optimizer_step(self, module):
+        for layer, used, snapshot in self._frozen:
+            for name, keep in used.items():
+                weight = getattr(layer, f"lora_{name}")
+                weight.copy_(torch.where(keep, snapshot[name], weight))
+        for layer in moses_layers.mose_layers(module.model):
+            layer.store_mask(self.state.training_slot)
+
+    def after_experience(self, module, experience):
+        self.state.training_slot = None
+        self._frozen = []
+
+    # -- resume -----------------------------------------------------------------------------
+    def state_dict(self):
+        return {"slots": dict(self.slots)}
+
+    def load_state_dict(self, state):
+        self.slots = {str(k): int(v) for k, v in state["slots"].items()}
+
+    def restore_model(self, module, state):
+        """Re-inject the layers and prompts (a no-op when setup already did) before the weights load."""
+        self._inject(module.model)

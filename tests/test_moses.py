@@ -1,0 +1,172 @@
+"""MoSEs on a tiny random Qwen3: per-task masks, the straight-through estimator, the pull loss,
+key matching on trace-mini tasks, the frozen base, and runs through the runner (keys mode, resume)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_strategies_llm import build, lm, lm_config, train
+from torch import nn
+
+from benchmarks.trace_mini import generate
+from clbench.lm.moses_layers import (
+    MoSELinear,
+    TaskState,
+    mose_layers,
+    straight_through_mask,
+)
+from clbench.streams import Experience
+from strategies.lora import base_state
+from strategies.moses import MoSEs, match, pull_loss, query
+
+pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
+              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
+              pytest.mark.filterwarnings("ignore:The '(train|val)_dataloader' does not have many workers")]
+
+TASKS = ["FOMC", "NumGLUE-cm", "Py150"]
+
+
+def trace_stream(tasks=TASKS, n_train=32, n_test=10) -> list[Experience]:
+    data = generate(tasks, n_train=n_train, n_eval=0, n_test=n_test, seed=0)
+    return [Experience(position=i, name=t, domain_id=i, classes=[], train=data[t]["train"], test=data[t]["test"])
+            for i, t in enumerate(tasks)]
+
+
+def masks(layer: MoSELinear, slot: int) -> torch.Tensor:
+    return torch.cat([layer.mask_A[slot].flatten(), layer.mask_B[slot].flatten(), layer.mask_router[slot].flatten()])
+
+
+def test_straight_through_mask_keeps_top_c_and_passes_gradients_to_scores():
+    torch.manual_seed(0)
+    scores = torch.randn(4, 25, requires_grad=True)
+    mask = straight_through_mask(scores, 0.3)
+    assert mask.sum() == 30 and set(mask.unique().tolist()) == {0.0, 1.0}
+    assert scores.detach().flatten()[mask.flatten().bool()].min() >= scores.detach().flatten()[~mask.flatten().bool()].max()
+    weight = torch.randn(4, 25)
+    (weight * mask).sum().backward()
+    torch.testing.assert_close(scores.grad, weight)  # identity backward: ∂L/∂s = ∂L/∂(θ⊙m) ⊙ θ
+
+    state = TaskState()
+    layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=2, r=2, density=0.5)
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    state.training_slot = 0
+    layer.train()(torch.randn(3, 6)).pow(2).sum().backward()
+    assert all(getattr(layer, f"score_{n}").grad.abs().sum() > 0 for n in ("A", "B", "router"))
+    assert layer.base_layer.weight.grad is None
+
+
+def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
+    torch.manual_seed(1)
+    state = TaskState()
+    layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=1, r=2, density=0.4).eval()
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    for slot in (0, 1):
+        layer.reset_scores()
+        layer.store_mask(slot)
+    x = torch.randn(2, 4, 6)
+    assert torch.equal(layer(x), layer.base_layer(x))  # state.slots is None
+    state.slots = torch.tensor([0, 1])
+    mixed = layer(x)
+    for i, slot in enumerate((0, 1)):
+        state.slots = torch.tensor([slot])
+        torch.testing.assert_close(mixed[i:i + 1], layer(x[i:i + 1]))
+
+
+def test_pull_loss_on_a_hand_built_case():
+    queries = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    key = torch.tensor([3.0, 3.0])
+    # cosines 1/√2 and 1/√2: L = −1/√2
+    torch.testing.assert_close(pull_loss(queries, key), torch.tensor(-(2 ** -0.5)))
+    torch.testing.assert_close(pull_loss(torch.tensor([[1.0, 0.0]]), torch.tensor([-2.0, 0.0])), torch.tensor(1.0))
+    assert match(torch.tensor([[1.0, 0.1], [-0.2, 1.0]]), torch.tensor([[0.0, 5.0], [2.0, 0.0]])).tolist() == [1, 0]
+
+
+def test_masks_are_per_task_base_is_frozen_and_keys_route_held_out_prompts():
+    experiences = trace_stream()
+    model = lm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    strategy = MoSEs(density=0.3, target_modules=["q_proj", "v_proj"])
+    module = build(strategy, experiences, model, lr=0.02)
+    layers = mose_layers(model)
+    assert len(layers) == 4
+    train(module, experiences[0], steps=4)
+    first = [masks(m, 0).clone() for m in layers]
+    weights = [{n: getattr(m, f"lora_{n}").detach().clone() for n in ("A", "B", "router")} for m in layers]
+    for exp in experiences[1:]:
+        train(module, exp, steps=4)
+    assert strategy.slots == {"FOMC": 0, "NumGLUE-cm": 1, "Py150": 2}
+    for m, mask, w in zip(layers, first, weights):
+        assert torch.equal(masks(m, 0), mask) and not torch.equal(masks(m, 1), mask)
+        assert abs(masks(m, 1).float().mean() - 0.3) < 0.02
+        for n in ("A", "B", "router"):  # protect: task 1's selected weights are unchanged
+            keep = getattr(m, f"mask_{n}")[0]
+            assert torch.equal(getattr(m, f"lora_{n}")[keep], w[n][keep])
+    after = base_state(model)
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+
+    # Algorithm 2 on held-out prompts: each sample routes to the key nearest to q(x)
+    tok = module.objective.tokenizer
+    embed = model.hf.get_input_embeddings()
+    correct = total = 0
+    for exp in experiences:
+        enc = tok([r["prompt"] for r in exp.test], return_tensors="pt", padding=True)
+        decoder = model.hf.get_decoder()
+        slots = strategy.choose_slots(decoder, enc["input_ids"], enc["attention_mask"])
+        correct += int((slots == strategy.slots[exp.name]).sum())
+        total += len(exp.test)
+        assert query(embed, enc["input_ids"], enc["attention_mask"]).shape == (len(exp.test), 64)
+    accuracy = correct / total
+    print(f"key-routing accuracy on held-out prompts of {TASKS}: {accuracy:.2f}")
+    assert accuracy >= 0.9
+
+
+def test_prompt_prefix_changes_outputs_and_generation_runs_under_oracle_and_keys():
+    experiences = trace_stream(TASKS[:2], n_train=16, n_test=4)
+    for mode in ("oracle", "keys"):
+        model = lm()
+        strategy = MoSEs(task_inference=mode, prompt_length=2)
+        module = build(strategy, experiences, model)
+        initial = [strategy.prompts.prompt[0].detach().clone(), strategy.prompts.prompt[1].detach().clone()]
+        train(module, experiences[0], steps=2)
+        assert not torch.equal(strategy.prompts.prompt[0], initial[0])  # the task's prompt trains,
+        assert torch.equal(strategy.prompts.prompt[1], initial[1])      # the other task's does not
+        batch = module.objective.collate(train=False)(experiences[0].test)
+        model.eval()
+        module.objective.begin_evaluation()
+        metrics = module.eval_metrics[0]
+        module.objective.evaluate(model, batch, metrics, experiences[0])
+        assert strategy.state.slots.tolist() == [0] * 4  # only task 0 trained: every sample uses it
+        # the prompt matters: changing it changes the logits
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        with torch.no_grad():
+            a = model(**inputs).logits
+            strategy.prompts.prompt[0].add_(1.0)
+            b = model(**inputs).logits
+        assert a.shape[1] == batch["input_ids"].shape[1] and not torch.allclose(a, b)
+
+
+def test_runner_keys_mode_end_to_end_and_a_crashed_run_resumes_to_the_same_r(tmp_path, monkeypatch):
+    from clbench import faults
+    from clbench.runner import run
+
+    cfg = lm_config({"class_path": "moses", "init_args": {"task_inference": "keys"}})
+    reference = run(cfg, tmp_path / "reference")
+    r = reference["r_matrix"]
+    assert len(r) == 2 and all(len(row) == 2 for row in r)
+    assert reference["expert_utilization"] and all(len(stage) == 4 for stage in reference["expert_utilization"])
+
+    class Crash(Exception):
+        pass
+
+    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(Crash()))
+    monkeypatch.setenv(faults.ENV, "stage:1:step:2")
+    with pytest.raises(Crash):
+        run(cfg, tmp_path / "crashed")
+    saved = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
+    assert saved["state"]["stage"] == 1 and list(saved["strategy"]["slots"].values()) == [0]
+    assert any(k.endswith("q_proj.mask_A") for k in saved["model"])
+    monkeypatch.delenv(faults.ENV)
+    resumed = run(cfg, tmp_path / "crashed", resume=True)
+    assert resumed["r_matrix"] == r
