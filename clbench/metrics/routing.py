@@ -177,8 +177,16 @@ class RoutingRecorder:
 
     # -- results -----------------------------------------------------------------------------
     def compute(self) -> dict[str, dict[str, Tensor]]:
-        """Figures per layer, synced across processes (layers in name order on every rank)."""
-        return {name: self.metrics[name].compute() for name in sorted(self.metrics)}
+        """Figures per layer, synced across processes (layers in name order on every rank).
+
+        A layer that routed nothing in this pass (e.g. an adapter not yet trained for any task)
+        is still computed, so every process syncs the same metrics; torchmetrics' warning about
+        a compute before any update is expected then and kept quiet."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
+            return {name: self.metrics[name].compute() for name in sorted(self.metrics)}
 
     def routes(self, layer: str) -> tuple[Tensor, Tensor]:
         """``(domains (U,), experts (U, k))`` kept for ``layer`` (needs ``keep_routes=True``)."""
