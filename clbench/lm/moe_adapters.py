@@ -74,7 +74,30 @@ def cv_squared(x: Tensor) -> Tensor:
     return x.float().var() / (x.float().mean() ** 2 + 1e-10)
 
 
-class MoELoRALinear(nn.Module):
+class AdaptedLinear(nn.Module):
+    """A frozen ``nn.Linear`` (``base_layer``) that an adapter wraps by module replacement; it
+    still answers ``in_features``, ``out_features`` and ``weight`` like the layer it replaced."""
+
+    def __init__(self, base: nn.Linear):
+        super().__init__()
+        self.base_layer = base
+        for p in base.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def in_features(self) -> int:
+        return self.base_layer.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base_layer.out_features
+
+    @property
+    def weight(self) -> Tensor:  # code that reads ``linear.weight`` (tied checks, dtype probes)
+        return self.base_layer.weight
+
+
+class MoELoRALinear(AdaptedLinear):
     """A frozen linear layer plus a mixture of LoRA experts (see the module docstring)."""
 
     records_routing = True
@@ -82,7 +105,6 @@ class MoELoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, *, kind: str = "loramoe", num_experts: int = 4,
                  top_k: int | None = 1, r: int = 8, alpha: float = 16.0, heads: int = 1,
                  top1_gate: str = "probability", dropout: float = 0.0, balance_weight: float = 0.0):
-        super().__init__()
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if kind == "loramoe" and heads != 1:
@@ -95,9 +117,7 @@ class MoELoRALinear(nn.Module):
             raise ValueError(f"heads ({heads}) must divide the input width {base.in_features}")
         if top1_gate not in TOP1_GATES:
             raise ValueError(f"top1_gate must be one of {TOP1_GATES}, got {top1_gate!r}")
-        self.base_layer = base
-        for p in base.parameters():
-            p.requires_grad_(False)
+        super().__init__(base)
         self.kind, self.top_k, self.r, self.alpha = kind, top_k, r, alpha
         self.heads, self.experts_per_head = heads, num_experts
         self.num_experts = heads * num_experts  # what the routing recorder counts
@@ -113,18 +133,6 @@ class MoELoRALinear(nn.Module):
             for j in range(k):
                 nn.init.kaiming_uniform_(self.lora_A[m, j], a=math.sqrt(5))
             nn.init.kaiming_uniform_(self.lora_router[m], a=math.sqrt(5))
-
-    @property
-    def in_features(self) -> int:
-        return self.base_layer.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base_layer.out_features
-
-    @property
-    def weight(self) -> Tensor:  # code that reads ``linear.weight`` (tied checks, dtype probes)
-        return self.base_layer.weight
 
     def fused_weight(self) -> Tensor:
         """Router and A of every head as one block-diagonal (H·(K + K·r), d_in) matrix: block m
@@ -242,13 +250,19 @@ def moe_layers(model: nn.Module) -> list[MoELoRALinear]:
     return [m for m in model.modules() if isinstance(m, MoELoRALinear)]
 
 
-def inject(model: nn.Module, target_modules: list[str], layers: list[int] | None = None,
-           **layer) -> list[str]:
-    """Replace each matching frozen linear by an :class:`MoELoRALinear`; returns their names."""
+def replace_linears(model: nn.Module, target_modules: list[str], layers: list[int] | None,
+                    wrap) -> list[str]:
+    """Replace each matching ``nn.Linear`` by ``wrap(linear)``; returns the replaced names."""
     names = []
     for name, linear in matching_linears(model, target_modules, layers):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, MoELoRALinear(linear, **layer))
+        setattr(parent, child, wrap(linear))
         names.append(name)
     return names
+
+
+def inject(model: nn.Module, target_modules: list[str], layers: list[int] | None = None,
+           **layer) -> list[str]:
+    """Replace each matching frozen linear by an :class:`MoELoRALinear`; returns their names."""
+    return replace_linears(model, target_modules, layers, lambda linear: MoELoRALinear(linear, **layer))

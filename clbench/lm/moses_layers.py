@@ -34,6 +34,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from clbench.lm.moe_adapters import AdaptedLinear, replace_linears
 from clbench.metrics import routing
 
 NAMES = ("A", "B", "router")
@@ -72,19 +73,16 @@ def straight_through_mask(scores: Tensor, c: float) -> Tensor:
     return _TopC.apply(scores, c)
 
 
-class MoSELinear(nn.Module):
+class MoSELinear(AdaptedLinear):
     """A frozen linear layer plus N sparse LoRA sub-experts (see the module docstring)."""
 
     records_routing = True
 
     def __init__(self, base: nn.Linear, state: TaskState, *, num_tasks: int, num_experts: int = 2,
                  top_k: int = 2, r: int = 2, alpha: float = 8.0, density: float = 0.3):
-        super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must lie in [1, {num_experts}], got {top_k}")
-        self.base_layer = base
-        for p in base.parameters():
-            p.requires_grad_(False)
+        super().__init__(base)
         self.state = state
         self.num_experts, self.top_k, self.r, self.density = num_experts, top_k, r, density
         self.scaling = alpha / r
@@ -98,18 +96,6 @@ class MoSELinear(nn.Module):
             nn.init.kaiming_uniform_(self.lora_A[j], a=math.sqrt(5))
         self.reset_router()
         self.reset_scores()
-
-    @property
-    def in_features(self) -> int:
-        return self.base_layer.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base_layer.out_features
-
-    @property
-    def weight(self) -> Tensor:
-        return self.base_layer.weight
 
     # -- per-task state -----------------------------------------------------------------------
     @torch.no_grad()
@@ -193,15 +179,7 @@ class MoSELinear(nn.Module):
 def inject(model: nn.Module, target_modules: list[str], layers: list[int] | None, state: TaskState,
            **layer) -> list[str]:
     """Replace each matching frozen ``nn.Linear`` by a :class:`MoSELinear`; returns their names."""
-    from clbench.lm.moe_adapters import matching_linears
-
-    names = []
-    for name, linear in matching_linears(model, target_modules, layers):
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, MoSELinear(linear, state, **layer))
-        names.append(name)
-    return names
+    return replace_linears(model, target_modules, layers, lambda linear: MoSELinear(linear, state, **layer))
 
 
 def mose_layers(model: nn.Module) -> list[MoSELinear]:
