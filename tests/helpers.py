@@ -30,3 +30,25 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+class Crash(Exception):
+    """Stands in for SIGKILL inside the test process."""
+
+
+def crash_at(monkeypatch, point: str, cfg: dict, output: Path) -> None:
+    """Run ``cfg`` into ``output`` and stop it dead at fault ``point`` (``clbench.faults`` syntax,
+    e.g. ``stage:2:step:5``), leaving what a killed process leaves: its last checkpoint."""
+    import pytest
+
+    from clbench import faults
+    from clbench.runner import run
+
+    def die() -> None:
+        raise Crash
+
+    monkeypatch.setattr(faults, "die", die)
+    monkeypatch.setenv(faults.ENV, point)
+    with pytest.raises(Crash):
+        run(cfg, output)
+    monkeypatch.delenv(faults.ENV)

@@ -7,8 +7,7 @@ import json
 
 import pytest
 import torch
-
-from helpers import tiny_config
+from helpers import crash_at, tiny_config
 
 TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
@@ -94,12 +93,7 @@ def _lm_config(**overrides) -> dict:
     return resolve_config({**raw, **overrides})
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_a_trace_format_stream_runs_resumes_and_keeps_its_generations(tmp_path, monkeypatch):
-    from clbench import faults
     from clbench.runner import run
 
     cfg = _lm_config()
@@ -113,11 +107,7 @@ def test_a_trace_format_stream_runs_resumes_and_keeps_its_generations(tmp_path, 
     assert reference["objective"]["truncated_samples"] == {"train": 0, "test": 0}
     assert reference["objective"]["predictions"]["FOMC"] == "predictions/FOMC.jsonl"
 
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:1:step:2")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "crashed")
-    monkeypatch.delenv(faults.ENV)
+    crash_at(monkeypatch, "stage:1:step:2", cfg, tmp_path / "crashed")
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert (tmp_path / "crashed" / "predictions" / "NumGLUE-cm.jsonl").read_text() == \

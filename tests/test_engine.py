@@ -8,8 +8,7 @@ import zipfile
 
 import pytest
 import torch
-
-from helpers import tiny_config
+from helpers import crash_at, tiny_config
 
 REGRESSION_STREAM = '''
 import torch
@@ -267,14 +266,9 @@ def _head(model):
 '''
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_parameters_added_mid_stream_are_trained_and_restored_after_a_crash(tmp_path, monkeypatch):
     """Layers appear before experiences and inside one (the optimizer is rebuilt over them);
     a run crashed after they appeared resumes to the uninterrupted result."""
-    from clbench import faults
     from clbench.config import resolve_config
     from clbench.runner import ContinualRun, run
 
@@ -291,11 +285,7 @@ def test_parameters_added_mid_stream_are_trained_and_restored_after_a_crash(tmp_
     assert not torch.equal(complete.strategy.at_end_of_second, complete.strategy.initial[1])  # rebuilt optimizer
     assert reference["model"]["params_total"] > 3466
 
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:2:step:5")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "crashed")
-    monkeypatch.delenv(faults.ENV)
+    crash_at(monkeypatch, "stage:2:step:5", cfg, tmp_path / "crashed")
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["model"]["params_total"] == reference["model"]["params_total"]
@@ -336,7 +326,6 @@ class SignSGD(Strategy):
 
 
 def test_a_strategy_that_owns_its_update_learns_and_resumes(tmp_path, monkeypatch):
-    from clbench import faults
     from clbench.config import resolve_config
     from clbench.runner import ContinualRun, run
 
@@ -348,11 +337,7 @@ def test_a_strategy_that_owns_its_update_learns_and_resumes(tmp_path, monkeypatc
     reference = complete.execute()
     assert complete.strategy.updates > 0
     assert all(reference["r_matrix"][j][j] > reference["r_init"][j] + 0.2 for j in range(3))
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:1:step:4")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "crashed")
-    monkeypatch.delenv(faults.ENV)
+    crash_at(monkeypatch, "stage:1:step:4", cfg, tmp_path / "crashed")
     assert run(cfg, tmp_path / "crashed", resume=True)["r_matrix"] == reference["r_matrix"]
 
 
@@ -418,17 +403,12 @@ def _flip_tensor_bytes(path, count: int = 64) -> None:
 
 
 def test_a_checkpoint_whose_tensor_bytes_changed_is_refused_by_its_checksum(tmp_path, monkeypatch):
-    from clbench import faults
     from clbench.config import resolve_config
     from clbench.errors import UserError
     from clbench.runner import run
 
     cfg = resolve_config(tiny_config())
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:2:step:1")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "out")
-    monkeypatch.delenv(faults.ENV)
+    crash_at(monkeypatch, "stage:2:step:1", cfg, tmp_path / "out")
     path = tmp_path / "out" / "checkpoint.pt"
     _flip_tensor_bytes(path)
     with pytest.raises(UserError, match="fails its checksum") as caught:
@@ -486,7 +466,6 @@ class FrozenWithAdapter(Strategy):
 
 
 def test_a_frozen_base_stays_out_of_checkpoints_and_must_match_on_resume(tmp_path, monkeypatch):
-    from clbench import faults
     from clbench.config import resolve_config
     from clbench.errors import UserError
     from clbench.models import mlp
@@ -504,21 +483,14 @@ def test_a_frozen_base_stays_out_of_checkpoints_and_must_match_on_resume(tmp_pat
     reference = run(cfg, tmp_path / "reference")
     assert reference["r_matrix"][0][0] != reference["r_init"][0]  # the adapter learned something
 
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:2:step:1")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "crashed")
-    monkeypatch.delenv(faults.ENV)
+    crash_at(monkeypatch, "stage:2:step:1", cfg, tmp_path / "crashed")
     ckpt = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
     assert sorted(ckpt["model"]) == ["adapter.bias", "adapter.weight"]
     assert sorted(ckpt["frozen_base"]["names"]) == sorted(base)
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
 
-    with pytest.raises(_Crash):
-        monkeypatch.setenv(faults.ENV, "stage:2:step:1")
-        run(cfg, tmp_path / "changed")
-    monkeypatch.delenv(faults.ENV)
+    crash_at(monkeypatch, "stage:2:step:1", cfg, tmp_path / "changed")
     torch.save({k: v + 1e-3 for k, v in base.items()}, weights)  # another base under the same path
     with pytest.raises(UserError, match="frozen weights differ"):
         run(cfg, tmp_path / "changed", resume=True)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import crash_at, tiny_config
 from torch import nn
 
 from clbench.data import ArrayDataset, make_loader
@@ -17,8 +18,6 @@ from clbench.errors import UserError
 from clbench.module import ContinualModule
 from clbench.streams import Experience
 from strategies.gem import GEM, project, solve_dual
-
-from helpers import tiny_config
 
 pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
@@ -196,24 +195,15 @@ def test_gem_on_digits_differs_from_naive_and_forgets_less():
                                          "memory_batch_size": 40}
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_gem_memory_survives_a_crash(tmp_path, monkeypatch):
-    from clbench import faults
     from clbench.config import resolve_config
     from clbench.runner import run
 
     cfg = resolve_config(tiny_config(strategy=GEM_ARGS, train={"epochs": 1, "batch_size": 32}))
     reference = run(cfg, tmp_path / "reference")
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:2:step:5")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "crashed")
+    crash_at(monkeypatch, "stage:2:step:5", cfg, tmp_path / "crashed")
     saved = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
     assert saved["state"]["stage"] == 2 and torch.bincount(saved["strategy"]["memory"][:, 0]).tolist() == [40, 40]
-    monkeypatch.delenv(faults.ENV)
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["scores"] == reference["scores"]

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import crash_at, tiny_config
 from torch import nn
 
 from strategies.grow_layers import find_mlps, grow_mlp
@@ -177,26 +177,17 @@ def test_g_train_trains_the_whole_up_projection_and_nothing_else(tmp_path, recor
 def test_a_crashed_growing_run_resumes_to_the_same_result(tmp_path, monkeypatch):
     """Growth before experiences 2 and 3 (widths 32 -> 64 -> 128); the crash comes after the
     second experience's checkpoint, so the resume must re-grow before the weights load."""
-    from clbench import faults
     from clbench.runner import run
 
     _, reference, cfg = _run(tmp_path, "reference", when="each")
     growth = reference["strategy"]["params"]["growth"]
     assert [g["widths"] for g in growth] == [[32], [64]]
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:2:step:3")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "crashed")
-    monkeypatch.delenv(faults.ENV)
+    crash_at(monkeypatch, "stage:2:step:3", cfg, tmp_path / "crashed")
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["model"]["params_total"] == reference["model"]["params_total"]
     assert [g["params_after"] for g in resumed["strategy"]["params"]["growth"]] == \
         [g["params_after"] for g in growth]
-
-
-class _Crash(Exception):
-    pass
 
 
 class _Moves(nn.Module):

@@ -10,15 +10,22 @@ import random
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers import crash_at, tiny_config
 
 from clbench.data import make_loader
 from clbench.errors import UserError
 from clbench.module import ContinualModule
 from clbench.streams import Experience, StreamSpec
-from strategies.lora import SeqLoRA, activate, adapter_names, add_adapter, base_state, lora_config, lora_layers
+from strategies.lora import (
+    SeqLoRA,
+    activate,
+    adapter_names,
+    add_adapter,
+    base_state,
+    lora_config,
+    lora_layers,
+)
 from strategies.o_lora import OLoRA, l2_loss, orthogonality_loss
-
-from helpers import tiny_config
 
 pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
@@ -317,16 +324,11 @@ def lm_config(strategy: dict) -> dict:
     return resolve_config(raw)
 
 
-class _Crash(Exception):
-    pass
-
-
 @pytest.mark.parametrize("strategy", [{"class_path": "seq_lora", "init_args": {"r": 4}},
                                       {"class_path": "o_lora", "init_args": {"r": 4}},
                                       {"class_path": "gem", "init_args": {"patterns_per_experience": 6}}],
                          ids=lambda s: s["class_path"])
 def test_a_crashed_lm_run_resumes_to_the_same_generations(strategy, tmp_path, monkeypatch):
-    from clbench import faults
     from clbench.runner import run
 
     cfg = lm_config(strategy)
@@ -334,15 +336,11 @@ def test_a_crashed_lm_run_resumes_to_the_same_generations(strategy, tmp_path, mo
     model = reference["model"]
     if strategy["class_path"] != "gem":
         assert model["params_trainable"] < 0.02 * model["params_total"]  # the adapter of one task
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(_Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:1:step:2")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "crashed")
+    crash_at(monkeypatch, "stage:1:step:2", cfg, tmp_path / "crashed")
     saved = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
     assert saved["state"]["stage"] == 1
     if strategy["class_path"] != "gem":
         assert any("lora_A" in k for k in saved["model"])
-    monkeypatch.delenv(faults.ENV)
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     for task in ("FOMC", "NumGLUE-cm"):
