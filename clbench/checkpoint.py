@@ -149,6 +149,7 @@ class FrozenBase:
         self.model = model
         self.built = {id(p) for p in model.parameters()}
         self.trained: set[int] = set()
+        self._digests: dict[tuple[str, ...], str] = {}
 
     def observe(self) -> None:
         """Note what requires gradients now (called before every experience trains)."""
@@ -164,8 +165,13 @@ class FrozenBase:
         self.trained |= {id(p) for name, p in self.model.named_parameters(remove_duplicate=False) if name in names}
 
     def digest(self, names: list[str]) -> str:
-        values = dict(self.model.named_parameters(remove_duplicate=False))
-        return digest({name: values[name] for name in names})
+        """Of the named frozen weights; computed once per set (they cannot change), not at every
+        stage's checkpoint (a 0.6B base is over a gigabyte to hash)."""
+        key = tuple(names)
+        if key not in self._digests:
+            values = dict(self.model.named_parameters(remove_duplicate=False))
+            self._digests[key] = digest({name: values[name] for name in names})
+        return self._digests[key]
 
 
 def payload(cfg: dict, module, strategy, trainer, state: dict, source: str, base: FrozenBase | None = None) -> dict:

@@ -65,8 +65,14 @@ class _MeanTextScore(Metric):
             return [self.score(p, t, s) for p, t, s in zip(preds, targets, sources)]
         return [self.score(p, t) for p, t in zip(preds, targets)]
 
-    def update(self, preds: Sequence[str], targets: Sequence[Any], sources: Sequence[str] | None = None) -> None:
-        scores = self.sample_scores(preds, targets, sources)
+    def update(self, preds: Sequence[str], targets: Sequence[Any], sources: Sequence[str] | None = None,
+               scores: Sequence[float] | None = None) -> None:
+        """``scores``: the per-sample scores already computed by :meth:`sample_scores` for these
+        pairs (a caller that keeps them need not score twice)."""
+        if scores is None:
+            scores = self.sample_scores(preds, targets, sources)
+        elif len(scores) != len(preds):
+            raise ValueError(f"{len(preds)} predictions but {len(scores)} scores")
         self.total += sum(int(round(s * SCALE)) for s in scores)
         self.count += len(scores)
 

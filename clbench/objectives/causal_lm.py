@@ -203,9 +203,9 @@ class CausalLanguageModeling(Objective):
     def evaluate(self, model, batch: dict, metrics, column=None) -> None:
         self._count("test", batch)
         predictions = self.generate(model, batch["input_ids"], batch["attention_mask"], self.new_tokens(column))
-        metrics.update(predictions, batch["answers"], sources=batch["prompts"])
         (metric,) = metrics.values()
-        scores = metric.sample_scores(predictions, batch["answers"], batch["prompts"])
+        scores = metric.sample_scores(predictions, batch["answers"], batch["prompts"])  # kept for save_outputs
+        metrics.update(predictions, batch["answers"], sources=batch["prompts"], scores=scores)
         rows = self._generations.setdefault(column.name if column else "all", [])
         rows += [{"prompt": p, "answer": a, "prediction": g, "score": s}
                  for p, a, g, s in zip(batch["prompts"], batch["answers"], predictions, scores)]
