@@ -109,5 +109,5 @@ class OutputDir:
             return
         if self.created and self.output.is_dir() and not (self.output / CHECKPOINT).exists():
             leftovers = [p for p in self.output.rglob("*") if p.is_file()]
-            if not leftovers or all(p.parent.name == TENSORBOARD or TENSORBOARD in p.parts for p in leftovers):
+            if all(TENSORBOARD in p.relative_to(self.output).parts for p in leftovers):  # nothing but logs
                 shutil.rmtree(self.output, ignore_errors=True)

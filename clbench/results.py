@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.config import SCHEMA_VERSION, config_hash, order_label
+from clbench.config import SCHEMA_VERSION, canonical_json, config_hash, order_label
 
 
 @dataclass
@@ -234,13 +234,8 @@ def tensorboard_logger(folder: Path, name: str, purge_step: int | None = None):
 
 
 def _scalar(value: Any) -> Any:
-    return value if isinstance(value, (int, float, str, bool)) else json_dumps(value)
-
-
-def json_dumps(value: Any) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True, default=str)
+    """A value TensorBoard's hparams view takes: numbers and strings as they are, the rest as JSON."""
+    return value if isinstance(value, (int, float, str, bool)) else canonical_json(value)
 
 
 def hyperparameters(result: dict) -> dict[str, Any]:
