@@ -726,6 +726,8 @@ states = [torch.zeros_like(state) for _ in range(2)]
 dist.all_gather(states, state)
 with open(f"rank{{dist.get_rank()}}.txt", "w") as out:
     out.write(str(torch.equal(*gathered) and torch.equal(*states)))
+# Without this, gloo's threads can be torn down mid-flight at exit ("terminate called ...", SIGABRT).
+dist.destroy_process_group()
 """
 
 STRATEGIES = {"replay": lambda: Replay(mem_size=10), "ewc": lambda: EWC(ewc_lambda=10.0), "lwf": lambda: LwF(),
