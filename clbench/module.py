@@ -85,6 +85,10 @@ class ContinualModule(pl.LightningModule):
         self.routing = self.train_routing = None
         self.last_routing: dict[str, dict[str, Any]] = {}
         self.last_train_routing: dict[str, dict[str, Any]] = {}
+        # Route-wise N_eff per layer over the test units of the domains trained so far (the
+        # runner sets ``seen_domains`` before each stage; empty: none computed).
+        self.seen_domains: set[int] = set()
+        self.last_compositions: dict[str, dict[str, float]] = {}
         self._attach_routing()
         owner = next((o for o in (strategy, objective) if getattr(o, "owns_update", False)), None)
         self.update_owner = owner
@@ -103,7 +107,7 @@ class ContinualModule(pl.LightningModule):
         from clbench.metrics.routing import RoutingRecorder
 
         if self.routing is None and self.column_domains:
-            self.routing = RoutingRecorder(num_domains=self.num_domains)
+            self.routing = RoutingRecorder(num_domains=self.num_domains, compositions=True)
         if self.train_routing is None:
             self.train_routing = RoutingRecorder(num_domains=self.num_domains)
         for recorder in (self.routing, self.train_routing):
@@ -230,6 +234,7 @@ class ContinualModule(pl.LightningModule):
         results["primary"] = [values[name] for values, name in zip(computed, self.primary)]
         self.last_eval = results
         if self.routing is not None:
+            self.last_compositions = self.routing.compositions(sorted(self.seen_domains)) if self.seen_domains else {}
             self.last_routing = self._figures(self.routing)
         if self.trainer.state.fn == TrainerFn.FITTING:
             self.epoch_evals.append(results)

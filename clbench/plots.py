@@ -40,3 +40,45 @@ def r_matrix_figure(result: dict, key: str = "r_matrix"):
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     return fig
+
+
+def routing_layers(result: dict, max_layers: int | None = None) -> list[str]:
+    """The MoE layers of a result's routing records, in order; ``max_layers`` picks evenly spaced ones."""
+    stages = result.get("expert_utilization") or []
+    layers = sorted(stages[-1]) if stages else []
+    if max_layers is None or len(layers) <= max_layers:
+        return layers
+    step = (len(layers) - 1) / (max_layers - 1)
+    return [layers[round(i * step)] for i in range(max_layers)]
+
+
+def utilization_figure(result: dict, layers: list[str], stage: int = -1):
+    """Per-domain expert utilization (rows: test experience, columns: expert; each row sums to 1)
+    of the given MoE layers after training stage ``stage``, one panel per layer, with the layer's
+    N_eff in its title when the result has it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figures = result["expert_utilization"][stage]
+    compositions = (result.get("route_compositions") or [{}])[stage] if result.get("route_compositions") else {}
+    names = result["experiences"]
+    panels = [layer for layer in layers if layer in figures]
+    width = max(len(np.atleast_2d(figures[layer]["utilization"])[0]) for layer in panels) if panels else 1
+    fig, axes = plt.subplots(1, max(1, len(panels)), squeeze=False, dpi=100,
+                             figsize=(1.2 + (0.9 + 0.22 * width) * max(1, len(panels)), 0.9 + 0.28 * len(names)))
+    for ax, layer in zip(axes[0], panels):
+        u = np.atleast_2d(np.asarray(figures[layer]["utilization"], dtype=float))
+        ax.imshow(u, vmin=0.0, vmax=1.0, cmap="magma", aspect="auto")
+        ax.set_yticks(range(len(u)), names[: len(u)] if ax is axes[0][0] else [""] * len(u), fontsize=7)
+        ax.set_xticks(range(u.shape[1]), [str(e) for e in range(u.shape[1])], fontsize=6)
+        n_eff = compositions.get(layer, {}).get("n_eff")
+        short = layer if len(layer) <= 28 else "…" + layer[-27:]
+        ax.set_title(short + ("" if n_eff is None else f"\nN_eff {n_eff:.2f}"), fontsize=7)
+        ax.set_xlabel("expert", fontsize=7)
+    for ax in axes[0][len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig

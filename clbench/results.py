@@ -38,6 +38,7 @@ class RunState:
     resumes: int = 0
     routing: list[dict] = field(default_factory=list)
     train_routing: list[dict] = field(default_factory=list)
+    compositions: list[dict] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunState":
@@ -190,6 +191,12 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
         # per stage, per MoE layer: utilization[d][e] (fraction of domain d's units routed to
         # expert e), routing entropy and load imbalance (clbench.metrics.ExpertUtilization)
         result["expert_utilization"] = state["routing"]
+    if any(state.get("compositions") or []):
+        # per stage, per MoE layer: route-wise N_eff over the test units of the domains trained
+        # so far (clbench.metrics.compositions); the score is the final stage's mean over layers
+        result["route_compositions"] = state["compositions"]
+        final = [layer["n_eff"] for layer in state["compositions"][-1].values()]
+        scores["n_eff"] = sum(final) / len(final) if final else None
     if any(state.get("train_routing") or []):
         result["train_expert_utilization"] = state["train_routing"]  # the same, while each experience trained
     if state["epoch_rows"]:
@@ -252,7 +259,7 @@ def hyperparameters(result: dict) -> dict[str, Any]:
 
 def log_tensorboard(logger, result: dict) -> None:
     """The R matrix per test experience, the final scores, the heatmap and the hparams, then close."""
-    from clbench.plots import r_matrix_figure
+    from clbench.plots import r_matrix_figure, routing_layers, utilization_figure
 
     writer = logger.experiment
     metric = "/".join(dict.fromkeys(result["r_metric"]["names"]))
@@ -268,6 +275,10 @@ def log_tensorboard(logger, result: dict) -> None:
             if isinstance(value, (int, float)) and key not in ("epoch", "stage"):
                 writer.add_scalar(f"epoch_scores/{key}", value, k)
     writer.add_figure("r_matrix", r_matrix_figure(result), 0)
+    # one heatmap per MoE layer and stage (at most 12 evenly spaced layers: an LLM has hundreds)
+    for stage, _ in enumerate(result.get("expert_utilization") or []):
+        for layer in routing_layers(result, 12):
+            writer.add_figure(f"routing/{layer}", utilization_figure(result, [layer], stage), stage)
     final = {f"final/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
     logger.log_hyperparams(hyperparameters(result), metrics=final)
     logger.close()

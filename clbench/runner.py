@@ -328,6 +328,8 @@ class ContinualRun:
         seeding.seed_all(seeding.derive(seed, "train", stage))
         self.module.experience = stage
         self.module.domain = None if self.strategy.single_stage else exp.domain_id  # routing records in training
+        trained = self.experiences if self.strategy.single_stage else stages[: stage + 1]
+        self.module.seen_domains = {e.domain_id for e in trained}  # N_eff's "old" units
         self.strategy.before_experience(self.module, exp)
         dataset = self.strategy.train_dataset(exp)
         loader_seed = seeding.derive(seed, "loader", stage)
@@ -368,6 +370,7 @@ class ContinualRun:
         state.global_rows.append(global_)
         if self.module.routing is not None:
             state.routing.append(self.module.last_routing)
+            state.compositions.append(self.module.last_compositions)
         state.train_routing.append(self.module.last_train_routing)
         self.module.last_train_routing = {}
         self.strategy.after_experience(self.module, exp)

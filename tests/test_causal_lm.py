@@ -112,3 +112,36 @@ def test_a_trace_format_stream_runs_resumes_and_keeps_its_generations(tmp_path, 
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert (tmp_path / "crashed" / "predictions" / "NumGLUE-cm.jsonl").read_text() == \
         (tmp_path / "reference" / "predictions" / "NumGLUE-cm.jsonl").read_text()
+
+
+def test_routing_units_are_the_unpadded_teacher_forced_tokens_with_their_compositions():
+    """The evaluation's routing records count each test sample's prompt + answer tokens once
+    (no padding, no decoding steps), labelled by position and frequency bucket."""
+    from clbench.metrics import RoutingRecorder
+    from clbench.objectives.causal_lm import FREQUENCY_BUCKETS, POSITION_BUCKETS, CausalLanguageModeling
+    from clbench.streams import StreamSpec
+    from strategies.moe_lora import LoRAMoE
+    from test_strategies_llm import build, lm, stream
+
+    experiences = stream(8)
+    objective = CausalLanguageModeling(max_length=48, max_new_tokens=3)
+    objective.setup(StreamSpec(name="t", objective="causal_lm"), experiences)
+    model = lm()
+    objective.attach(model)
+    build(LoRAMoE(num_experts=2, top_k=1, r=2), experiences, model=model)  # injects the MoE adapters
+    recorder = RoutingRecorder(num_domains=2, compositions=True).attach(model)
+    batch = objective.collate(train=False)(experiences[1].test)
+    assert (batch["attention_mask"] == 0).any()  # left padding in the prompts
+    from torchmetrics import MetricCollection
+
+    with recorder.domain(1):
+        objective.evaluate(model, batch, MetricCollection(objective.metrics(experiences[1])), experiences[1])
+    tokens = int(batch["forced_mask"].sum())
+    assert tokens < batch["forced_mask"].numel()  # the forced sequences are padded too
+    figures = recorder.compute()
+    assert {float(f["units"][1]) for f in figures.values()} == {float(tokens)}
+    comps = recorder.compositions([1])
+    assert {c["units"] for c in comps.values()} == {tokens}
+    assert all(1 <= c["compositions"] <= POSITION_BUCKETS * FREQUENCY_BUCKETS for c in comps.values())
+    buckets = objective._frequency_buckets()
+    assert buckets.shape[0] == len(objective.tokenizer) and int(buckets.max()) == FREQUENCY_BUCKETS - 1

@@ -514,3 +514,22 @@ def test_tensorboard_gets_one_event_stream_per_run_with_hparams_and_final_scores
     scalars = accumulator.Tags()["scalars"]
     assert "final/acc" in scalars and "train/loss" in scalars
     assert accumulator.Scalars("final/acc")[0].value == pytest.approx(result["scores"]["acc"])
+
+
+def test_tensorboard_draws_a_utilization_heatmap_per_moe_layer_and_stage(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from clbench.config import resolve_config
+    from clbench.runner import run
+
+    model = {"class_path": "vit_moe", "init_args": {"label": "MoE", "patch_size": 4, "embed_dim": 16, "depth": 2,
+                                                    "num_heads": 2, "mlp_ratio": 2.0, "moe_blocks": [0, 1]}}
+    result = run(resolve_config(tiny_config(model=model, logging={"tensorboard": True})), tmp_path / "out")
+    layers = sorted(result["expert_utilization"][-1])
+    assert len(layers) == 2 and len(result["route_compositions"]) == 3
+    accumulator = EventAccumulator(str(tmp_path / "out" / "tensorboard"), size_guidance={"images": 0})
+    accumulator.Reload()
+    images = accumulator.Tags()["images"]
+    for layer in layers:
+        assert [event.step for event in accumulator.Images(f"routing/{layer}")] == [0, 1, 2]
+    assert "r_matrix" in images

@@ -163,3 +163,27 @@ def test_sortable_table_sorts_in_the_browser(rendered, tmp_path):
         assert order[0] == first, (direction, order)
         assert re.search(rf'data-key="acc"[^>]*aria-sort="{"ascending" if direction == "asc" else "descending"}"',
                          dom.stdout)
+
+
+def test_moe_runs_show_n_eff_and_utilization_heatmaps(tmp_path, write_yaml):
+    """An MoE model's entries carry N_eff (a plain number in the tables) and the page draws
+    each run's per-domain expert utilization."""
+    suite = write_yaml({
+        "name": "moe-render", "benchmarks": [{"class_path": "digits-domains", "init_args": {"domains": ["rot0", "rot90"]}}],
+        "models": [{"class_path": "vit_moe", "init_args": {"label": "MoE", "patch_size": 4, "embed_dim": 16, "depth": 2,
+                                                           "num_heads": 2, "mlp_ratio": 2.0, "moe_blocks": [1],
+                                                           "num_experts": 3}}],
+        "strategies": ["naive"], "orders": ["default", "reverse"], "seeds": [0], "threads": 1,
+        "base": {"train": {"epochs": 1, "batch_size": 64}, "logging": {"tensorboard": False}}})
+    out = tmp_path / "lb"
+    run_suite(load_suite(suite), out, progress=False, console=Console(file=io.StringIO()))
+    assert main(["leaderboard", "render", str(out)]) == 0
+    entries = E.load_entries(out)
+    assert len(entries) == 2 and all(e["scores"]["n_eff"] >= 1.0 for e in entries)
+    row = _table_rows((out / "README.md").read_text(), "digits-domains")[0]
+    values = [e["scores"]["n_eff"] for e in entries]
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values))
+    assert row["N_eff"] == f"{mean:.2f} ± {std:.2f}"  # not a percentage
+    page = (out / "index.html").read_text()
+    assert page.count('<figure class="routing"') == 2 and "N_eff (MoE methods)" in page

@@ -205,3 +205,59 @@ def test_bad_routing_input_is_rejected():
         metric.update(experts=torch.tensor([[0]]), domain=2)
     with pytest.raises(ValueError, match="gates"):
         metric.update(gates=torch.ones(2, 4) / 4)
+
+
+def test_units_drop_padding_and_label_compositions():
+    """A token mask removes padded tokens from utilization and N_eff; labels form compositions."""
+    from clbench.metrics import effective_compositions
+
+    torch.manual_seed(0)
+    model = TwoLayerNet()
+    recorder = RoutingRecorder(num_domains=2, keep_routes=True, compositions=True).attach(model)
+    x = torch.randn(3, 4, 8)
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    labels = torch.arange(12).reshape(3, 4) % 2  # e.g. a position bucket per token
+    with torch.no_grad(), recorder.domain(1), routing.units(token_mask=mask, token_labels=labels):
+        model(x)
+    figures = recorder.compute()
+    assert figures["moe2"]["units"][1].item() == mask.sum().item() == 9
+    domains, experts = recorder.routes("moe2")
+    assert experts.shape == (9, 1)
+    # N_eff by hand from the kept routes and the unmasked tokens' labels
+    expected = effective_compositions(experts, labels.reshape(-1)[mask.reshape(-1)]).n_eff
+    summary = recorder.compositions([1])
+    assert summary["moe2"]["n_eff"] == pytest.approx(expected)
+    assert summary["moe2"]["units"] == 9 and summary["moe2"]["compositions"] == 2
+    assert recorder.compositions([0]) == {}  # no unit of domain 0
+    # a top-2 layer's route is the unordered set of its two experts
+    _, routes1 = recorder.routes("moe1")
+    assert summary["moe1"]["n_eff"] == pytest.approx(
+        effective_compositions(routes1, labels.reshape(-1)[mask.reshape(-1)], unordered_routes=True).n_eff)
+    recorder.reset()
+    assert recorder.compositions() == {}
+
+
+def test_sample_labels_repeat_over_a_samples_units_and_paused_records_nothing():
+    model = TwoLayerNet()
+    recorder = RoutingRecorder(num_domains=1, compositions=True).attach(model)
+    classes = torch.tensor([0, 0, 1])
+    with torch.no_grad(), recorder.domain(0):
+        with routing.units(sample_labels=classes):  # 5 tokens per sample: each inherits its class
+            model(torch.randn(3, 5, 8))
+        with routing.paused():
+            model(torch.randn(3, 5, 8))
+    assert recorder.compute()["moe2"]["units"].item() == 15  # the paused forward added nothing
+    assert recorder.compositions()["moe2"]["compositions"] == 2  # (domain 0, class 0) and (0, 1)
+    with pytest.raises(ValueError, match="compositions=True"):
+        RoutingRecorder(1).attach(model).compositions()
+
+
+def test_a_layout_that_does_not_match_the_units_is_not_applied():
+    from clbench.metrics.routing import UnitLayout
+
+    layout = UnitLayout(token_mask=torch.ones(2, 3, dtype=torch.bool))
+    assert layout.resolve(6)[0].tolist() == [True] * 6
+    assert layout.resolve(8) == (None, None)  # 4 units per sample, but no per-sample labels
+    with_samples = UnitLayout(token_mask=torch.ones(2, 3, dtype=torch.bool), sample_labels=torch.tensor([[4], [7]]))
+    mask, labels = with_samples.resolve(8)
+    assert mask is None and labels.reshape(-1).tolist() == [4] * 4 + [7] * 4

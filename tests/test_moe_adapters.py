@@ -166,6 +166,17 @@ def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same
     assert all(len(row) == 16 for stage in util for figures in stage.values() for row in figures["utilization"])
     # per transformer layer: gate/up 16 experts · 2 · (16 + 128) + 4 · 64 router, down 16 · 2 · (32 + 64) + 4 · 128
     assert reference["model"]["params_trainable"] == 2 * (2 * (4608 + 256) + 3072 + 512)
+    # N_eff per stage over the test tokens of the tasks trained so far; padding is never a unit
+    comps = reference["route_compositions"]
+    assert len(comps) == 2 and all(set(stage) == set(util[0]) for stage in comps)
+    layer = sorted(comps[0])[0]
+    units = [[u for u in stage[layer]["units"] if u] for stage in util]  # per domain with a test set
+    assert len(units[0]) == 2 and units[0] == units[1]  # every test column, every stage
+    # N_eff counts the units of the domains trained so far, the same units utilization counts
+    assert comps[0][layer]["units"] == units[0][0] and comps[1][layer]["units"] == sum(units[1])
+    assert all(v["n_eff"] >= 1.0 for stage in comps for v in stage.values())
+    final = [v["n_eff"] for v in comps[-1].values()]
+    assert reference["scores"]["n_eff"] == pytest.approx(sum(final) / len(final))
 
     class Crash(Exception):
         pass
@@ -180,3 +191,4 @@ def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["expert_utilization"] == util
+    assert resumed["route_compositions"] == reference["route_compositions"]

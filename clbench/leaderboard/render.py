@@ -104,6 +104,38 @@ NOTES = ("Scores are percentages: mean ± sample standard deviation over task or
          "Forgetting are undefined (—).")
 
 
+ROUTING_NOTE = ("N_eff (MoE methods): the route-wise effective composition number after the last stage, averaged "
+                "over MoE layers: how many (task, position, token-frequency) compositions share one route, weighted "
+                "by the routes' share of the test tokens of the tasks trained; 1 means every route carries one "
+                "composition. A plain number, not a percentage.")
+ROUTING_LAYERS = 6  # panels per run in the page's utilization figures (evenly spaced layers)
+
+
+def routing_note(table: BenchmarkTable) -> str | None:
+    return ROUTING_NOTE if "n_eff" in table.scores else None
+
+
+def _routing_section(table: BenchmarkTable) -> list[str]:
+    """Per-run heatmaps of the final stage's per-domain expert utilization, folded away."""
+    from clbench.plots import routing_layers, utilization_figure
+
+    parts = []
+    for row in table.rows:
+        runs = [e for e in sorted(row.ok, key=lambda e: (table.orders.index(e["order_label"]), e["seed"]))
+                if e.get("expert_utilization")]
+        for e in runs:
+            layers = routing_layers(e, ROUTING_LAYERS)
+            total = len(routing_layers(e))
+            caption = (f"{row.label} · order {e['order_label']} · seed {e['seed']}: expert utilization per test "
+                       f"experience after the last stage ({len(layers)} of {total} MoE layers)")
+            parts.append(f'<figure class="routing" data-hash="{_e(e["config_hash"])}"><img alt="{_e(caption)}" '
+                         f'src="{_png(utilization_figure(e, layers))}"><figcaption>{_e(caption)}</figcaption></figure>')
+    if not parts:
+        return []
+    return ["<details><summary>Expert utilization (rows: test experience; columns: expert)</summary>",
+            '<div class="grid">', *parts, "</div></details>"]
+
+
 # -- README ---------------------------------------------------------------------------------
 def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
@@ -129,15 +161,16 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
               "and per-order charts; `clbench compare` gives the comparison across task orders.", ""]
     for table in tables:
         lines += [f"## {table.label}", "", _meta_line(_bench_meta(table)), ""]
-        if direction_note(table):
-            lines += [direction_note(table), ""]
+        for note in (direction_note(table), routing_note(table)):
+            if note:
+                lines += [note, ""]
         head = ["Rank", "Strategy", "Runs", *[_md(table.title(s)) for s in table.scores], "Wall s"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "|".join(["---:", ":---", "---:"] + ["---:"] * len(table.scores) + ["---:"]) + "|")
         for row in table.rows:
             wall = row.wall_seconds
             cells = [str(row.rank or "—"), _md(row.label), runs_cell(row),
-                     *[fmt(row.stats.get(s)) for s in table.scores], f"{wall:.1f}" if wall is not None else "—"]
+                     *[fmt(row.stats.get(s), score=s) for s in table.scores], f"{wall:.1f}" if wall is not None else "—"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     failed = [e for e in entries if e["status"] == "failed"]
@@ -289,7 +322,7 @@ def _html_table(table: BenchmarkTable) -> str:
             stat = row.stats.get(s)
             value = "" if stat is None else repr(stat.mean)
             title = "" if stat is None else f' title="n = {stat.n}"'
-            cells.append(f'<td class="num" data-value="{value}"{title}>{_e(fmt(stat))}</td>')
+            cells.append(f'<td class="num" data-value="{value}"{title}>{_e(fmt(stat, score=s))}</td>')
         wall = row.wall_seconds
         cells.append(f'<td class="num" data-value="{"" if wall is None else repr(wall)}">'
                      f'{"—" if wall is None else f"{wall:.1f}"}</td>')
@@ -319,8 +352,9 @@ def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, r
     for table in tables:
         parts.append(f'<section class="benchmark" id="{_e(table.label)}"><h2>{_e(table.label)}</h2>')
         parts.append(f'<p class="meta">{_e(_meta_line(_bench_meta(table)))}</p>')
-        if direction_note(table):
-            parts.append(f'<p class="note">{_e(direction_note(table))}</p>')
+        for note in (direction_note(table), routing_note(table)):
+            if note:
+                parts.append(f'<p class="note">{_e(note)}</p>')
         parts.append(_html_table(table))
         if BAR_METRIC in table.scores:
             comparison = compare_table(table, BAR_METRIC)
@@ -344,6 +378,7 @@ def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, r
                              f'<img alt="R matrix of {_e(row.label)}, {_e(caption)}" src="{_heatmap(e)}">'
                              f"<figcaption>{_e(caption)}</figcaption></figure>")
             parts.append("</div>")
+        parts += _routing_section(table)
         parts.append("</section>")
     failed = [e for e in entries if e["status"] == "failed"]
     if failed:

@@ -113,6 +113,14 @@ def expected_scores(entry: dict, where: str) -> tuple[dict[str, float | None], f
         if not values:
             raise UserError(f"global_test.{name} is empty", where=where, fix=RERUN)
         expected[f"global_{name}"] = values[-1] if math.isfinite(values[-1]) else None
+    compositions = entry.get("route_compositions")
+    if compositions:  # the final stage's route-wise N_eff, averaged over MoE layers
+        final = compositions[-1] if isinstance(compositions, list) else None
+        if not isinstance(final, dict) or not all(isinstance(v, dict) and _number(v.get("n_eff"))
+                                                  for v in final.values()):
+            raise UserError("route_compositions is not a list of {layer: {n_eff: ...}} per stage", where=where,
+                            fix=RERUN)
+        expected["n_eff"] = _mean([float(v["n_eff"]) for v in final.values()]) if final else None
     return expected, optional
 
 

@@ -29,10 +29,13 @@ from clbench.errors import UserError
 
 # Score columns, in display order; only those present in some entry of a table are shown.
 SCORES = ("acc", "aia", "bwt", "fwt", "forgetting", "gmean_final", "mauc_final", "global_acc", "global_gmean",
-          "global_mauc")
+          "global_mauc", "n_eff")
 TITLES = {"acc": "ACC", "aia": "AIA", "bwt": "BWT", "fwt": "FWT", "forgetting": "Forgetting",
           "gmean_final": "G-mean", "mauc_final": "MAUC", "global_acc": "Global ACC", "global_gmean": "Global G-mean",
-          "global_mauc": "Global MAUC", "im": "IM", "fwt_ref": "FWT (ref)"}
+          "global_mauc": "Global MAUC", "im": "IM", "fwt_ref": "FWT (ref)", "n_eff": "N_eff"}
+# Shown as plain numbers, not percentages: MoE layers' route-wise effective composition number
+# (a diagnostic of routing, with no better direction of its own).
+PLAIN_SCORES = frozenset({"n_eff"})
 CORE_SCORES = ("acc", "aia", "bwt", "fwt", "forgetting")
 LOWER_IS_BETTER = frozenset({"forgetting", "im"})  # for an R of accuracies; see score_direction
 RANK_BY = "acc"
@@ -132,7 +135,7 @@ class BenchmarkTable:
 
     def title(self, score: str) -> str:
         title = TITLES.get(score, score)
-        return f"{title} {arrow(self.higher.get(score, True))}" if self.marked else title
+        return f"{title} {arrow(self.higher.get(score, True))}" if self.marked and score not in PLAIN_SCORES else title
 
     def ranked_by(self) -> str:
         return "ranked by ACC" + ("" if self.r_higher else " (lower is better)")
@@ -288,13 +291,15 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
     return tables
 
 
-def fmt(stat: Stat | None, digits: int = 1) -> str:
-    """``85.1 ± 1.2`` in percent; one run shows the mean only; no value shows an em dash."""
+def fmt(stat: Stat | None, digits: int = 1, score: str | None = None) -> str:
+    """``85.1 ± 1.2`` in percent (a plain score: ``2.41 ± 0.10``); one run shows the mean only;
+    no value shows an em dash."""
     if stat is None:
         return "—"
+    scale, digits = (1, 2) if score in PLAIN_SCORES else (100, digits)
     if stat.std is None:
-        return f"{100 * stat.mean:.{digits}f}"
-    return f"{100 * stat.mean:.{digits}f} ± {100 * stat.std:.{digits}f}"
+        return f"{scale * stat.mean:.{digits}f}"
+    return f"{scale * stat.mean:.{digits}f} ± {scale * stat.std:.{digits}f}"
 
 
 def runs_cell(row: Row) -> str:
@@ -334,7 +339,7 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
         if not narrow:
             table.add_column("wall s", justify="right")
         for row in t.rows:
-            cells = [fmt(row.stats.get(s)) for s in scores]
+            cells = [fmt(row.stats.get(s), score=s) for s in scores]
             if narrow:
                 cells = [c.replace(" ± ", "±") for c in cells]
             else:

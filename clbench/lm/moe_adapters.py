@@ -45,7 +45,8 @@ per layer, through :func:`clbench.auxiliary.add` (name ``"balance"``); off by de
 mentions no auxiliary loss for either method.
 
 Routing records: every layer sets ``records_routing`` and reports its top-k choices. A unit is a
-token (padding included: the layer does not see the attention mask). For MH-MoE the experts are
+token; the layer does not see the attention mask, so the objective names the padding through
+:func:`clbench.metrics.routing.units` and it is left out. For MH-MoE the experts are
 numbered ``m·K + j`` (``num_experts = H·K``) and a unit's ``experts`` row is the tuple
 (S_1, …, S_H), the route of MH-MoE's N_eff; gates are each router's softmax over its K
 experts, divided by H so that a unit's gates sum to 1.

@@ -88,3 +88,55 @@ def effective_compositions(routes: Any, compositions: Any, *, unordered_routes: 
         route_counts=np.bincount(route_id, minlength=num_routes),
         num_compositions=num_comps,
     )
+
+
+class CompositionCounter:
+    """Weighted counts of (route, composition) pairs of one layer, accumulated batch by batch.
+
+    Keeping every unit's route would grow with the evaluated tokens times the layers (millions
+    of rows for an LLM with adapters in every projection); distinct pairs are few, so each batch
+    is reduced with ``torch.unique`` and folded into a dict. A route is the sorted tuple of the
+    unit's expert indices (a top-k set, or MH-MoE's per-head choices, which are numbered so that
+    sorting keeps head order); a composition is ``(domain, *labels)``.
+    """
+
+    def __init__(self) -> None:
+        self.pairs: dict[tuple[int, ...], int] = {}
+        self.width: int | None = None  # route length k
+
+    def update(self, routes: Any, domain: int, *, labels: Any = None, keep: Any = None) -> None:
+        """``routes`` (N, k) expert indices; ``labels`` (N, m) or None; ``keep`` (N,) bool or None."""
+        import torch
+
+        routes = routes.long().sort(-1).values
+        n = routes.shape[0]
+        parts = [routes, torch.full((n, 1), int(domain), dtype=torch.long)]
+        if labels is not None:
+            parts.append(labels.long())
+        rows = torch.cat(parts, 1)
+        if keep is not None:
+            rows = rows[keep]
+        if self.width is None:
+            self.width = routes.shape[1]
+        elif self.width != routes.shape[1]:
+            raise ValueError(f"a layer's routes changed width from {self.width} to {routes.shape[1]}")
+        if rows.shape[0] == 0:
+            return
+        unique, counts = torch.unique(rows, dim=0, return_counts=True)
+        for row, count in zip(unique.tolist(), counts.tolist()):
+            key = tuple(row)
+            self.pairs[key] = self.pairs.get(key, 0) + count
+
+    def summary(self, domains: Any = None) -> dict[str, float] | None:
+        """``{"n_eff", "routes", "compositions", "units"}`` over the units of ``domains``; None if none."""
+        wanted = None if domains is None else {int(d) for d in domains}
+        keys = [key for key in self.pairs if wanted is None or key[self.width] in wanted]
+        if not keys:
+            return None
+        width = self.width
+        routes = np.array([key[:width] for key in keys])
+        compositions = np.array([key[width:] for key in keys])
+        weights = np.array([self.pairs[key] for key in keys], dtype=float)
+        figures = effective_compositions(routes, compositions, weights=weights)
+        return {"n_eff": figures.n_eff, "routes": int(len(figures.routes)),
+                "compositions": int(figures.num_compositions), "units": int(weights.sum())}

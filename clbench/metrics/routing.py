@@ -43,6 +43,17 @@ code that runs the forward passes; nesting ``domain`` contexts restores the oute
 With ``keep_routes=True`` the recorder also keeps each unit's route (its expert indices) and
 domain on the CPU, for route-wise statistics such as
 :func:`clbench.metrics.effective_compositions`; those kept routes are per process.
+
+What the units are: a layer sees hidden states, not the batch, so it cannot tell padding from
+text or a token's position. The code that runs the forward pass says so with :func:`units`
+(``token_mask``/``token_labels`` of shape ``(B, T[, m])``, ``sample_labels`` ``(B, m)``); a
+layer's ``record`` of ``B*T`` units (one per token, row-major) then drops masked tokens, and
+with ``compositions=True`` the recorder counts each unit's (route, composition) pair, the
+composition being ``(domain, *sample_labels, *token_labels)``, for the route-wise N_eff
+(:meth:`RoutingRecorder.compositions`). A layer whose unit count is a multiple ``B*u`` other
+than ``B*T`` (an image routed per patch, tokens behind a prompt prefix) gets the sample labels
+repeated per unit and no mask. :func:`paused` stops recording for forwards that are not the
+units to count (the decoding steps of a generation, whose tokens depend on the model itself).
 """
 
 from __future__ import annotations
@@ -50,16 +61,75 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from clbench.metrics.compositions import CompositionCounter
     from clbench.metrics.utilization import ExpertUtilization
 
 _ACTIVE: contextvars.ContextVar[tuple["RoutingRecorder", int] | None] = contextvars.ContextVar(
     "clbench_routing_active", default=None)
+_UNITS: contextvars.ContextVar["UnitLayout | None"] = contextvars.ContextVar("clbench_routing_units", default=None)
+
+
+@dataclass(frozen=True)
+class UnitLayout:
+    """What the routing units of the forwards in a :func:`units` block are (see the module notes)."""
+
+    token_mask: Tensor | None = None     # (B, T) bool: False for padding
+    token_labels: Tensor | None = None   # (B, T, m) integer labels per token
+    sample_labels: Tensor | None = None  # (B, m) integer labels per sample
+
+    def resolve(self, n: int) -> tuple[Tensor | None, Tensor | None]:
+        """(mask (n,), labels (n, m)) for a record of ``n`` units; None where they do not apply."""
+        tokens = self.token_mask if self.token_mask is not None else self.token_labels
+        samples = self.sample_labels
+        batch = tokens.shape[0] if tokens is not None else samples.shape[0] if samples is not None else 0
+        if not batch:
+            return None, None
+        if tokens is not None and n == tokens.shape[0] * tokens.shape[1]:
+            mask = None if self.token_mask is None else self.token_mask.reshape(n).bool()
+            parts = [] if samples is None else [samples.repeat_interleave(tokens.shape[1], 0)]
+            if self.token_labels is not None:
+                parts.append(self.token_labels.reshape(n, -1))
+            return mask, (torch.cat([p.long().cpu() for p in parts], 1) if parts else None)
+        if samples is not None and n % batch == 0:
+            return None, samples.long().cpu().repeat_interleave(n // batch, 0)
+        return None, None
+
+
+@contextlib.contextmanager
+def units(*, token_mask: Tensor | None = None, token_labels: Tensor | None = None,
+          sample_labels: Tensor | None = None) -> Iterator[None]:
+    """Describe the routing units of the forward passes inside the block (module notes)."""
+    def rows(t: Tensor | None, dims: int) -> Tensor | None:
+        if t is None:
+            return None
+        t = t.detach()
+        return t.unsqueeze(-1) if t.ndim == dims - 1 else t
+
+    if token_mask is not None and token_mask.ndim != 2:
+        raise ValueError(f"token_mask must have shape (B, T), got {tuple(token_mask.shape)}")
+    token = _UNITS.set(UnitLayout(token_mask=None if token_mask is None else token_mask.detach(),
+                                  token_labels=rows(token_labels, 3), sample_labels=rows(sample_labels, 2)))
+    try:
+        yield
+    finally:
+        _UNITS.reset(token)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """No routing is recorded inside the block, even within a recorder's ``domain``."""
+    token = _ACTIVE.set(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
 
 
 def record(layer: nn.Module | str, *, experts: Tensor | None = None,
@@ -83,10 +153,12 @@ class RoutingRecorder:
     """Per-layer :class:`ExpertUtilization` metrics fed by :func:`record` calls.
 
     ``num_domains``: the number of domains (test experiences) the loop will name.
+    ``compositions``: also count (route, composition) pairs per layer for N_eff.
     ``metric_kwargs`` are passed to every ``ExpertUtilization`` (e.g. ``process_group``).
     """
 
-    def __init__(self, num_domains: int, *, keep_routes: bool = False, **metric_kwargs: Any):
+    def __init__(self, num_domains: int, *, keep_routes: bool = False, compositions: bool = False,
+                 **metric_kwargs: Any):
         if not isinstance(num_domains, int) or num_domains < 1:
             raise ValueError(f"num_domains must be a positive int, got {num_domains!r}")
         self.num_domains = num_domains
@@ -95,6 +167,8 @@ class RoutingRecorder:
         self.metrics: dict[str, ExpertUtilization] = {}
         self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self._routes: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        self.count_compositions = compositions
+        self._compositions: dict[str, CompositionCounter] = {}
 
     # -- set-up ------------------------------------------------------------------------------
     def add_layer(self, name: str, num_experts: int) -> ExpertUtilization:
@@ -166,14 +240,24 @@ class RoutingRecorder:
         device = (experts if experts is not None else gates).device
         if metric.device != device:
             metric.to(device)
+        chosen = experts if experts is not None else gates.argmax(-1, keepdim=True)
+        chosen = chosen.detach().reshape(-1, chosen.shape[-1])
+        layout = _UNITS.get()
+        unit_mask, labels = layout.resolve(chosen.shape[0]) if layout is not None else (None, None)
+        if unit_mask is not None:
+            unit_mask = unit_mask.to(device)
+            mask = unit_mask if mask is None else mask.detach().reshape(-1).bool() & unit_mask
         metric.update(experts=experts, gates=gates, domain=domain, mask=mask)
+        keep = None if mask is None else mask.detach().reshape(-1).bool().cpu()
         if self.keep_routes:
-            chosen = experts if experts is not None else gates.argmax(-1, keepdim=True)
-            chosen = chosen.detach().reshape(-1, chosen.shape[-1])
-            if mask is not None:
-                chosen = chosen[mask.detach().reshape(-1).bool().to(chosen.device)]
-            domains = torch.full((chosen.shape[0],), domain, dtype=torch.long)
-            self._routes.setdefault(name, []).append((domains, chosen.cpu()))
+            kept = chosen.cpu() if keep is None else chosen.cpu()[keep]
+            domains = torch.full((kept.shape[0],), domain, dtype=torch.long)
+            self._routes.setdefault(name, []).append((domains, kept))
+        if self.count_compositions:
+            from clbench.metrics.compositions import CompositionCounter
+
+            counter = self._compositions.setdefault(name, CompositionCounter())
+            counter.update(chosen.cpu(), domain, labels=labels, keep=keep)
 
     # -- results -----------------------------------------------------------------------------
     def compute(self) -> dict[str, dict[str, Tensor]]:
@@ -197,11 +281,24 @@ class RoutingRecorder:
             return torch.zeros(0, dtype=torch.long), torch.zeros((0, 1), dtype=torch.long)
         return torch.cat([d for d, _ in kept]), torch.cat([e for _, e in kept])
 
+    def compositions(self, domains: Any = None) -> dict[str, dict[str, float]]:
+        """Route-wise N_eff per layer over the units of ``domains`` (all when None); needs
+        ``compositions=True``. Layers with no such unit are left out. Counts are per process."""
+        if not self.count_compositions:
+            raise ValueError("compositions are counted only with RoutingRecorder(..., compositions=True)")
+        out = {}
+        for name in sorted(self._compositions):
+            figures = self._compositions[name].summary(domains)
+            if figures is not None:
+                out[name] = figures
+        return out
+
     def reset(self) -> None:
         """Clear the accumulated routing (layers stay registered)."""
         for metric in self.metrics.values():
             metric.reset()
         self._routes.clear()
+        self._compositions.clear()
 
     def to(self, device: torch.device | str) -> "RoutingRecorder":
         for metric in self.metrics.values():

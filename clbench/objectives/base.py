@@ -86,8 +86,17 @@ class Objective:
     def evaluate(self, model: nn.Module, batch: Any, metrics: Any, column: "Experience | None" = None) -> None:
         """Update one column's metrics (a ``MetricCollection``) with one test batch;
         ``column`` is the experience the column scores (``None``: a stream-wide test set)."""
+        from clbench.metrics import routing
+
         inputs, targets = self.split(batch)
-        metrics.update(self.forward(model, inputs), targets)
+        if routing.is_recording() and isinstance(targets, Tensor) and targets.ndim == 1 \
+                and not targets.is_floating_point():
+            # a routing unit's composition for N_eff: its test experience and its sample's class
+            with routing.units(sample_labels=targets):
+                outputs = self.forward(model, inputs)
+        else:
+            outputs = self.forward(model, inputs)
+        metrics.update(outputs, targets)
 
     def begin_evaluation(self) -> None:
         """Before every evaluation pass over the test columns."""

@@ -17,6 +17,16 @@ hardware's arithmetic. The final stage's generations are written per task to
 
 The loss is the mean over the batch's answer tokens (as transformers computes it), so a
 batch's long answers weigh more than short ones; TRACE's training code does the same.
+
+Routing records (models with MoE layers): padding tokens are never counted. In evaluation the
+counted units are the tokens of each test sample's prompt + reference answer in one
+teacher-forced forward pass (the "old-task tokens" of MH-MoE's N_eff), not the generation,
+whose decoding steps are left unrecorded: what a generation routes depends on what the model
+generates. A token's composition is (task, relative-position bucket, token-frequency bucket):
+:data:`POSITION_BUCKETS` equal quarters of the sequence, and :data:`FREQUENCY_BUCKETS` classes
+of token ids holding equal thirds of the token occurrences in the stream's training records
+(at most :data:`FREQUENCY_SAMPLES` per task, in dataset order), rarest last. The paper's fourth
+feature, a stance label, exists for one of its datasets only and is left out.
 """
 
 from __future__ import annotations
@@ -30,9 +40,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from clbench.errors import UserError
+from clbench.metrics import routing
 from clbench.objectives.base import Objective
 
 IGNORE = -100
+POSITION_BUCKETS = 4
+FREQUENCY_BUCKETS = 3
+FREQUENCY_SAMPLES = 2000
 
 
 def _record(item: Any) -> tuple[str, str]:
@@ -60,9 +74,13 @@ class TextCollator:
     def __call__(self, items: list[Any]) -> dict[str, Any]:
         prompts, answers = zip(*(_record(item) for item in items))
         prompt_ids = self._ids(list(prompts))
+        answer_ids = self._ids(list(answers))
         if self.train:
-            return self._train(prompt_ids, self._ids(list(answers)))
-        return self._test(prompt_ids, list(prompts), list(answers))
+            return self._train(prompt_ids, answer_ids)
+        batch = self._test(prompt_ids, list(prompts), list(answers))
+        forced = self._train(prompt_ids, answer_ids)  # teacher-forced sequences, for routing records
+        batch.update(forced_ids=forced["input_ids"], forced_mask=forced["attention_mask"])
+        return batch
 
     def _train(self, prompt_ids: list[list[int]], answer_ids: list[list[int]]) -> dict[str, Any]:
         rows, labels, truncated = [], [], 0
@@ -124,6 +142,7 @@ class CausalLanguageModeling(Objective):
         self.tokenizer = None
         self._truncated: dict[str, Any] = {"train": 0, "test": 0}  # samples whose prompt lost tokens, as seen
         self._generations: dict[str, list[dict]] = {}
+        self._buckets: Tensor | None = None  # token id -> frequency bucket, built when first needed
 
     def setup(self, spec, experiences) -> None:
         from clbench.metrics.text import make_text_metric
@@ -174,6 +193,9 @@ class CausalLanguageModeling(Objective):
         return inputs, torch.cat([widen(labels, IGNORE) for _, labels in parts])
 
     def forward(self, model, inputs: dict) -> Tensor:
+        if routing.is_recording():  # padding tokens are not routing units
+            with routing.units(token_mask=inputs["attention_mask"]):
+                return model(**inputs).logits
         return model(**inputs).logits
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
@@ -199,10 +221,44 @@ class CausalLanguageModeling(Objective):
                              eos_token_id=tok.eos_token_id)
         return [text.strip() for text in tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)]
 
+    def _frequency_buckets(self) -> Tensor:
+        """Token id -> frequency bucket (0 = most frequent), from the stream's training records."""
+        import numpy as np
+
+        if self._buckets is None:
+            counts = np.zeros(len(self.tokenizer), dtype=np.int64)
+            for exp in self.experiences:
+                data = exp.train
+                for i in range(min(len(data), FREQUENCY_SAMPLES)):
+                    prompt, answer = _record(data[i])
+                    ids = self.tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
+                    counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=len(counts))[: len(counts)]
+            order = np.argsort(-counts, kind="stable")
+            share = np.cumsum(counts[order]) / max(1, counts.sum())
+            buckets = np.empty(len(counts), dtype=np.int64)
+            buckets[order] = np.minimum((share * FREQUENCY_BUCKETS).astype(np.int64), FREQUENCY_BUCKETS - 1)
+            buckets[counts == 0] = FREQUENCY_BUCKETS - 1
+            self._buckets = torch.from_numpy(buckets)
+        return self._buckets
+
+    def _record_routing(self, model, batch: dict) -> None:
+        """One teacher-forced forward of prompt + answer, its tokens labelled for N_eff."""
+        ids, mask = batch["forced_ids"], batch["forced_mask"]
+        position = (mask.cumsum(1) - 1).clamp(min=0)
+        length = mask.sum(1, keepdim=True).clamp(min=1)
+        buckets = self._frequency_buckets()
+        labels = torch.stack([position * POSITION_BUCKETS // length,
+                              buckets[ids.cpu().clamp(max=len(buckets) - 1)].to(ids.device)], -1)
+        with routing.units(token_mask=mask.bool(), token_labels=labels):
+            model(input_ids=ids, attention_mask=mask)
+
     @torch.no_grad()
     def evaluate(self, model, batch: dict, metrics, column=None) -> None:
         self._count("test", batch)
-        predictions = self.generate(model, batch["input_ids"], batch["attention_mask"], self.new_tokens(column))
+        if routing.is_recording():
+            self._record_routing(model, batch)
+        with routing.paused():
+            predictions = self.generate(model, batch["input_ids"], batch["attention_mask"], self.new_tokens(column))
         (metric,) = metrics.values()
         scores = metric.sample_scores(predictions, batch["answers"], batch["prompts"])  # kept for save_outputs
         metrics.update(predictions, batch["answers"], sources=batch["prompts"], scores=scores)
