@@ -257,7 +257,11 @@ def test_a_layout_that_does_not_match_the_units_is_not_applied():
 
     layout = UnitLayout(token_mask=torch.ones(2, 3, dtype=torch.bool))
     assert layout.resolve(6)[0].tolist() == [True] * 6
-    assert layout.resolve(8) == (None, None)  # 4 units per sample, but no per-sample labels
+    assert layout.resolve(5) == (None, None)  # not a whole number of units per sample
+    mask, labels = layout.resolve(8)  # a one-position prefix before each sample's 3 tokens
+    assert mask.tolist() == [False, True, True, True] * 2 and labels is None
     with_samples = UnitLayout(token_mask=torch.ones(2, 3, dtype=torch.bool), sample_labels=torch.tensor([[4], [7]]))
-    mask, labels = with_samples.resolve(8)
-    assert mask is None and labels.reshape(-1).tolist() == [4] * 4 + [7] * 4
+    assert with_samples.resolve(8)[1].reshape(-1).tolist() == [4] * 4 + [7] * 4
+    per_image = UnitLayout(sample_labels=torch.tensor([[4], [7]]))  # e.g. 5 patches routed per image
+    mask, labels = per_image.resolve(10)
+    assert mask is None and labels.reshape(-1).tolist() == [4] * 5 + [7] * 5

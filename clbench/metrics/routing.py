@@ -50,9 +50,9 @@ text or a token's position. The code that runs the forward pass says so with :fu
 layer's ``record`` of ``B*T`` units (one per token, row-major) then drops masked tokens, and
 with ``compositions=True`` the recorder counts each unit's (route, composition) pair, the
 composition being ``(domain, *sample_labels, *token_labels)``, for the route-wise N_eff
-(:meth:`RoutingRecorder.compositions`). A layer whose unit count is a multiple ``B*u`` other
-than ``B*T`` (an image routed per patch, tokens behind a prompt prefix) gets the sample labels
-repeated per unit and no mask. :func:`paused` stops recording for forwards that are not the
+(:meth:`RoutingRecorder.compositions`). ``B*(P+T)`` units are tokens behind a learned prefix of
+``P`` positions (MoSEs' task prompt): the prefix is not counted. Any other multiple ``B*u``
+(an image routed per patch) gets the sample labels repeated per unit and no mask. :func:`paused` stops recording for forwards that are not the
 units to count (the decoding steps of a generation, whose tokens depend on the model itself).
 """
 
@@ -91,12 +91,20 @@ class UnitLayout:
         batch = tokens.shape[0] if tokens is not None else samples.shape[0] if samples is not None else 0
         if not batch:
             return None, None
-        if tokens is not None and n == tokens.shape[0] * tokens.shape[1]:
-            mask = None if self.token_mask is None else self.token_mask.reshape(n).bool()
-            parts = [] if samples is None else [samples.repeat_interleave(tokens.shape[1], 0)]
+        per = n // batch if n % batch == 0 else 0
+        if tokens is not None and per >= tokens.shape[1]:
+            # ``per - T`` leading positions per sample are a learned prefix (prompt tuning): not counted
+            extra = per - tokens.shape[1]
+            mask = self.token_mask.bool() if self.token_mask is not None else None
+            if extra:
+                mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device) if mask is None else mask
+                mask = torch.cat([mask.new_zeros(batch, extra), mask], 1)
+            parts = [] if samples is None else [samples.long().cpu().repeat_interleave(per, 0)]
             if self.token_labels is not None:
-                parts.append(self.token_labels.reshape(n, -1))
-            return mask, (torch.cat([p.long().cpu() for p in parts], 1) if parts else None)
+                labels = self.token_labels.long().cpu()
+                labels = torch.cat([labels.new_zeros(batch, extra, labels.shape[-1]), labels], 1) if extra else labels
+                parts.append(labels.reshape(n, -1))
+            return (None if mask is None else mask.reshape(n)), (torch.cat(parts, 1) if parts else None)
         if samples is not None and n % batch == 0:
             return None, samples.long().cpu().repeat_interleave(n // batch, 0)
         return None, None
