@@ -233,6 +233,7 @@ class ContinualModule(pl.LightningModule):
         results = {name: [values.get(name) for values in computed] for name in names}
         results["primary"] = [values[name] for values, name in zip(computed, self.primary)]
         self.last_eval = results
+        self.objective.end_evaluation()
         if self.routing is not None:
             self.last_compositions = self.routing.compositions(sorted(self.seen_domains)) if self.seen_domains else {}
             self.last_routing = self._figures(self.routing)

@@ -145,3 +145,28 @@ def test_routing_units_are_the_unpadded_teacher_forced_tokens_with_their_composi
     assert all(1 <= c["compositions"] <= POSITION_BUCKETS * FREQUENCY_BUCKETS for c in comps.values())
     buckets = objective._frequency_buckets()
     assert buckets.shape[0] == len(objective.tokenizer) and int(buckets.max()) == FREQUENCY_BUCKETS - 1
+
+
+@pytest.mark.slow
+def test_generation_under_ddp_scores_every_test_sample_once_and_keeps_them_all(tmp_path, write_yaml):
+    """Two gloo processes each generate for their shard of 7 test prompts (not divisible by
+    2): the untrained model's scores equal one process's, the saved generations hold every
+    prompt once in dataset order, and the final R row is their mean score."""
+    from clbench.runner import run
+    from helpers import run_cli
+
+    odd = {"benchmark": {"class_path": "trace-mini",
+                         "init_args": {"tasks": ["FOMC", "NumGLUE-cm"], "n_train": 8, "n_test": 7}},
+           "train": {"epochs": 1, "batch_size": 8, "eval_batch_size": 4,
+                     "optimizer": {"class_path": "adamw", "init_args": {"lr": 0.003}}}}
+    single = run(_lm_config(**odd), tmp_path / "single")
+    cfg = _lm_config(**odd, trainer={"accelerator": "cpu", "devices": 2, "strategy": "ddp"})
+    proc = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "ddp"), "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "ddp" / "result.json").read_text())
+    assert result["r_init"] == single["r_init"]
+    for j, task in enumerate(result["experiences"]):
+        rows = [json.loads(line) for line in (tmp_path / "ddp" / "predictions" / f"{task}.jsonl").open()]
+        alone = [json.loads(line) for line in (tmp_path / "single" / "predictions" / f"{task}.jsonl").open()]
+        assert [r["prompt"] for r in rows] == [r["prompt"] for r in alone] and len(rows) == 7
+        assert sum(r["score"] for r in rows) / 7 == pytest.approx(result["r_matrix"][-1][j], abs=1e-9)

@@ -101,6 +101,10 @@ class Objective:
     def begin_evaluation(self) -> None:
         """Before every evaluation pass over the test columns."""
 
+    def end_evaluation(self) -> None:
+        """After every evaluation pass, on every process (under data parallelism each saw its
+        shard): where what :meth:`save_outputs` writes is gathered from all of them."""
+
     def summary(self) -> dict[str, Any]:
         """Figures for ``result.json`` under ``objective`` (e.g. how many prompts were truncated)."""
         return {}

@@ -266,6 +266,22 @@ class CausalLanguageModeling(Objective):
         rows += [{"prompt": p, "answer": a, "prediction": g, "score": s}
                  for p, a, g, s in zip(batch["prompts"], batch["answers"], predictions, scores)]
 
+    def end_evaluation(self) -> None:
+        """Under data parallelism, every process gets every process's generations, in dataset
+        order: the evaluation shards are interleaved (sample ``i`` of rank ``r`` is the test
+        set's ``r + i * world_size``; :func:`clbench.data.run_loader`), so they are merged the same way."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        shards: list[dict[str, list[dict]]] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(shards, self._generations)
+        merged: dict[str, list[dict]] = {}
+        for task in dict.fromkeys(task for shard in shards for task in shard):
+            rows = [shard.get(task, []) for shard in shards]
+            merged[task] = [part[i] for i in range(max(map(len, rows))) for part in rows if i < len(part)]
+        self._generations = merged
+
     def save_outputs(self, directory: Path) -> None:
         """``predictions/<task>.jsonl``: what the model generated at the last evaluation."""
         from clbench.io import atomic_write
