@@ -1,7 +1,10 @@
-"""Vision models of the thesis: the MoE MLP layer, its routers and the ``vit_moe`` factory."""
+"""Vision models of the thesis: the MoE MLP layer, its routers, the prototype-routed ViT and
+the ``vit_moe`` factory."""
 
 from clbench.vision.moe import MoEMLP
+from clbench.vision.prototype import PrototypeRouter, PrototypeViT
 from clbench.vision.routers import EMACentroidRouter, SwitchRouter, balance_loss
 from clbench.vision.vit_moe import vit_moe
 
-__all__ = ["MoEMLP", "SwitchRouter", "EMACentroidRouter", "balance_loss", "vit_moe"]
+__all__ = ["MoEMLP", "SwitchRouter", "EMACentroidRouter", "PrototypeRouter", "PrototypeViT", "balance_loss",
+           "vit_moe"]

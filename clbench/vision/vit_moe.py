@@ -16,7 +16,12 @@ Thesis labels (``label=``; explicit arguments override the label's settings):
 ``MoE_ensemble_LR_scale``  4 always-on experts with learning-rate multipliers
                            (1.0, 0.5, 0.1, 0.01), no router
 ``EMA router``             4 experts, top-1, ``ema_centroid`` router (variant 1)
+``Prototype router``       4 paths, one routing decision, ``prototype`` router (variant 2)
 =========================  ===============================================================
+
+``router="prototype"`` builds :class:`clbench.vision.prototype.PrototypeViT` instead of MoE
+MLPs: the blocks in ``moe_blocks`` (a suffix) and the head are duplicated per expert path
+behind one routing decision, and the early blocks are frozen (see that module).
 
 Choices:
 
@@ -52,6 +57,7 @@ LABELS: dict[str, dict] = {
     "MoE-many": {"num_experts": 8, "top_k": 2, "router": "switch"},
     "MoE_ensemble_LR_scale": {"num_experts": 0, "num_shared": 4, "shared_lr_mult": [1.0, 0.5, 0.1, 0.01]},
     "EMA router": {"num_experts": 4, "top_k": 1, "router": "ema_centroid"},
+    "Prototype router": {"num_experts": 4, "top_k": 1, "router": "prototype"},
 }
 DEFAULTS = {"num_experts": 4, "top_k": 1, "router": "switch", "num_shared": 0, "shared_lr_mult": None,
             "moe_blocks": None}
@@ -95,6 +101,13 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
     for index in chosen:
         if not 0 <= index < len(blocks):
             raise ValueError(f"moe_blocks: block {index} is outside 0..{len(blocks) - 1}")
+    if opts["router"] == "prototype":  # paths are always copies of the dense final part
+        from clbench.vision import prototype
+
+        unsupported = {"expert_mlp_ratio": expert_mlp_ratio, "expert_lr_mult": expert_lr_mult,
+                       "shared_lr_mult": opts["shared_lr_mult"]}
+        return prototype.build(model, chosen, opts["num_experts"], opts["top_k"], opts["num_shared"], level,
+                               router_args, unsupported)
     copy = bool(weights_path) or expert_init == "copy"
     for index in chosen:
         dense = blocks[index].mlp
