@@ -105,9 +105,10 @@ NOTES = ("Scores are percentages: mean ± sample standard deviation over task or
 
 
 ROUTING_NOTE = ("N_eff (MoE methods): the route-wise effective composition number after the last stage, averaged "
-                "over MoE layers: how many (task, position, token-frequency) compositions share one route, weighted "
-                "by the routes' share of the test tokens of the tasks trained; 1 means every route carries one "
-                "composition. A plain number, not a percentage.")
+                "over MoE layers: how many compositions (language models: task, position and token-frequency "
+                "buckets; classifiers: test experience and class) share one route, weighted by the routes' share "
+                "of the test units of the experiences trained; 1 means every route carries one composition. A "
+                "plain number, not a percentage.")
 ROUTING_LAYERS = 6  # panels per run in the page's utilization figures (evenly spaced layers)
 
 
