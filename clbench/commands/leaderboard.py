@@ -1,14 +1,22 @@
 """``clbench leaderboard run|render``: run a suite into a leaderboard directory, render it.
 
 ``run`` with no arguments runs the quickstart suite into ``./leaderboard``; rerunning it does
-only what is missing. ``render`` writes ``README.md`` and ``index.html`` into the directory.
+only what is missing. ``--launcher local|slurm`` spreads the grid over worker processes or
+cluster jobs (docs/cluster.md). ``render`` writes ``README.md`` and ``index.html`` into the
+directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+
+from clbench.errors import UserError
 
 DEFAULT_OUTPUT = "leaderboard"
+LAUNCHERS = ("serial", "local", "slurm", "submitit-local")
+CLUSTER_LAUNCHERS = ("slurm", "submitit-local")
+_SBATCH_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
 def register(sub) -> None:
@@ -26,6 +34,22 @@ def register(sub) -> None:
                      help="rerun every grid point from scratch, replacing its entry when the new run ends "
                           "(after changing code: entries are named by config, not by code)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (one line per run is still printed)")
+    grid = run.add_argument_group("launchers", "where the grid points run (docs/cluster.md)")
+    grid.add_argument("--launcher", choices=LAUNCHERS, default="serial",
+                      help="serial: one after another in this process (default); local: --jobs worker processes; "
+                           "slurm: one job-array task per grid point; submitit-local: the slurm path on this machine")
+    grid.add_argument("--jobs", "-j", type=int, metavar="N",
+                      help="local: worker processes at once (default: one per GPU, else CPUs / threads); "
+                           "slurm: array tasks at once")
+    grid.add_argument("--partition", help="slurm partition")
+    grid.add_argument("--gpus-per-job", type=int, metavar="N", help="GPUs per slurm job (gpus_per_node)")
+    grid.add_argument("--cpus-per-job", type=int, metavar="N", help="CPUs per slurm job (default: the suite's threads)")
+    grid.add_argument("--time-min", type=int, metavar="MIN", help="slurm time limit per job in minutes (default 60)")
+    grid.add_argument("--mem-gb", type=float, metavar="GB", help="memory per slurm job")
+    grid.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="extra '#SBATCH --KEY=VALUE' line (repeatable), e.g. account=myproject")
+    grid.add_argument("--no-wait", action="store_true",
+                      help="slurm: submit and return; rerun the same command later to collect the results")
     run.set_defaults(handler=handle_run)
     render = lb.add_parser("render", help="write README.md and index.html from a leaderboard directory's entries")
     render.add_argument("dir", nargs="?", default=DEFAULT_OUTPUT,
@@ -33,22 +57,76 @@ def register(sub) -> None:
     render.set_defaults(handler=handle_render)
 
 
+def _slurm_options(text: list[str]) -> dict:
+    options = {}
+    for item in text:
+        key, eq, value = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not eq or not _SBATCH_KEY.match(key) or not value.strip():
+            raise UserError(f"expected KEY=VALUE, got {item!r}", where="--slurm-option",
+                            fix="write e.g. --slurm-option account=myproject (one sbatch option each)")
+        options[key] = value.strip()
+    return options
+
+
+def check_launcher_args(args: argparse.Namespace) -> dict:
+    """The command line's launcher options, checked (one-line errors); returns the slurm ones."""
+    launcher = args.launcher
+    cluster = {"partition": args.partition, "gpus_per_node": args.gpus_per_job, "cpus_per_task": args.cpus_per_job,
+               "timeout_min": args.time_min, "mem_gb": args.mem_gb, "jobs": args.jobs,
+               "additional": _slurm_options(args.slurm_option)}
+    flags = {"--partition": args.partition, "--gpus-per-job": args.gpus_per_job, "--cpus-per-job": args.cpus_per_job,
+             "--time-min": args.time_min, "--mem-gb": args.mem_gb, "--slurm-option": args.slurm_option or None,
+             "--no-wait": args.no_wait or None}
+    for flag, value in flags.items():
+        if value is not None and launcher not in CLUSTER_LAUNCHERS:
+            raise UserError(f"{flag} applies to the slurm launcher only", where=flag,
+                            fix="add --launcher slurm, or leave it out")
+    if args.jobs is not None:
+        if launcher == "serial":
+            raise UserError("the serial launcher runs one grid point at a time", where="--jobs",
+                            fix="add --launcher local to run several at once")
+        if args.jobs < 1:
+            raise UserError(f"expected at least 1, got {args.jobs}", where="--jobs", fix="e.g. --jobs 4")
+    for flag, value, least in (("--gpus-per-job", args.gpus_per_job, 0), ("--cpus-per-job", args.cpus_per_job, 1),
+                               ("--time-min", args.time_min, 1)):
+        if value is not None and value < least:
+            raise UserError(f"expected at least {least}, got {value}", where=flag, fix="give a whole number")
+    if args.mem_gb is not None and not args.mem_gb > 0:
+        raise UserError(f"expected a positive number of GB, got {args.mem_gb}", where="--mem-gb", fix="e.g. --mem-gb 32")
+    return cluster
+
+
 def handle_run(args: argparse.Namespace) -> int:
-    from clbench.leaderboard.entries import load_entries
+    from clbench.leaderboard.entries import entries_dir, load_entries
     from clbench.leaderboard.suite import default_suite_path, load_suite
     from clbench.leaderboard.table import build_tables, console_for_tables, print_tables
 
+    cluster = check_launcher_args(args)
     suite = load_suite(args.suite or default_suite_path())
     console = console_for_tables()
-    from clbench.leaderboard.execute import run_suite  # after the suite is known to be valid
+    common = dict(progress=not args.no_progress, retry_failed=args.retry_failed, force=args.force, console=console)
+    if args.launcher == "local":
+        from clbench.leaderboard.launch import default_jobs, run_local
 
-    outcome = run_suite(suite, args.output, progress=not args.no_progress, retry_failed=args.retry_failed,
-                        force=args.force, console=console)
+        jobs = args.jobs or suite.launcher.get("local", {}).get("jobs") or default_jobs(suite)
+        outcome = run_local(suite, args.output, jobs=jobs, **common)
+    elif args.launcher in CLUSTER_LAUNCHERS:
+        from clbench.leaderboard.slurm import cluster_options, run_cluster
+
+        outcome = run_cluster(suite, args.output, launcher=args.launcher, options=cluster_options(suite, cluster),
+                              wait=not args.no_wait, **common)
+    else:
+        from clbench.leaderboard.execute import run_suite  # after the suite is known to be valid
+
+        outcome = run_suite(suite, args.output, **common)
     hashes = [r.hash for r in suite.runs]
-    print_tables(build_tables(load_entries(args.output, hashes), hashes, source=args.output), console)
+    if entries_dir(args.output).is_dir():  # with --no-wait, maybe nothing has finished yet
+        print_tables(build_tables(load_entries(args.output, hashes), hashes, source=args.output), console)
     done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered)
     elsewhere = f", {len(outcome.elsewhere)} finished by another process" if outcome.elsewhere else ""
-    console.print(f"{done} ran, {len(outcome.failed)} failed, {len(outcome.skipped)} already done{elsewhere}; "
+    queued = f", {len(outcome.submitted)} still queued or running" if outcome.submitted else ""
+    console.print(f"{done} ran, {len(outcome.failed)} failed, {len(outcome.skipped)} already done{elsewhere}{queued}; "
                   f"render with: clbench leaderboard render {args.output}", highlight=False)
     return 0
 

@@ -13,6 +13,8 @@ One concept per module:
   record failures, skip what is done.
 * :mod:`~clbench.leaderboard.lock`: one lock per grid point, so several processes can share
   a directory.
+* :mod:`~clbench.leaderboard.launch`, :mod:`~clbench.leaderboard.worker`,
+  :mod:`~clbench.leaderboard.slurm`: the grid over local worker processes or SLURM jobs.
 * :mod:`~clbench.leaderboard.table`: aggregate entries into per-benchmark tables
   (mean ± std over orders and seeds, rank).
 * :mod:`~clbench.leaderboard.compare`: the same strategies across task orders (worst order,

@@ -27,7 +27,12 @@ then, it counts as done by another process, and if that process died, the point 
 over (resumed from its checkpoint). An entry that changed since this process first looked
 (with ``force`` or ``retry_failed`` too) was written by another process and is not redone.
 
-All runs share one process, so torch and Lightning are imported once. A run that raises is
+:func:`run_cell` runs one grid point by hash through the same steps, for the launchers that
+give each grid point a process (or a cluster job) of its own (:mod:`~clbench.leaderboard.launch`,
+:mod:`~clbench.leaderboard.slurm`); :func:`record_death` writes the failed entry of one whose
+process died before it could write any.
+
+All runs of ``run_suite`` share one process, so torch and Lightning are imported once. A run that raises is
 recorded as a ``failed`` entry with its one-line error and the suite goes on; Ctrl-C stops
 the suite and keeps every entry written so far. A failed run's working folder is removed, so
 ``--retry-failed`` starts it over. After an entry is written the working
@@ -68,6 +73,7 @@ class SuiteOutcome:
     recovered: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)  # finished by another process meanwhile
+    submitted: list[str] = field(default_factory=list)  # cluster jobs still queued or running on return
 
 
 def _one_line_error(err: BaseException) -> str:
@@ -135,12 +141,12 @@ def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[di
     return run(spec.config, workdir, source=source, progress=False), False
 
 
-def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_failed: bool = False,
-              force: bool = False, console=None) -> SuiteOutcome:
-    """Run every grid point of ``suite`` that has no entry in ``output``; see the module notes.
+def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, force: bool = False,
+               console=None) -> tuple[SuiteOutcome, list[RunSpec], dict[str, str]]:
+    """Check ``output``, write the manifest and say what is left: (outcome so far, to do, entries seen).
 
-    ``force`` reruns every grid point from scratch (after a code change: an entry's name says
-    which config it ran, not which code); each entry is replaced only when its new run ends.
+    ``seen`` maps each grid point that has an entry to that entry's content hash as read now,
+    so whoever runs the point later can tell an entry another process wrote meanwhile.
     """
     from rich.console import Console
 
@@ -165,10 +171,101 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
     write_json(output / MANIFEST, suite.manifest())
     console.print(f"suite [bold]{suite.name}[/]: {len(suite.runs)} runs, {len(outcome.skipped)} already done, "
                   f"{len(todo)} to run → {output}")
+    return outcome, todo, seen
+
+
+def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_failed: bool = False,
+              force: bool = False, console=None) -> SuiteOutcome:
+    """Run every grid point of ``suite`` that has no entry in ``output``; see the module notes.
+
+    ``force`` reruns every grid point from scratch (after a code change: an entry's name says
+    which config it ran, not which code); each entry is replaced only when its new run ends.
+    """
+    from rich.console import Console
+
+    console = console or Console()
+    output = Path(output)
+    outcome, todo, seen = plan_suite(suite, output, retry_failed=retry_failed, force=force, console=console)
     if not todo:
         return outcome
     _Grid(suite, output, outcome, console, progress=progress, force=force, seen=seen).run(todo)
     return outcome
+
+
+def _changed(output: Path, digest: str, seen: str | None) -> dict | None:
+    """The entry another process wrote since ``seen`` (its content hash then, None: no entry), if any."""
+    path = entry_path(output, digest)
+    if not path.exists():
+        return None
+    entry = read_entry(path)
+    return entry if entry["content_hash"] != seen else None
+
+
+def run_cell(suite_path: str | Path, output: str | Path, digest: str, *, seen: str | None = None,
+             force: bool = False, console=None) -> dict:
+    """Run the grid point ``digest`` of the suite at ``suite_path`` into ``output``, as ``run_suite`` would.
+
+    Waits for the point's lock (another process may hold it), then skips the point if its entry
+    changed since ``seen``; otherwise recovers, resumes or runs it and writes its entry. Returns
+    ``{"hash", "status", "note"}``, status one of ran, resumed, recovered, failed, elsewhere.
+    """
+    import torch
+    from rich.console import Console
+
+    from clbench.leaderboard.suite import load_suite
+    from clbench.runner import environment
+
+    console = console or Console()
+    suite, output = load_suite(suite_path), Path(output)
+    spec = next((r for r in suite.runs if r.hash == digest), None)
+    if spec is None:
+        raise UserError(f"the suite has no grid point {digest[:12]}…", where=str(suite_path),
+                        fix="the suite was edited after the launch: run 'clbench leaderboard run' again")
+    outcome = SuiteOutcome(total=1)
+    lock = CellLock(output / RUNS_DIR, digest)
+    while not lock.try_acquire():  # another process works on it: wait, then see whether it finished
+        time.sleep(POLL_SECONDS)
+    threads_before = torch.get_num_threads()
+    try:
+        if suite.threads:
+            torch.set_num_threads(suite.threads)
+        if _changed(output, digest, seen) is not None:
+            outcome.elsewhere.append(digest)
+            note = "finished by another process"
+        else:
+            note = _run_point(spec, suite, output, force=force, env=environment(), outcome=outcome,
+                              console=console)
+    finally:
+        torch.set_num_threads(threads_before)
+        lock.release()
+    status = next(name for name in ("ran", "resumed", "recovered", "failed", "elsewhere") if getattr(outcome, name))
+    return {"hash": digest, "status": status, "note": note}
+
+
+def record_death(output: Path, spec: RunSpec, suite_name: str, why: str, *, seen: str | None, env: dict,
+                 wall_seconds: float = 0.0) -> str:
+    """After the process running ``spec`` died: a failed entry saying ``why``, unless an entry came meanwhile.
+
+    Returns the status to count: ``failed``, or ``ran`` / ``failed`` / ``elsewhere`` for an entry
+    the dead process (or another one) wrote. The working folder stays, so ``--retry-failed``
+    resumes from its checkpoint.
+    """
+    entry = _changed(output, spec.hash, seen)
+    if entry is not None:
+        return "ran" if entry["status"] == "ok" else "failed"
+    lock = CellLock(output / RUNS_DIR, spec.hash)
+    # Taken when it can be (the dead process's marker is stale at once on this host), so two
+    # launchers on one host do not both write; a marker from another host stays until its lease
+    # runs out, and the entry is written without it: a live holder's own entry would replace it.
+    held = lock.try_acquire() or lock.try_acquire()
+    try:
+        if _changed(output, spec.hash, seen) is not None:
+            return "elsewhere"
+        write_entry(output, failed_entry(spec.config, why, env=env, wall_seconds=wall_seconds, suite=suite_name))
+    finally:
+        if held:
+            lock.release()
+    return "failed"
 
 
 class _Grid:
@@ -256,34 +353,40 @@ class _Grid:
             lock.release()
 
     def _execute(self, spec: RunSpec) -> str:
-        from rich.markup import escape
+        return _run_point(spec, self.suite, self.output, force=self.force, env=self.env, outcome=self.outcome,
+                          console=self.console)
 
-        suite, outcome = self.suite, self.outcome
-        workdir = self.output / RUNS_DIR / spec.hash
-        start = time.perf_counter()
-        recovered = None if self.force else _recover(workdir, spec)
-        if recovered is not None:
-            entry = entry_from_result(recovered, suite=suite.name)
-            outcome.recovered.append(spec.hash)
-            note = "recovered from its finished working folder"
+
+def _run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: dict, outcome: SuiteOutcome,
+               console) -> str:
+    """Recover, resume or run one grid point (its lock held by the caller), write its entry; returns a note."""
+    from rich.markup import escape
+
+    workdir = output / RUNS_DIR / spec.hash
+    start = time.perf_counter()
+    recovered = None if force else _recover(workdir, spec)
+    if recovered is not None:
+        entry = entry_from_result(recovered, suite=suite.name)
+        outcome.recovered.append(spec.hash)
+        note = "recovered from its finished working folder"
+    else:
+        try:
+            result, resumed = _execute(spec, workdir, str(suite.path), fresh=force)
+        except Exception as err:  # noqa: BLE001 - one broken run must not stop the grid
+            message = _one_line_error(err)
+            entry = failed_entry(spec.config, message, env=env, wall_seconds=time.perf_counter() - start,
+                                 suite=suite.name)
+            outcome.failed.append(spec.hash)
+            if not isinstance(err, UserError):
+                console.print(traceback.format_exc(), markup=False, highlight=False, style="dim")
+            shutil.rmtree(workdir, ignore_errors=True)  # a retry starts over
+            note = f"[red]failed[/]: {escape(message)}"
         else:
-            try:
-                result, resumed = _execute(spec, workdir, str(suite.path), fresh=self.force)
-            except Exception as err:  # noqa: BLE001 - one broken run must not stop the grid
-                message = _one_line_error(err)
-                entry = failed_entry(spec.config, message, env=self.env, wall_seconds=time.perf_counter() - start,
-                                     suite=suite.name)
-                outcome.failed.append(spec.hash)
-                if not isinstance(err, UserError):
-                    self.console.print(traceback.format_exc(), markup=False, highlight=False, style="dim")
-                shutil.rmtree(workdir, ignore_errors=True)  # a retry starts over
-                note = f"[red]failed[/]: {escape(message)}"
-            else:
-                entry = entry_from_result(result, suite=suite.name)
-                (outcome.resumed if resumed else outcome.ran).append(spec.hash)
-                acc = entry["scores"].get("acc")
-                note = (f"acc {100 * acc:.1f}%" if isinstance(acc, (int, float)) else "done") + \
-                    f" in {time.perf_counter() - start:.1f}s" + (" (resumed)" if resumed else "")
-        write_entry(self.output, entry)
-        _finish_workdir(workdir)
-        return note
+            entry = entry_from_result(result, suite=suite.name)
+            (outcome.resumed if resumed else outcome.ran).append(spec.hash)
+            acc = entry["scores"].get("acc")
+            note = (f"acc {100 * acc:.1f}%" if isinstance(acc, (int, float)) else "done") + \
+                f" in {time.perf_counter() - start:.1f}s" + (" (resumed)" if resumed else "")
+    write_entry(output, entry)
+    _finish_workdir(workdir)
+    return note

@@ -28,6 +28,10 @@ config (it does not say what is computed), but it is recorded in every entry: on
 model, a CPU shared with other work makes extra threads spin rather than help (the quickstart
 suite ran over ten times faster with one thread than with two on a busy 2-core machine), and
 a few reductions (e.g. EWC's Fisher) can round differently with another thread count.
+
+``launcher`` holds the defaults of ``--launcher local`` and ``--launcher slurm`` (workers,
+partition, GPUs, time limit, extra ``#SBATCH`` options; see docs/cluster.md). Like ``threads``
+it says where the runs go, not what they compute, so it is in no run config and no hash.
 """
 
 from __future__ import annotations
@@ -40,7 +44,12 @@ from typing import Any
 from clbench.config import config_hash, deep_merge, order_label, read_yaml, resolve_config
 from clbench.errors import UserError, did_you_mean
 
-SUITE_KEYS = ("name", "description", "benchmarks", "models", "strategies", "orders", "seeds", "base", "threads")
+SUITE_KEYS = ("name", "description", "benchmarks", "models", "strategies", "orders", "seeds", "base", "threads",
+              "launcher")
+# ``launcher:`` settings per launcher (docs/cluster.md); like ``threads``, never part of a run config.
+LAUNCHER_KEYS = {"local": ("jobs",),
+                 "slurm": ("partition", "gpus_per_node", "cpus_per_task", "timeout_min", "mem_gb", "jobs",
+                           "additional", "setup")}
 REQUIRED_KEYS = ("name", "benchmarks", "models", "strategies", "orders", "seeds")
 # Run-config fields the grid sets; ``base`` may not set them too.
 GRID_FIELDS = {"seed": "seeds", "benchmark": "benchmarks", "model": "models", "strategy": "strategies",
@@ -79,6 +88,7 @@ class Suite:
     components: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)
     base: dict = field(default_factory=dict)
     threads: int | None = None
+    launcher: dict = field(default_factory=dict)  # {"slurm": {...}, "local": {...}}, checked
 
     def manifest(self) -> dict:
         """What ``DIR/suite.json`` records: which hashes make up this leaderboard."""
@@ -234,6 +244,8 @@ def load_suite(path: str | Path) -> Suite:
         raise UserError(f"expected a positive integer, got {threads!r}", where=f"{source}: threads",
                         fix="give the number of CPU threads, e.g. threads: 1, or remove it for torch's default")
 
+    launcher = _launcher(raw.get("launcher"), source)
+
     runs: list[RunSpec] = []
     seen: dict[str, str] = {}
     for b_where, bench in components["benchmarks"]:
@@ -259,7 +271,52 @@ def load_suite(path: str | Path) -> Suite:
                                             benchmark=bench["class_path"], model=model["class_path"],
                                             strategy=strategy["class_path"], order=order_label(order), seed=seed))
     return Suite(name=name, description=description.strip(), path=path, runs=runs, components=components,
-                 base=base, threads=threads)
+                 base=base, threads=threads, launcher=launcher)
+
+
+def _count(value: Any, where: str, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise UserError(f"expected an integer of at least {least}, got {value!r}", where=where,
+                        fix="give a whole number, or remove it for the default")
+
+
+def _launcher(raw: Any, source: str) -> dict:
+    """The checked ``launcher:`` section: ``{local: {jobs}, slurm: {partition, gpus_per_node, ...}}``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(f"expected a mapping, got {type(raw).__name__}", where=f"{source}: launcher",
+                        fix="write e.g. launcher: {slurm: {partition: gpu, timeout_min: 60}}")
+    out: dict[str, dict] = {}
+    for name, section in raw.items():
+        where = f"{source}: launcher.{name}"
+        if name not in LAUNCHER_KEYS:
+            raise UserError(f"unknown launcher '{name}'", where=where, fix=did_you_mean(str(name), LAUNCHER_KEYS))
+        section = section or {}
+        if not isinstance(section, dict):
+            raise UserError(f"expected a mapping, got {type(section).__name__}", where=where,
+                            fix="write its settings as 'key: value' lines")
+        for key, value in section.items():
+            here = f"{where}.{key}"
+            if key not in LAUNCHER_KEYS[name]:
+                raise UserError(f"unknown key '{key}'", where=here, fix=did_you_mean(str(key), LAUNCHER_KEYS[name]))
+            if key == "partition" and not (isinstance(value, str) and value.strip()):
+                raise UserError(f"expected a partition name, got {value!r}", where=here, fix="e.g. partition: gpu")
+            if key in ("jobs", "cpus_per_task", "timeout_min"):
+                _count(value, here, 1)
+            if key == "gpus_per_node":
+                _count(value, here, 0)
+            if key == "mem_gb" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise UserError(f"expected a positive number of GB, got {value!r}", where=here, fix="e.g. mem_gb: 32")
+            if key == "additional" and not (isinstance(value, dict) and all(
+                    isinstance(v, (str, int, float, bool)) for v in value.values())):
+                raise UserError("expected a mapping of sbatch options to values", where=here,
+                                fix="write e.g. additional: {account: myproject, qos: high}")
+            if key == "setup" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise UserError("expected a list of shell lines", where=here,
+                                fix="write e.g. setup: ['module load cuda/12.1']")
+        out[name] = dict(section)
+    return out
 
 
 def preflight(suite: Suite) -> None:

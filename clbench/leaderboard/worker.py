@@ -1,0 +1,56 @@
+"""One grid point in a process of its own: what ``leaderboard run --launcher local`` starts per cell.
+
+::
+
+    python -m clbench.leaderboard.worker --suite S --output DIR --hash H [--seen C] [--force] --report FILE
+
+It calls :func:`~clbench.leaderboard.execute.run_cell` (the serial run's own steps: lock,
+recover, resume or run, entry) and writes what happened as JSON to ``--report``. A process of
+its own per cell means a segfault, an out-of-memory kill or a hung CUDA context ends that cell
+only; the launcher sees no report and records the death (exit 0: handled, 2: bad input,
+130: interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+
+def _interrupt(signum, frame):  # SIGTERM stops a cell the way Ctrl-C does: checkpoint kept, lock released
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clbench.leaderboard.worker")
+    parser.add_argument("--suite", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--hash", required=True)
+    parser.add_argument("--seen", default=None, help="content hash of the entry the launcher saw")
+    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--report", required=True)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+    from clbench.errors import UserError
+    from clbench.io import write_json
+    from clbench.quiet import route_dependency_warnings
+
+    route_dependency_warnings()
+    try:
+        from clbench.leaderboard.execute import run_cell
+
+        summary = run_cell(args.suite, args.output, args.hash, seen=args.seen, force=args.force)
+    except UserError as err:
+        print(f"clbench: error: {err.one_line()}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("clbench: interrupted (the cell's checkpoint is kept)", file=sys.stderr)
+        return 130
+    write_json(args.report, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
