@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
-from torch.utils.data import BatchSampler, ConcatDataset, DataLoader, Dataset, RandomSampler, SequentialSampler, Subset
+from torch.utils.data import (BatchSampler, ConcatDataset, DataLoader, Dataset, RandomSampler, Sampler,
+                              SequentialSampler, Subset)
 
 
 class ArrayDataset(Dataset):
@@ -94,6 +95,48 @@ class _Batches(BatchSampler):
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
+
+
+class ShardedSampler(Sampler):
+    """Rank ``rank``'s share of what ``sampler`` yields in one process: items ``rank``,
+    ``rank + world``, ... of its sequence (padded by wrapping around to a multiple of ``world``).
+
+    Per-rank batch k of ``b`` items is then exactly the single-process batch k of ``world * b``
+    items, split among the ranks, in every epoch: the inner sampler (and its generator) runs
+    as it would in one process. It is read lazily, ``world`` items per item yielded, so it is
+    left exactly where one process's loader leaves it (a ``RandomSampler`` draws a second
+    permutation only when read to its end, which a loader of known length may never do).
+    ``DistributedSampler`` instead reseeds a permutation per epoch, an order no single-process
+    run follows.
+    """
+
+    def __init__(self, sampler, num_replicas: int, rank: int):
+        self.sampler, self.num_replicas, self.rank = sampler, num_replicas, rank
+
+    def __iter__(self):
+        import itertools
+
+        items, head = iter(self.sampler), None
+        while True:
+            chunk = list(itertools.islice(items, self.num_replicas))
+            if not chunk:
+                return
+            head = chunk if head is None else head
+            if len(chunk) < self.num_replicas:  # pad from the start, as DistributedSampler does
+                chunk += (head * self.num_replicas)[: self.num_replicas - len(chunk)]
+            yield chunk[self.rank]
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.num_replicas)
+
+
+def shard_of(loader) -> tuple[int, int]:
+    """``(world, rank)`` of a loader sharded by :class:`ShardedSampler`; ``(1, 0)`` otherwise."""
+    sampler = getattr(loader, "sampler", None)
+    sampler = getattr(sampler, "sampler", sampler) if isinstance(sampler, BatchSampler) else sampler
+    if isinstance(sampler, ShardedSampler):
+        return sampler.num_replicas, sampler.rank
+    return 1, 0
 
 
 def _first_two(item):
@@ -207,19 +250,21 @@ def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, ba
     """The loader a run uses for ``dataset`` (training when ``shuffle``), from the config's ``train:``.
 
     Under data parallelism each rank reads its own shard, sharded here rather than by Lightning
-    (``use_distributed_sampler=False``): training shards come from a seeded
-    ``DistributedSampler``; evaluation shards from ``UnrepeatedDistributedSampler``, which never
-    pads, so no test sample is counted twice when the per-rank metric states are summed.
+    (``use_distributed_sampler=False``). ``batch_size`` is per process, so a step's global batch
+    is ``world_size`` times it. Training shards split the single-process order
+    (:class:`ShardedSampler` over the same seeded ``RandomSampler``): with equal shards, W
+    processes at batch b take the steps one process takes at batch W·b. Evaluation shards come
+    from ``UnrepeatedDistributedSampler``, which never pads, so no test sample is counted twice
+    when the per-rank metric states are summed.
     """
     train = cfg["train"]
     bs = batch_size or (train["batch_size"] if shuffle else train["eval_batch_size"])
     if world_size > 1 and "sampler" not in kw:
         from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-        from torch.utils.data import DistributedSampler
 
         if shuffle:
-            kw["sampler"] = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                               seed=seed or 0)
+            order = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed if seed is not None else 0))
+            kw["sampler"] = ShardedSampler(order, world_size, rank)
         else:
             kw["sampler"] = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
     pin = torch.cuda.is_available() and cfg["trainer"].get("accelerator") != "cpu"

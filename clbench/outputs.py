@@ -11,6 +11,7 @@ behind.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -75,9 +76,9 @@ class OutputDir:
             if self.fresh_staging:
                 shutil.rmtree(self.path, ignore_errors=True)  # left by an earlier replacement that died
             self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".clbench-write-test"
+            probe = self.path / f".clbench-write-test-{os.getpid()}"  # one per process: DDP ranks open at once
             probe.write_text("")
-            probe.unlink()
+            probe.unlink(missing_ok=True)
         except OSError as err:
             self.abandon()
             raise UserError(f"cannot write to {self.output}: {err.strerror}", where="--output",

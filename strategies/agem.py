@@ -19,9 +19,12 @@ Choices:
   step (after gradient accumulation, after DDP's all-reduce; the projection is unchanged by
   AMP's loss scaling since it is linear in g and invariant to the scale of g_ref). Under
   gradient accumulation the memory batch of the last micro-batch is used.
-* Distributed: the memory gradient of each rank is averaged with an all-reduce so that every
-  rank projects the same all-reduced g onto the same g_ref, and the ranks stay identical.
-  Sharded parameters (FSDP) are not handled: the dot products would only cover each shard.
+* Distributed: every rank draws the same memory batch of ``sample_size`` samples (the memory
+  sampler is not sharded), so g_ref is that of the single-process step; it is still averaged
+  with an all-reduce, which guards against ranks drifting apart through non-deterministic
+  kernels, and every rank projects the same all-reduced g onto the same g_ref. The current
+  batch is sharded as usual. Sharded parameters (FSDP) are not handled: the dot products would
+  only cover each shard.
 * The memory forward runs in training mode, like the current batch (batch norm statistics see
   memory samples too, as they do in replay).
 """
@@ -58,7 +61,7 @@ class AGEM(Strategy):
         sample_size: memory samples per reference gradient (the paper: 256).
     """
 
-    supports_distributed = True  # DDP: the memory gradient is all-reduced before the projection
+    supports_distributed = True  # same memory batch on every rank; g_ref all-reduced before the projection
 
     def __init__(self, patterns_per_experience: int = 250, sample_size: int = 256):
         super().__init__()
@@ -84,7 +87,7 @@ class AGEM(Strategy):
         if len(self.memory) == 0:
             return current
         return with_memory(current, memory_dataset(self.experiences, self.memory), make_loader, self.sample_size,
-                           seeded_generator(self.seed, "agem-loader", self._position))
+                           seeded_generator(self.seed, "agem-loader", self._position), shard=False)
 
     def prepare_batch(self, module, batch):
         if isinstance(batch, dict) and set(batch) == {"current", "memory"}:

@@ -33,7 +33,9 @@ Choices:
 * Only ``requires_grad`` parameters are projected (LoRA adapters, when the base is frozen).
 * Where: ``on_before_optimizer_step``, like A-GEM: ``p.grad`` holds the step's full gradient
   (after accumulation and DDP's all-reduce). Memory gradients come from
-  ``torch.autograd.grad`` and are all-reduced (averaged) under DDP, so every rank solves the
+  ``torch.autograd.grad``. Under DDP every rank reads the whole memory (it is not sharded), so
+  each g_k is the single-process one; they are still all-reduced (averaged), which guards
+  against ranks drifting apart through non-deterministic kernels, so every rank solves the
   same QP and the replicas stay identical. Sharded parameters are not supported.
 * Cost: one forward/backward over every past memory per step (the paper's method), and the
   t flattened gradients of the trainable parameters in memory.
@@ -97,8 +99,7 @@ class GEM(Strategy):
             method. ``None`` uses the training batch size.
     """
 
-    # Memory gradients are all-reduced before the QP, but no two-process test checks it yet.
-    supports_distributed = False
+    supports_distributed = True  # every rank reads the whole memory; memory gradients all-reduced before the QP
 
     def __init__(self, patterns_per_experience: int = 256, memory_strength: float = 0.5,
                  memory_batch_size: int | None = None):

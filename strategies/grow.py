@@ -38,6 +38,9 @@ Choices where the paper is silent (see docs/strategies.md):
   norm (``probe_norm``) of the update of its MLP weights (up, gate and down, as one vector),
   optionally relative to their norm before. Only MLP weights are measured since the MLP is what
   grows, and this works for models with no notion of "block". The probe's time is recorded.
+* Data parallelism: each rank runs the same seeded probe on the whole experience (it is not
+  sharded), and rank 0's scores are broadcast, so every rank widens the same layers the same
+  way, as one process would; the widened model is then replicated like any other.
 """
 
 from __future__ import annotations
@@ -57,6 +60,18 @@ from strategies.ewc import compute_device
 from strategies.grow_layers import MLP, find_mlps, grow_mlp
 
 WHERE = "strategy.init_args"
+
+
+def shared(scores: dict[str, float]) -> dict[str, float]:
+    """Rank 0's probe scores on every rank (under data parallelism), so that all ranks grow the
+    same layers even where non-deterministic kernels make their probes differ in the last bits."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [scores]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return scores
 
 
 class Grow(Strategy):
@@ -79,7 +94,7 @@ class Grow(Strategy):
             classifier head in a class-incremental stream); the paper trains nothing else.
     """
 
-    supports_distributed = False  # expansion on every rank is not yet checked by a two-process test
+    supports_distributed = True  # every rank probes the same data; rank 0's scores decide for all
     supports_sharded = False  # copies and masks whole weight matrices
 
     def __init__(self, k: int = 2, variant: Literal["freeze", "train"] = "freeze",
@@ -189,7 +204,7 @@ class Grow(Strategy):
         scores, seconds = {}, 0.0
         if self.top_n:
             start = time.perf_counter()
-            scores = self.update_magnitudes(module, experience, mlps)
+            scores = shared(self.update_magnitudes(module, experience, mlps))
             seconds = time.perf_counter() - start
             keep = set(sorted(scores, key=lambda name: -scores[name])[: self.top_n])
             mlps = [m for m in mlps if m.name in keep]

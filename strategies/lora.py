@@ -134,8 +134,7 @@ class SeqLoRA(Strategy):
         layers: indices of the transformer layers to adapt; ``None`` adapts every layer.
     """
 
-    # DDP would replicate the adapter like any parameter; no two-process test checks it yet.
-    supports_distributed = False
+    supports_distributed = True  # the adapter is created from the same seeded RNG on every rank
     supports_sharded = False     # peft layers are injected into a whole, unsharded model
 
     def __init__(self, r: int = 8, alpha: float = 32.0, dropout: float = 0.1,

@@ -38,7 +38,7 @@ MLP = ["gate_proj", "up_proj", "down_proj"]
 
 class _MoELoRA(Strategy):
     kind = "loramoe"
-    supports_distributed = True
+    supports_distributed = True  # experts and routers are created from the same seeded RNG on every rank
     supports_sharded = False  # modules are replaced in a whole, unsharded model
 
     def __init__(self, num_experts: int = 4, top_k: int | None = 1, r: int = 4, alpha: float = 16.0,

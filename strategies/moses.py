@@ -110,7 +110,7 @@ class MoSEs(Strategy):
         target_modules, layers: which linear modules, in which transformer layers (null: all).
     """
 
-    supports_distributed = True
+    supports_distributed = True  # layers, prompts, keys and per-task resets use the same seeded RNG on every rank
     supports_sharded = False
 
     def __init__(self, num_experts: int = 2, top_k: int = 2, r: int = 2, alpha: float = 8.0, density: float = 0.3,

@@ -75,7 +75,7 @@ class OLoRA(Strategy):
         lambda_2: λ2, weight of the L2 norm of the current LoRA (the released code's 0).
     """
 
-    supports_distributed = False  # no two-process test checks it yet
+    supports_distributed = True  # each task's adapter is created from the same seeded RNG on every rank
     supports_sharded = False  # peft layers are injected into a whole, unsharded model
 
     def __init__(self, r: int = 8, alpha: float = 32.0, dropout: float = 0.1,

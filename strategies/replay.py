@@ -25,6 +25,11 @@ experience, which therefore trains as naive). Policies:
 Memory batches are sampled with replacement, as many per epoch as the current loader has
 batches (Lightning ``CombinedLoader`` in ``min_size`` mode). Samples come from
 ``experience.train``, so the stream's training transform (augmentation) applies to them too.
+
+Data parallelism: the memory is one global buffer, the same on every rank; each step's memory
+draws are split among the ranks like the current batch (:func:`with_memory`), so W processes
+at batch b replay what one process at batch W·b replays. ``replay_batch_size`` is per process,
+like ``train.batch_size``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Callable, Literal
 import torch
 from torch.utils.data import WeightedRandomSampler
 
-from clbench.data import concat, subset, targets_of
+from clbench.data import ShardedSampler, concat, shard_of, subset, targets_of
 from clbench.errors import UserError
 from clbench.seeding import derive
 from clbench.strategy import Strategy
@@ -108,17 +113,24 @@ def loader_batch_size(loader) -> int:
     return sampler.batch_size
 
 
-def with_memory(current, memory, make_loader: Callable, batch_size: int, generator: torch.Generator):
+def with_memory(current, memory, make_loader: Callable, batch_size: int, generator: torch.Generator,
+                shard: bool = True):
     """``current`` paired step by step with batches drawn with replacement from ``memory``.
 
     The memory sampler draws uniformly with replacement from a generator seeded identically on
-    every rank. The runner shards only the loaders it builds itself, so under data parallelism
-    each rank pairs its own shard of the current data with the same memory batch.
+    every rank. Under data parallelism (``current`` sharded by :class:`ShardedSampler`) the draws
+    are sharded like the current data: the W ranks draw the sequence one process would draw
+    at batch W·``batch_size`` and each takes its share of every memory batch, so a step sees
+    the memory batch of the equivalent single-process step, not W copies of one small batch.
+    With ``shard=False`` every rank gets the whole memory batch instead (A-GEM's reference batch).
     """
     from lightning.pytorch.utilities import CombinedLoader
 
-    sampler = WeightedRandomSampler(torch.ones(len(memory), dtype=torch.double), len(current) * batch_size,
+    world, rank = shard_of(current) if shard else (1, 0)
+    sampler = WeightedRandomSampler(torch.ones(len(memory), dtype=torch.double), len(current) * batch_size * world,
                                     replacement=True, generator=generator)
+    if world > 1:
+        sampler = ShardedSampler(sampler, world, rank)
     memory_loader = make_loader(memory, batch_size=batch_size, sampler=sampler)
     return CombinedLoader({"current": current, "memory": memory_loader}, mode="min_size")
 
@@ -136,7 +148,7 @@ class Replay(Strategy):
 
     supports_sharded = True  # touches data only, never parameters
 
-    supports_distributed = True  # memory contents and draws are identical on every rank
+    supports_distributed = True  # one global memory on every rank; its draws are sharded like the data
 
     def __init__(self, mem_size: int = 200, policy: Literal["reservoir", "class_balanced"] = "reservoir",
                  replay_batch_size: int | None = None):
