@@ -84,7 +84,9 @@ def handle(args: argparse.Namespace) -> int:
 
     result = run(cfg, Path(args.output), source=args.config, resume=args.resume, overwrite=args.overwrite,
                  progress=False if args.no_progress else None)
-    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+    # Only the global rank 0 reports: Lightning's own launcher sets LOCAL_RANK/NODE_RANK,
+    # torchrun RANK, srun SLURM_PROCID.
+    if all(os.environ.get(key, "0") == "0" for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")):
         from clbench.report import print_result
 
         print_result(result, Path(args.output))
