@@ -216,11 +216,12 @@ class ContinualModule(pl.LightningModule):
         domain = self.column_domains[dataloader_idx] if self.routing is not None else None
         metrics = self.eval_metrics[dataloader_idx]
         column = self.columns[dataloader_idx]
-        if domain is None:
-            self.objective.evaluate(self.model, batch, metrics, column)
-        else:
-            with self.routing.domain(domain):
+        with self.strategy.evaluating(self, column):
+            if domain is None:
                 self.objective.evaluate(self.model, batch, metrics, column)
+            else:
+                with self.routing.domain(domain):
+                    self.objective.evaluate(self.model, batch, metrics, column)
 
     def on_validation_epoch_end(self) -> None:
         # name -> one value per column (None where a column has no such metric), and

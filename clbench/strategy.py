@@ -16,7 +16,7 @@ Hook order for one experience::
     per step:  prepare_batch -> objective forward (+ auxiliary losses) -> objective loss
                -> training_loss -> backward -> on_after_backward -> on_before_optimizer_step
                -> optimizer step -> on_after_optimizer_step
-    (evaluation on every test experience)
+    (evaluation on every test experience: each batch inside evaluating(module, column))
     after_experience(module, exp)
 
 ``module.model`` is the network, ``module.objective`` the stream's objective: a strategy that
@@ -39,8 +39,9 @@ document it. The config's ``strategy.init_args`` is checked against that signatu
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
 
 import torch
 
@@ -100,6 +101,12 @@ class Strategy:
 
     def after_experience(self, module: "ContinualModule", experience: "Experience") -> None:
         """After training and evaluation on ``experience`` (update buffers, Fisher, ...)."""
+
+    def evaluating(self, module: "ContinualModule", column: "Experience | None") -> ContextManager[None]:
+        """A context around the evaluation of each batch of test column ``column`` (the
+        experience it scores; ``None``: a stream-wide test set), for a method that must know
+        which task is evaluated (a task-incremental oracle). Default: nothing."""
+        return contextlib.nullcontext()
 
     # -- per step -------------------------------------------------------------------------
     def prepare_batch(self, module: "ContinualModule", batch: Any) -> tuple[Any, Any]:

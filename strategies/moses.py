@@ -37,10 +37,9 @@ Choices where the paper is silent or self-contradictory (see also the layer's mo
   so keys chase a stationary target.
 * **Task inference** (``task_inference``): ``"keys"`` (TaIL, the paper's main setting) picks per
   sample the trained task whose key has the highest cosine with q(x) (Algorithm 2; γ read as a
-  cosine distance). ``"oracle"`` (TiL) uses the evaluated column's task; the column is read by
-  wrapping the objective's ``evaluate`` (the module calls ``objective.evaluate(..., column)``),
-  the one place where the column meets the model without a change to the module. A column with
-  no trained task yet (the R matrix's upper triangle) falls back to key matching.
+  cosine distance). ``"oracle"`` (TiL) uses the evaluated column's task, named by the strategy's
+  ``evaluating`` context around each test batch. A column with no trained task yet (the R
+  matrix's upper triangle) falls back to key matching.
 * Keys are initialised N(0, 0.02²) like the embeddings, prompts likewise.
 * Targets: ``q_proj`` and ``v_proj`` of every layer by default (the paper adapts "the
   Self-Attention layer" without naming projections; its LoRA baseline count fits two 4096×4096
@@ -49,6 +48,7 @@ Choices where the paper is silent or self-contradictory (see also the layer's mo
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from typing import Any
 
@@ -155,7 +155,6 @@ class MoSEs(Strategy):
         super().setup(module, experiences, seed)
         refuse_other_adapters(module.model, "moses")
         self._inject(module.model)
-        self._wrap_evaluate(module.objective)
 
     def _inject(self, model) -> None:
         target = lora_target(model)
@@ -179,20 +178,14 @@ class MoSEs(Strategy):
         for p in model.parameters():
             p.requires_grad_(False)
 
-    def _wrap_evaluate(self, objective) -> None:
+    @contextlib.contextmanager
+    def evaluating(self, module, column):
         """Make the evaluated column's name visible to the prompt hook (``task_inference: oracle``)."""
-        if getattr(objective, "_moses_column", False):
-            return
-        inner = objective.evaluate
-
-        def evaluate(model, batch, metrics, column=None):
-            token = _COLUMN.set(getattr(column, "name", None))
-            try:
-                return inner(model, batch, metrics, column)
-            finally:
-                _COLUMN.reset(token)
-
-        objective.evaluate, objective._moses_column = evaluate, True
+        token = _COLUMN.set(getattr(column, "name", None))
+        try:
+            yield
+        finally:
+            _COLUMN.reset(token)
 
     # -- task selection and the prompt ------------------------------------------------------
     def choose_slots(self, decoder, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:

@@ -170,3 +170,21 @@ def test_runner_keys_mode_end_to_end_and_a_crashed_run_resumes_to_the_same_r(tmp
     monkeypatch.delenv(faults.ENV)
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == r
+
+
+def test_oracle_mode_uses_the_column_the_module_evaluates():
+    """The module evaluates each test column inside the strategy's ``evaluating`` context: under
+    ``oracle`` every sample of a column uses that column's task, whatever the keys say."""
+    experiences = trace_stream(TASKS[:2], n_train=16, n_test=4)
+    model = lm()
+    strategy = MoSEs(task_inference="oracle")
+    module = build(strategy, experiences, model)
+    for exp in experiences:
+        train(module, exp, steps=1)
+    model.eval()
+    for slot, column in enumerate(experiences):
+        batch = module.objective.collate(train=False)(experiences[0].test)  # task 0's prompts in both columns
+        module.objective.begin_evaluation()
+        with strategy.evaluating(module, column):
+            module.objective.evaluate(model, batch, module.eval_metrics[0], column)
+        assert strategy.state.slots.tolist() == [slot] * 4
