@@ -88,7 +88,7 @@ def _locate(err: UserError, source: str) -> UserError:
     Builders only know their field (``benchmark.init_args.min_size``); the user needs the file
     too. Errors about something else (a dataset path) keep their own ``where``.
     """
-    if err.where and err.where.split(".")[0] in ("benchmark", "model", "strategy", "train"):
+    if err.where and err.where.split(".")[0] in ("benchmark", "model", "strategy", "train", "objective"):
         err.where = f"{source}: {err.where}"
         err.args = (err.one_line(),)
     return err

@@ -64,6 +64,7 @@ _TYPES: dict[str, Any] = {
     # Optional, absent from DEFAULTS (so configs without them keep their hashes): the objective
     # overriding the stream's, and a per-step learning-rate schedule.
     "objective": _COMPONENT,
+    "pretrain": {"fraction": (int, float), "samples": (int,), "epochs": (int,)},  # clbench.pretrain
     "train": {
         "epochs": (int,),
         "batch_size": (int,),

@@ -38,6 +38,7 @@ class RunState:
     resumes: int = 0
     routing: list[dict] = field(default_factory=list)
     train_routing: list[dict] = field(default_factory=list)
+    pretrain: dict | None = None  # clbench.pretrain's record, once the held-out subset has trained
     compositions: list[dict] = field(default_factory=list)
 
     @classmethod

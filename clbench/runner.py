@@ -3,7 +3,8 @@
 ::
 
     build stream (order applied), objective, model, strategy, ContinualModule, one Trainer
-    evaluate the untrained model on every test experience          -> r_init
+    optional pretraining on a subset held out of every experience (clbench.pretrain)
+    evaluate the (pretrained or untrained) model on every test experience   -> r_init
     for each experience i (run order):
         strategy.before_experience
         Trainer.fit on strategy.train_loader(strategy.train_dataset(exp_i))
@@ -49,7 +50,7 @@ from clbench.checkpoint import CHECKPOINT
 from clbench.errors import NonFiniteLoss, UserError
 from clbench.outputs import RESULT, TENSORBOARD, OutputDir, check_output
 from clbench.results import RunState, environment  # noqa: F401  (environment: the leaderboard records it)
-from clbench.trainer import RESERVED_TRAINER_ARGS
+from clbench.trainer import RESERVED_TRAINER_ARGS, end_process_group
 
 __all__ = ["CHECKPOINT", "RESULT", "TENSORBOARD", "RESERVED_TRAINER_ARGS", "ContinualRun", "run"]
 
@@ -73,23 +74,28 @@ class ContinualRun:
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
-        from clbench import build, checkpoint, seeding
+        from clbench import build, checkpoint, pretrain, seeding
         from clbench.module import ContinualModule
         from clbench.streams import ordered_experiences, spec_of
 
         cfg, src = self.cfg, self.source
         seed = cfg["seed"]
+        pretraining = pretrain.settings(cfg, src)  # checked before the stream is built
         seeding.seed_all(seeding.derive(seed, "build"))
         self.strategy = build.build_strategy(cfg, src)  # before the stream: it checks its arguments cheaply
         self.scenario = build.build_benchmark(cfg, src)
         self.spec = spec_of(self.scenario)
         self.experiences = ordered_experiences(self.scenario, cfg["order"], where=f"{src}: order")
+        self.pretraining = pretrain.carve(pretraining, self.experiences, seed)  # held out of every experience
         if self.spec.scenario_type not in self.strategy.supports:
             raise UserError(f"strategy '{cfg['strategy']['class_path']}' does not support "
                             f"{self.spec.scenario_type} streams like '{self.spec.name}'", where=f"{src}: strategy",
                             fix=f"it supports: {', '.join(sorted(self.strategy.supports))}")
         self.objective = build.build_objective(cfg, self.spec, src)
-        self.objective.setup(self.spec, self.experiences)
+        try:
+            self.objective.setup(self.spec, self.experiences)
+        except UserError as err:  # about one of its init_args: name the config file too
+            raise build._locate(err, src) from None
         self.optimizer = build.optimizer_factory(cfg, src)
         self.scheduler = build.scheduler_factory(cfg, src)
         seeding.seed_all(seeding.derive(seed, "model"))
@@ -121,7 +127,7 @@ class ContinualRun:
                                       num_domains=max(exp.domain_id for exp in self.experiences) + 1)
         self.strategy.setup(self.module, self.experiences, seeding.derive(seed, "strategy"))
 
-    def _loader(self, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None, **kw):
+    def make_loader(self, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None, **kw):
         """A loader configured from ``train:``; under data parallelism each rank reads its shard."""
         from clbench.data import run_loader
 
@@ -129,7 +135,7 @@ class ContinualRun:
         return run_loader(self.cfg, dataset, shuffle=shuffle, seed=seed, batch_size=batch_size,
                           world_size=self.world_size, rank=self.rank, **kw)
 
-    def _stage_steps(self, trainer, loader, epochs: int) -> int | None:
+    def steps_per_stage(self, trainer, loader, epochs: int) -> int | None:
         """Optimizer steps one experience takes: the length of its schedule (None without one,
         or when the loader has no length)."""
         if self.scheduler is None:
@@ -147,51 +153,19 @@ class ContinualRun:
         return epochs * max(1, math.ceil(batches / trainer.accumulate_grad_batches))
 
     # -- evaluation -----------------------------------------------------------------------
-    def _evaluate(self, trainer, loaders) -> dict[str, list]:
+    def evaluate(self, trainer, loaders) -> dict[str, list]:
         from clbench.trainer import interruptible
 
         interruptible(trainer, trainer.validate, self.module, loaders, verbose=False)
         self.watch.check()
         return self.module.last_eval
 
-    def _split(self, evaluation: dict[str, list]) -> tuple[dict[str, list], dict[str, Any]]:
+    def split_columns(self, evaluation: dict[str, list]) -> tuple[dict[str, list], dict[str, Any]]:
         """Per-experience columns (shared test sets fanned out), and the stream-wide test
         set's values (the last loader)."""
         columns = {k: [v[i] for i in self.column_of] for k, v in evaluation.items()}
         global_ = {k: v[len(self.test_sets)] for k, v in evaluation.items()} if self.has_global_test else {}
         return columns, global_
-
-    def _reference_scores(self, stage_epochs: int) -> list[float]:
-        """The thesis's reference models: the initial weights trained on experience j only.
-
-        Reference j uses the same epochs and the same seeds (training and loader) as stage j of
-        the continual run, so the two differ only in their starting weights; intransigence
-        then measures what the earlier experiences did, not seed noise. (The thesis seeds its
-        baselines with a separate key; this is the controlled version of that comparison.)
-        """
-        from clbench import build, checkpoint, seeding
-        from clbench.module import ContinualModule
-        from clbench.strategy import Strategy
-        from clbench.trainer import interruptible, make_trainer
-
-        scores = []
-        for exp in self.experiences:
-            seeding.seed_all(seeding.derive(self.cfg["seed"], "model"))
-            model = build.build_model(self.cfg, self.spec, self.source, self.objective)
-            if checkpoint.digest(model.state_dict()) != self.initial_digest:
-                raise RuntimeError("the model builder is not deterministic: a reference model would not start "
-                                   "from the continual run's initial weights")
-            module = ContinualModule(model, Strategy(), self.objective, optimizer=self.optimizer,
-                                     scheduler=self.scheduler, columns=[exp])
-            trainer = make_trainer(self.cfg, self.source, max_epochs=stage_epochs)
-            seeding.seed_all(seeding.derive(self.cfg["seed"], "train", exp.position))
-            loader = self._loader(exp.train, shuffle=True, seed=seeding.derive(self.cfg["seed"], "loader", exp.position))
-            module.stage_steps = self._stage_steps(trainer, loader, stage_epochs)
-            interruptible(trainer, trainer.fit, module, loader)
-            interruptible(trainer, trainer.validate, module, [self._loader(exp.test, shuffle=False)], verbose=False)
-            self.watch.check()
-            scores.append(module.last_eval["primary"][0])
-        return scores
 
     # -- the run --------------------------------------------------------------------------
     def execute(self) -> dict:
@@ -209,9 +183,11 @@ class ContinualRun:
         except BaseException:
             if directory is not None:
                 directory.abandon()
+            end_process_group(only_gloo=True)
             raise
         if directory is not None and self.rank == 0:
             directory.commit()
+        end_process_group()
         return result
 
     def _prepare(self, resuming: bool) -> None:
@@ -269,9 +245,9 @@ class ContinualRun:
         writes = self.path is not None and trainer.is_global_zero
         if writes:
             self._prepare(resuming=ckpt is not None)  # the logger writes nothing before the first metric
-        eval_loaders = [self._loader(data, shuffle=False) for data in self.test_sets]
+        eval_loaders = [self.make_loader(data, shuffle=False) for data in self.test_sets]
         if self.has_global_test:
-            eval_loaders.append(self._loader(self.spec.global_test, shuffle=False))
+            eval_loaders.append(self.make_loader(self.spec.global_test, shuffle=False))
 
         state = RunState()
         if ckpt is not None:
@@ -283,8 +259,10 @@ class ContinualRun:
                 progress.console.print(f"resuming after experience {state.stage}/{len(stages)}{last}")
         wall_before = state.wall_seconds
         if state.r_init is None:
+            if self.pretraining is not None:
+                state.pretrain = self.pretraining.run(self, trainer, eval_loaders)
             t0 = time.perf_counter()
-            state.r_init, state.global_init = self._split(self._evaluate(trainer, eval_loaders))
+            state.r_init, state.global_init = self.split_columns(self.evaluate(trainer, eval_loaders))
             state.eval_seconds += time.perf_counter() - t0
 
         try:
@@ -300,11 +278,17 @@ class ContinualRun:
             if progress is not None:
                 progress.close()
 
-        reference = self._reference_scores(epochs) if cfg["metrics"]["reference_models"] else None
-        from clbench import results
+        if cfg["metrics"]["reference_models"]:
+            from clbench.reference import reference_scores
+
+            reference = reference_scores(self, epochs)
+        else:
+            reference = None
+        from clbench import pretrain, results
 
         result = results.assemble(self, asdict(state), reference, wall=wall_before + time.perf_counter() - start,
                                   import_seconds=import_seconds)
+        pretrain.record(result, state)
         if logger:
             results.log_tensorboard(logger, result)
         if writes:
@@ -331,16 +315,17 @@ class ContinualRun:
         trained = self.experiences if self.strategy.single_stage else stages[: stage + 1]
         self.module.seen_domains = {e.domain_id for e in trained}  # N_eff's "old" units
         self.strategy.before_experience(self.module, exp)
+        self.begin_experience(exp)
         dataset = self.strategy.train_dataset(exp)
         loader_seed = seeding.derive(seed, "loader", stage)
         loader = self.strategy.train_loader(
             self.module, dataset,
-            lambda ds, **kw: self._loader(ds, shuffle=True, seed=kw.pop("seed", loader_seed), **kw))
+            lambda ds, **kw: self.make_loader(ds, shuffle=True, seed=kw.pop("seed", loader_seed), **kw))
         first_epoch = trainer.current_epoch
         if progress is not None:
             progress.start_stage(stage, label, epochs, first_epoch)
         self.module.epoch_evals = []
-        self.module.stage_steps = self._stage_steps(trainer, loader, epochs)
+        self.module.stage_steps = self.steps_per_stage(trainer, loader, epochs)
         self.frozen_base.observe()
         trainer.fit_loop.max_epochs = first_epoch + epochs
         t0 = time.perf_counter()
@@ -358,13 +343,13 @@ class ContinualRun:
         if self.module.epoch_evals:
             evaluation = self.module.epoch_evals[-1]
             for epoch_eval in self.module.epoch_evals:
-                state.epoch_rows.append(self._split(epoch_eval)[0])
+                state.epoch_rows.append(self.split_columns(epoch_eval)[0])
                 state.epoch_stage.append(stage)
         else:
             t0 = time.perf_counter()
-            evaluation = self._evaluate(trainer, eval_loaders)
+            evaluation = self.evaluate(trainer, eval_loaders)
             state.eval_seconds += time.perf_counter() - t0
-        columns, global_ = self._split(evaluation)
+        columns, global_ = self.split_columns(evaluation)
         self._check_finite(columns, stage, len(stages), label)
         state.rows.append(columns)
         state.global_rows.append(global_)
@@ -375,6 +360,14 @@ class ContinualRun:
         self.module.last_train_routing = {}
         self.strategy.after_experience(self.module, exp)
         state.stage = stage + 1
+
+    def begin_experience(self, exp, model=None) -> None:
+        """The objective's per-experience set-up (class weights), then the model's, if it has
+        one (``model.begin_experience(exp)``: e.g. routing prototypes from the experience's data)."""
+        self.objective.begin_experience(exp)
+        begin = getattr(self.module.model if model is None else model, "begin_experience", None)
+        if callable(begin):
+            begin(exp)
 
     def _save_checkpoint(self, trainer, state: RunState) -> None:
         """Everything needed to continue after ``state.stage`` experiences, written atomically."""

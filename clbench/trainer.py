@@ -171,3 +171,13 @@ class SigintWatch:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous[0])
             sys.unraisablehook = self._previous[1]
+
+
+def end_process_group(only_gloo: bool = False) -> None:
+    """Destroy the DDP process group a run set up (Lightning leaves it): otherwise gloo's threads
+    can be torn down mid-flight at exit ("terminate called ...", SIGABRT). After a failure only
+    a gloo group is destroyed; an NCCL group may still have a collective in flight."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and (not only_gloo or dist.get_backend() == "gloo"):
+        dist.destroy_process_group()

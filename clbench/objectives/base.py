@@ -98,6 +98,10 @@ class Objective:
             outputs = self.forward(model, inputs)
         metrics.update(outputs, targets)
 
+    def begin_experience(self, experience: "Experience") -> None:
+        """Before training on ``experience`` (and before a reference model or the pretraining
+        trains on its data): per-experience set-up such as class weights from its labels."""
+
     def begin_evaluation(self) -> None:
         """Before every evaluation pass over the test columns."""
 

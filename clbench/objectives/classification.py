@@ -1,13 +1,86 @@
-"""Classification: cross-entropy on logits, accuracy as the R-matrix entry."""
+"""Classification: cross-entropy on logits, accuracy as the R-matrix entry.
+
+Optionally the training loss is a class-weighted cross-entropy (the thesis's
+``weighted_cross_entropy``, ``alpha=auto``) with a cap on any one class's weight. The thesis
+gives neither the formula nor the cap's value (seeds_004 section 7); the choices made here:
+
+* ``alpha: auto`` is inverse class frequency normalised over the classes present,
+  ``w_c = N / (K * n_c)``, with ``N`` the experience's training samples, ``n_c`` those of class
+  ``c`` and ``K`` the number of classes present. The average *sample* weight is then 1, and an
+  experience whose classes are equally frequent gets every weight 1: the unweighted loss.
+* The cap (default :data:`DEFAULT_CAP` = 10) bounds every weight, so a class with a handful of
+  samples cannot dominate the gradient; a class absent from the experience gets the cap (its
+  inverse frequency is unbounded), which only matters for samples a strategy adds (replay).
+* Weights come from the current experience's own training labels, recomputed when each
+  experience starts (:meth:`Classification.begin_experience`), not from a replay buffer's
+  samples joined to it: they describe the imbalance of the incoming data.
+* An explicit ``alpha`` list (one weight per class) is used for every experience, capped too,
+  so the cap is one guarantee on the largest weight whatever the source.
+
+Only the training loss is weighted (and what strategies recompute from it, e.g. EWC's Fisher);
+evaluation scores are the unweighted metrics.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from clbench.errors import UserError
 from clbench.objectives.base import Objective
+
+#: The default largest class weight (the thesis caps weights but does not say at what).
+DEFAULT_CAP = 10.0
+WHERE = "objective.init_args.class_weights"
+
+
+def inverse_frequency(labels, num_classes: int, cap: float | None = DEFAULT_CAP) -> Tensor:
+    """``w_c = N / (K * n_c)`` over the classes present, capped; absent classes get the cap
+    (or, with no cap, the largest present weight)."""
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(f"labels outside 0..{num_classes - 1}")
+    counts = torch.bincount(labels, minlength=num_classes).double()
+    present = counts > 0
+    weights = torch.zeros(num_classes, dtype=torch.float64)
+    if present.any():
+        weights[present] = labels.numel() / (int(present.sum()) * counts[present])
+    absent = cap if cap is not None else (float(weights.max()) if present.any() else 1.0)
+    weights[~present] = absent
+    if cap is not None:
+        weights = weights.clamp(max=cap)
+    return weights.float()
+
+
+def _settings(class_weights: Any) -> tuple[str | list[float], float | None] | None:
+    """``(alpha, cap)`` from the ``class_weights`` argument; a one-line error when malformed."""
+    if class_weights is None or class_weights is False:
+        return None
+    if class_weights is True or class_weights == "auto":
+        return "auto", DEFAULT_CAP
+    if not isinstance(class_weights, dict):
+        raise UserError(f"expected a mapping such as {{alpha: auto, cap: 10}}, got {class_weights!r}", where=WHERE,
+                        fix="write class_weights: {alpha: auto, cap: 10}")
+    unknown = sorted(set(class_weights) - {"alpha", "cap"})
+    if unknown:
+        raise UserError(f"unknown key '{unknown[0]}'", where=f"{WHERE}.{unknown[0]}", fix="the keys are alpha and cap")
+    alpha = class_weights.get("alpha", "auto")
+    cap = class_weights.get("cap", DEFAULT_CAP)
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 1 <= cap < math.inf):
+        raise UserError(f"cap must be a number >= 1 (or null for none), got {cap!r}", where=f"{WHERE}.cap",
+                        fix=f"use e.g. cap: {DEFAULT_CAP:g}")
+    if alpha != "auto":
+        ok = isinstance(alpha, list) and alpha and all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) and 0 < a < math.inf for a in alpha)
+        if not ok:
+            raise UserError(f"alpha must be 'auto' or a list of positive weights, got {alpha!r}",
+                            where=f"{WHERE}.alpha", fix="use alpha: auto, or one weight per class")
+        alpha = [float(a) for a in alpha]
+    return alpha, None if cap is None else float(cap)
 
 
 class Classification(Objective):
@@ -17,25 +90,70 @@ class Classification(Objective):
     MAUC when the stream opts in (``StreamSpec.imbalance_metrics``, as the built-in image
     streams do) or the config says ``objective: {class_path: classification, init_args:
     {imbalance: true}}`` (``false`` turns them off for any stream).
+
+    ``class_weights: {alpha: auto | [w_0, ...], cap: 10}`` (or just ``auto``) weights the
+    training cross-entropy per class; see the module docstring for the formula and the cap.
     """
 
     model_args: ClassVar[tuple[str, ...]] = ("num_classes", "input_shape")
 
-    def __init__(self, imbalance: bool | None = None):
-        """``imbalance``: G-mean and MAUC on every column; ``None`` follows the stream."""
+    def __init__(self, imbalance: bool | None = None, class_weights: dict | str | bool | None = None):
+        """``imbalance``: G-mean and MAUC on every column; ``None`` follows the stream.
+        ``class_weights``: weighted cross-entropy for training (``None``: unweighted)."""
         self.imbalance = imbalance
+        self.weighting = _settings(class_weights)
+        self.weight: Tensor | None = None  # the current experience's class weights
 
     def setup(self, spec, experiences) -> None:
         super().setup(spec, experiences)
         self.num_classes = spec.num_classes
         if self.imbalance is None:
             self.imbalance = spec.imbalance_metrics
+        if self.weighting is not None:
+            alpha = self.weighting[0]
+            if not self.num_classes:
+                raise UserError("class weights need the stream's number of classes", where=WHERE,
+                                fix="remove class_weights for this stream")
+            if alpha != "auto" and len(alpha) != self.num_classes:
+                raise UserError(f"alpha lists {len(alpha)} weights for {self.num_classes} classes",
+                                where=f"{WHERE}.alpha", fix=f"give {self.num_classes} weights, or alpha: auto")
 
     def model_kwargs(self, spec) -> dict[str, Any]:
         return {"num_classes": spec.num_classes, "input_shape": tuple(spec.input_shape)}
 
+    # -- class weights --------------------------------------------------------------------
+    def weights_for(self, dataset) -> Tensor | None:
+        """The class weights training on ``dataset`` uses (``None``: unweighted)."""
+        if self.weighting is None:
+            return None
+        alpha, cap = self.weighting
+        if alpha != "auto":
+            weights = torch.tensor(alpha, dtype=torch.float32)
+            return weights.clamp(max=cap) if cap is not None else weights
+        from clbench.data import targets_of
+
+        try:
+            return inverse_frequency(targets_of(dataset), self.num_classes, cap)
+        except ValueError as err:
+            raise UserError(f"cannot weight classes: {err}", where=WHERE,
+                            fix="check the stream's labels against its num_classes") from None
+
+    def begin_experience(self, experience) -> None:
+        """Before an experience (or the pretraining set) trains: its class weights."""
+        self.weight = self.weights_for(experience.train)
+
+    def summary(self) -> dict[str, Any]:
+        if self.weighting is None:
+            return {}
+        alpha, cap = self.weighting
+        per = [[round(float(w), 6) for w in self.weights_for(exp.train)] for exp in self.experiences]
+        return {"class_weights": {"alpha": alpha, "cap": cap, "per_experience": per}}
+
+    # -- training and evaluation ----------------------------------------------------------
     def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(outputs, targets)
+        if self.weight is None:
+            return F.cross_entropy(outputs, targets)
+        return F.cross_entropy(outputs, targets, weight=self.weight.to(device=outputs.device, dtype=outputs.dtype))
 
     def metrics(self, experience):
         from clbench.metrics.collection import make_eval_metrics
