@@ -60,6 +60,8 @@ def test_a_sample_count_is_shared_in_proportion_to_the_experiences():
     ({"fraction": 1.5, "epochs": 1}, "pretrain.fraction"),
     ({"samples": 0, "epochs": 1}, "pretrain.samples"),
     ({"fraction": 0.1, "epochs": 0}, "pretrain.epochs"),
+    ({"fraction": "0.1", "epochs": 1}, "pretrain.fraction"),
+    ({"fraction": 0.1, "epochs": 1.5}, "pretrain.epochs"),
 ])
 def test_bad_settings_are_one_line_errors(section, field):
     with pytest.raises(UserError) as err:
