@@ -35,7 +35,7 @@ def _evaluate(indices):
 
     logits, target, gates, domains = _data()
     metrics = make_eval_metrics(K, imbalance=True)
-    recorder = RoutingRecorder(num_domains=D)
+    recorder = RoutingRecorder(num_domains=D, compositions=True)
     recorder.add_layer("moe", E)
     index = torch.tensor(indices, dtype=torch.long)
     for start in range(0, len(indices), BATCH):
@@ -44,7 +44,7 @@ def _evaluate(indices):
         for d in range(D):
             rows = batch[domains[batch] == d]
             if len(rows):
-                with recorder.domain(d):
+                with recorder.domain(d), routing.units(sample_labels=target[rows]):
                     routing.record("moe", experts=gates[rows].topk(TOP_K, -1).indices,
                                    gates=gates[rows])
     out = {name: float(value) for name, value in metrics.compute().items()}
@@ -55,6 +55,7 @@ def _evaluate(indices):
     out["utilization"] = util["utilization"].numpy()
     out["soft_utilization"] = util["soft_utilization"].numpy()
     out["load_imbalance"] = float(util["load_imbalance"])
+    out["compositions"] = recorder.compositions().get("moe")  # merged across processes (N_eff)
     return out
 
 
@@ -111,6 +112,8 @@ def _assert_same(synced, single):
     assert synced["support"] == single["support"] == N
     np.testing.assert_allclose(synced["utilization"], single["utilization"], atol=1e-12)
     np.testing.assert_allclose(synced["soft_utilization"], single["soft_utilization"], atol=1e-6)
+    assert synced["compositions"]["units"] == single["compositions"]["units"] == N
+    assert synced["compositions"] == pytest.approx(single["compositions"], abs=1e-12)
 
 
 def test_unpadded_shards_sync_to_the_single_process_values(ddp_results):

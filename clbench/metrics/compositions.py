@@ -127,6 +127,16 @@ class CompositionCounter:
             key = tuple(row)
             self.pairs[key] = self.pairs.get(key, 0) + count
 
+    def merge(self, pairs: dict[tuple[int, ...], int], width: int | None) -> None:
+        """Add another counter's pairs (another process's shard of the same layer)."""
+        if width is None:
+            return
+        if self.width is not None and self.width != width:
+            raise ValueError(f"cannot merge routes of width {width} into width {self.width}")
+        self.width = width
+        for key, count in pairs.items():
+            self.pairs[key] = self.pairs.get(key, 0) + count
+
     def summary(self, domains: Any = None) -> dict[str, float] | None:
         """``{"n_eff", "routes", "compositions", "units"}`` over the units of ``domains``; None if none."""
         wanted = None if domains is None else {int(d) for d in domains}

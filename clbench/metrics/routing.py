@@ -291,12 +291,26 @@ class RoutingRecorder:
 
     def compositions(self, domains: Any = None) -> dict[str, dict[str, float]]:
         """Route-wise N_eff per layer over the units of ``domains`` (all when None); needs
-        ``compositions=True``. Layers with no such unit are left out. Counts are per process."""
+        ``compositions=True``. Layers with no such unit are left out. Under data parallelism
+        every process must call it: the counts of all processes are merged first (one
+        ``all_gather_object``), so the figures equal one process's over the whole test set."""
+        from clbench.metrics.compositions import CompositionCounter
+
         if not self.count_compositions:
             raise ValueError("compositions are counted only with RoutingRecorder(..., compositions=True)")
+        counters = self._compositions
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            shards: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(shards, {name: (c.pairs, c.width) for name, c in counters.items()})
+            counters = {}
+            for shard in shards:
+                for name, (pairs, width) in shard.items():
+                    counters.setdefault(name, CompositionCounter()).merge(pairs, width)
         out = {}
-        for name in sorted(self._compositions):
-            figures = self._compositions[name].summary(domains)
+        for name in sorted(counters):
+            figures = counters[name].summary(domains)
             if figures is not None:
                 out[name] = figures
         return out
