@@ -25,13 +25,16 @@ Choices where the paper is silent or self-contradictory (see also the layer's mo
   (WSN, which the masks follow, freezes them), so earlier tasks' sub-networks stay bit-identical
   while new masks may still reuse them; ``protect=False`` is the literal reading (shared
   weights drift).
-* **Prompt placement.** e_t is a learnable prefix of L_e vectors prepended to the input
-  embeddings of the decoder (prompt tuning), rather than a separate prefix per attention layer
-  (Eq. 6). Reason: it is done with a forward hook on the decoder that extends the attention
-  mask and position ids and strips the prefix from the output, so training, the KV-cached
-  generation of the causal-LM objective and every architecture with ``embed_tokens`` work
-  without touching the attention internals; every adapted layer still sees the prompted
-  sequence x̃ = [e_t; x] (through the layers below it).
+* **Prompt placement** (``deep_prompts``). Eq. 6 prepends a task prompt e_t^l to the input of
+  every prompted layer: x̃ = [e_t^l; x^l]. With ``deep_prompts=True`` (the default) that is what
+  happens: a forward hook on the decoder prepends L_e positions to the input embeddings (e_t^0,
+  extending the attention mask and position ids, and stripping them from the output), and a
+  pre-hook on every prompted decoder layer above the first overwrites those positions' hidden
+  states with that layer's own e_t^l, so each layer's attention (and its MoSE projections) sees
+  [e_t^l; x^l]. The prompted layers are the adapted ones (``layers``; the paper's start_e..end_e
+  are not given, B.3.5). In KV-cached generation the prefix exists only in the first forward; its
+  keys and values, computed from each layer's own prompt, stay in the cache. With
+  ``deep_prompts=False`` only the embedding-level prefix is learned (prompt tuning).
 * **Query feature** q(x): the mean of the frozen base's input embeddings over the prompt tokens
   (attention mask, and labels = −100 in training). It needs no extra forward pass and is fixed,
   so keys chase a stationary target.
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from typing import Any
 
 import torch
@@ -68,11 +72,12 @@ _COLUMN: contextvars.ContextVar[str | None] = contextvars.ContextVar("moses_colu
 
 
 class TaskPrompts(nn.Module):
-    """One prompt (L_e × D) and one key (D) per task slot."""
+    """Per task slot: a prompt of ``depth`` × L_e × D (entry 0 at the input embeddings, entry i
+    at the input of the i-th deeper prompted layer) and a key (D)."""
 
-    def __init__(self, num_tasks: int, length: int, dim: int, device=None):
+    def __init__(self, num_tasks: int, length: int, dim: int, depth: int = 1, device=None):
         super().__init__()
-        self.prompt = nn.ParameterList([nn.Parameter(torch.randn(length, dim, device=device) * 0.02)
+        self.prompt = nn.ParameterList([nn.Parameter(torch.randn(depth, length, dim, device=device) * 0.02)
                                         for _ in range(num_tasks)])
         self.key = nn.ParameterList([nn.Parameter(torch.randn(dim, device=device) * 0.02)
                                      for _ in range(num_tasks)])
@@ -105,6 +110,8 @@ class MoSEs(Strategy):
         r, alpha: each sub-expert's rank and α (β = α/r; the paper's r = 2, α = 8).
         density: c, the kept fraction of each weight tensor per task (0.29–0.30 in the paper).
         prompt_length: L_e. pull_weight: λ_pull.
+        deep_prompts: a prompt at the input of every prompted layer (Eq. 6), not only at the
+            input embeddings (see the module docstring).
         task_inference: ``"keys"`` (task-agnostic, key matching) or ``"oracle"`` (task id given).
         protect: keep earlier tasks' masked weights fixed (see the module docstring).
         target_modules, layers: which linear modules, in which transformer layers (null: all).
@@ -115,7 +122,8 @@ class MoSEs(Strategy):
 
     def __init__(self, num_experts: int = 2, top_k: int = 2, r: int = 2, alpha: float = 8.0, density: float = 0.3,
                  prompt_length: int = 1, pull_weight: float = 0.1, task_inference: str = "keys",
-                 protect: bool = True, target_modules: list[str] | None = None, layers: list[int] | None = None):
+                 protect: bool = True, target_modules: list[str] | None = None, layers: list[int] | None = None,
+                 deep_prompts: bool = True):
         super().__init__()
         checks = [
             ("num_experts", isinstance(num_experts, int) and num_experts >= 1, "an integer >= 1, e.g. 2"),
@@ -138,6 +146,8 @@ class MoSEs(Strategy):
         self.num_experts, self.top_k, self.r, self.alpha, self.density = num_experts, top_k, r, alpha, density
         self.prompt_length, self.pull_weight, self.task_inference = prompt_length, pull_weight, task_inference
         self.protect, self.target_modules, self.layers = protect, target_modules, layers
+        self.deep_prompts = deep_prompts
+        self._slots: Tensor | None = None  # the current forward's task slot per sample
         self.slots: dict[str, int] = {}   # experience name -> task slot, in training order
         self.state = TaskState()
         self.prompts: TaskPrompts | None = None
@@ -169,11 +179,14 @@ class MoSEs(Strategy):
             raise UserError(f"moses: no linear module named {self.target_modules or ['q_proj', 'v_proj']} to adapt",
                             where="strategy.init_args.target_modules", fix="name attention projections, e.g. [q_proj, v_proj]")
         embed = decoder.get_input_embeddings()
+        deeper = self._deeper_layers(decoder)
         self.prompts = TaskPrompts(len(self.experiences), self.prompt_length, embed.embedding_dim,
-                                   device=embed.weight.device)
+                                   depth=1 + len(deeper), device=embed.weight.device)
         decoder.moses_prompts = self.prompts
         decoder.register_forward_pre_hook(self._prefix, with_kwargs=True)
         decoder.register_forward_hook(self._unprefix)
+        for depth, layer in enumerate(deeper, start=1):
+            layer.register_forward_pre_hook(functools.partial(self._layer_prompt, depth), with_kwargs=True)
         self.total_params = sum(m.param_counts()["total"] for m in moses_layers.mose_layers(target))
         for p in model.parameters():
             p.requires_grad_(False)
@@ -186,6 +199,17 @@ class MoSEs(Strategy):
             yield
         finally:
             _COLUMN.reset(token)
+
+    def _deeper_layers(self, decoder) -> list[nn.Module]:
+        """The prompted decoder layers above the first (their inputs get their own prompt)."""
+        if not self.deep_prompts or not self.prompt_length:
+            return []
+        blocks = getattr(decoder, "layers", None)
+        if not isinstance(blocks, nn.ModuleList):
+            raise UserError(f"moses: {type(decoder).__name__} has no 'layers' list to prompt layer by layer",
+                            where="strategy.init_args.deep_prompts", fix="set deep_prompts: false")
+        chosen = range(len(blocks)) if self.layers is None else sorted(set(self.layers))
+        return [blocks[i] for i in chosen if 0 < i < len(blocks)]
 
     # -- task selection and the prompt ------------------------------------------------------
     def choose_slots(self, decoder, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
@@ -227,10 +251,22 @@ class MoSEs(Strategy):
             kwargs["position_ids"] = pos
         if first:
             embeds = decoder.get_input_embeddings()(ids)
-            prefix = torch.stack([self.prompts.prompt[s] for s in slots.tolist()]).to(embeds.dtype)
+            prefix = torch.stack([self.prompts.prompt[s][0] for s in slots.tolist()]).to(embeds.dtype)
+            self._slots = slots
             kwargs["input_ids"], kwargs["inputs_embeds"] = None, torch.cat([prefix, embeds], dim=1)
             self._strip = True
         return args, kwargs
+
+    def _layer_prompt(self, depth: int, layer, args, kwargs):
+        """Overwrite the prefix positions of a deeper layer's input with its own prompt e_t^l."""
+        if not self._strip:  # no prefix in this forward (decoding from the cache, or no task yet)
+            return None
+        hidden = args[0] if args else kwargs["hidden_states"]
+        prompt = torch.stack([self.prompts.prompt[s][depth] for s in self._slots.tolist()]).to(hidden.dtype)
+        hidden = torch.cat([prompt, hidden[:, self.prompt_length:]], dim=1)
+        if args:
+            return (hidden, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hidden}
 
     def _unprefix(self, decoder, args, output):
         if self._strip:

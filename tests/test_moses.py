@@ -188,3 +188,37 @@ def test_oracle_mode_uses_the_column_the_module_evaluates():
         with strategy.evaluating(module, column):
             module.objective.evaluate(model, batch, module.eval_metrics[0], column)
         assert strategy.state.slots.tolist() == [slot] * 4
+
+
+def test_every_prompted_layer_has_its_own_prompt_and_cached_generation_keeps_them():
+    """Eq. 6: each prompted layer's input is [e_t^l; x^l]. A deeper layer's prompt changes the
+    outputs; KV-cached greedy decoding (the prefix only in the first forward) equals decoding
+    that recomputes the whole prompted sequence at every step."""
+    experiences = trace_stream(TASKS[:1], n_train=16, n_test=4)
+    model = lm()
+    strategy = MoSEs(task_inference="oracle", prompt_length=2)
+    module = build(strategy, experiences, model)
+    from strategies.lora import lora_target
+
+    layers = len(lora_target(model).get_decoder().layers)
+    assert layers >= 2 and strategy.prompts.prompt[0].shape[0] == layers  # embeddings + each layer above the first
+    train(module, experiences[0], steps=1)
+    model.eval()
+    batch = module.objective.collate(train=False)(experiences[0].test)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad(), strategy.evaluating(module, experiences[0]):
+        before = model(**inputs).logits
+        strategy.prompts.prompt[0][1].add_(1.0)  # the second layer's prompt only
+        after = model(**inputs).logits
+        tok = module.objective.tokenizer
+        outs = [model.generate(**inputs, max_new_tokens=4, do_sample=False, use_cache=cache,
+                               pad_token_id=tok.pad_token_id, eos_token_id=None) for cache in (True, False)]
+    assert not torch.allclose(before, after)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_shallow_prompts_keep_one_prefix_at_the_input():
+    experiences = trace_stream(TASKS[:1], n_train=8, n_test=2)
+    strategy = MoSEs(prompt_length=1, deep_prompts=False)
+    build(strategy, experiences, lm())
+    assert strategy.prompts.prompt[0].shape[0] == 1
