@@ -128,8 +128,9 @@ def test_a_weighted_run_equals_the_plain_one_when_classes_are_equally_frequent()
 @pytest.mark.parametrize("strategy", [{"class_path": "replay", "init_args": {"mem_size": 50}},
                                       {"class_path": "ewc", "init_args": {"ewc_lambda": 10.0}}])
 def test_weighting_works_with_other_strategies(strategy):
+    plain = _run(benchmark=DIRICHLET, strategy=strategy)
     result = _run(benchmark=DIRICHLET, objective=WEIGHTED, strategy=strategy)
-    assert len(result["r_matrix"]) == 3
+    assert len(result["r_matrix"]) == 3 and result["r_matrix"] != plain["r_matrix"]  # the weights act
     assert len(result["objective"]["class_weights"]["per_experience"]) == 3
 
 
