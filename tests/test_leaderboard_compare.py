@@ -208,3 +208,15 @@ def test_cli_errors_are_one_line(tmp_path, capsys, synthetic):
     assert err.count("\n") == 1 and "--metric" in err
     assert main(["compare", str(root), "--benchmark", "digits-domains", "--a", "ewc", "--b", "naive"]) == 0
     assert "paired test ewc vs naive on 6" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not (REPO / "leaderboards" / "trace-mini-moe" / "entries").is_dir(),
+                    reason="no committed trace-mini-moe leaderboard")
+def test_n_eff_is_compared_as_a_plain_number_without_a_direction(capsys):
+    root = REPO / "leaderboards" / "trace-mini-moe"
+    assert main(["compare", str(root), "--metric", "n_eff"]) == 0
+    out = capsys.readouterr().out
+    values = [e["scores"]["n_eff"] for e in E.load_entries(root) if e["strategy"]["name"] == "mh_moe"]
+    assert len(values) == 4
+    assert f"{sum(values) / len(values):.2f}" in out and "(%)" not in out
+    assert "no better direction" in out and "better in" not in out

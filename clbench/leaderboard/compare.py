@@ -25,7 +25,7 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.table import SCORES, BenchmarkTable, Row, arrow, build_tables
+from clbench.leaderboard.table import PLAIN_SCORES, SCORES, BenchmarkTable, Row, arrow, build_tables
 
 MIN_PAIRS = 3
 
@@ -213,6 +213,10 @@ def _pct(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.1f}"
 
 
+def _plain(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
 def print_comparison(report: dict[str, Any], console=None) -> None:
     """The comparison as rich tables, one per benchmark, with the tau and paired-test lines."""
     from rich.table import Table
@@ -221,24 +225,28 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
 
     console = console or console_for_tables()
     metric = report["metric"]
+    plain = metric in PLAIN_SCORES  # a diagnostic such as N_eff: not a percentage, no better direction
+    fmt = _plain if plain else _pct
     for bench in report["benchmarks"]:
         orders = bench["orders"]
         higher = bench.get("higher_is_better", True)
         better = "higher" if higher else "lower"
-        table = Table(title=f"{bench['benchmark']}: {metric} {arrow(higher)} (%) per task order ({better} is better)",
-                      title_justify="left")
+        title = (f"{bench['benchmark']}: {metric} per task order (a plain number with no better direction; ranked "
+                 "high to low)") if plain else \
+            f"{bench['benchmark']}: {metric} {arrow(higher)} (%) per task order ({better} is better)"
+        table = Table(title=title, title_justify="left")
         table.add_column("strategy", style="bold")
         for order in orders:
             table.add_column(order, justify="right")
         table.add_column("mean ± std", justify="right")
-        table.add_column("worst order", justify="right")
+        table.add_column("lowest order" if plain else "worst order", justify="right")
         table.add_column("range", justify="right")
         table.add_column("rank per order", justify="right")
         for s in bench["strategies"]:
-            std = f" ± {_pct(s['std'])}" if s["std"] is not None else ""
+            std = f" ± {fmt(s['std'])}" if s["std"] is not None else ""
             ranks = "/".join(str(s.get("rank_by_order", {}).get(o, "—")) for o in orders)
-            table.add_row(s["label"], *[_pct(s["per_order"].get(o)) for o in orders], f"{_pct(s['mean'])}{std}",
-                          f"{_pct(s['worst'])} ({s['worst_order']})", _pct(s["range"]), ranks)
+            table.add_row(s["label"], *[fmt(s["per_order"].get(o)) for o in orders], f"{fmt(s['mean'])}{std}",
+                          f"{fmt(s['worst'])} ({s['worst_order']})", fmt(s["range"]), ranks)
         console.print(table)
         rs = bench["rank_stability"]
         if rs["kendall_tau_mean"] is not None:
@@ -252,8 +260,11 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
             if "mean_difference" not in pt:
                 console.print(f"{head}: {pt['note']}", highlight=False)
             else:
-                parts = [f"mean difference {100 * pt['mean_difference']:+.2f} points ({better} is better); "
-                         f"{pt['a']} better in {pt['a_better']}, {pt['b']} in {pt['b_better']} of {pt['n_pairs']}"]
+                difference = (f"mean difference {pt['mean_difference']:+.2f} (no better direction); " if plain else
+                              f"mean difference {100 * pt['mean_difference']:+.2f} points ({better} is better); ")
+                word = "higher" if plain else "better"
+                parts = [difference +
+                         f"{pt['a']} {word} in {pt['a_better']}, {pt['b']} in {pt['b_better']} of {pt['n_pairs']}"]
                 if pt["t_test"]:
                     parts.append(f"paired t p={pt['t_test']['p_value']:.3g}")
                 if pt["wilcoxon"]:
