@@ -267,6 +267,18 @@ def test_a_two_process_digits_run_gives_the_one_process_r_matrix(tmp_path, write
     assert result["r_init"] == single["r_init"]
     assert torch.allclose(torch.tensor(result["r_matrix"]), torch.tensor(single["r_matrix"]), atol=1e-6, rtol=0)
 
+    # a node loss: every rank killed in the middle of the second experience; --resume continues
+    # from rank 0's checkpoint on both ranks and ends where the uninterrupted run ended
+    killed = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "killed"), "--no-progress",
+                     env={"OMP_NUM_THREADS": "1", "CLBENCH_TEST_KILL_AT": "stage:1:step:3"})
+    assert killed.returncode != 0 and (tmp_path / "killed" / "checkpoint.pt").is_file()
+    assert not (tmp_path / "killed" / "result.json").exists()
+    resumed = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "killed"), "--resume",
+                      "--no-progress", env={"OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = json.loads((tmp_path / "killed" / "result.json").read_text())
+    assert again["r_matrix"] == result["r_matrix"] and again["compute"]["resumes"] == 1
+
 
 if __name__ == "__main__":
     sys.path[:0] = [str(TESTS.parent), str(TESTS)]
