@@ -8,6 +8,28 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
+# Lightning's advice for hand-built Trainers in the LM strategy tests (the runner silences it itself)
+LIGHTNING_NOISE = ["ignore:You defined a `validation_step`",
+                   "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated",
+                   "ignore:The '(train|val)_dataloader' does not have many workers"]
+
+
+def smoke(**changes) -> dict:
+    """The smoke suite as a dict, with top-level keys replaced."""
+    import yaml
+
+    data = yaml.safe_load(SMOKE.read_text())
+    data.update(changes)
+    return data
+
+
+def write_suite(folder: Path, data: dict, name: str = "suite.yaml") -> Path:
+    import yaml
+
+    path = folder / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def tiny_config(**overrides) -> dict:

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from rich.console import Console
 
 from clbench.cli import main
@@ -25,9 +24,8 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import RUNS_DIR, run_suite
 from clbench.leaderboard.launch import LOGS_DIR, run_local
 from clbench.leaderboard.suite import load_suite
-from helpers import REPO
+from helpers import REPO, SMOKE, smoke, write_suite
 
-SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
 
 # Dies like an out-of-memory kill in its second experience, after the first one's checkpoint.
 CRASH = '''
@@ -44,16 +42,6 @@ class Crash(Strategy):
 '''
 
 
-def smoke(**changes) -> dict:
-    data = yaml.safe_load(SMOKE.read_text())
-    data.update(changes)
-    return data
-
-
-def write_suite(folder: Path, data: dict, name: str = "suite.yaml") -> Path:
-    path = folder / name
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def crash_strategy(folder: Path) -> dict:

@@ -20,23 +20,11 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import RUNS_DIR, run_suite
 from clbench.leaderboard.suite import default_suite_path, load_suite, preflight
 from clbench.leaderboard.table import build_tables
-from helpers import run_cli
+from helpers import SMOKE, run_cli, smoke, write_suite
 
 REPO = Path(__file__).resolve().parents[1]
-SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
 
 
-def smoke(**changes) -> dict:
-    """The smoke suite as a dict, with top-level keys replaced."""
-    data = yaml.safe_load(SMOKE.read_text())
-    data.update(changes)
-    return data
-
-
-def write_suite(folder: Path, data: dict, name: str = "suite.yaml") -> Path:
-    path = folder / name
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def quiet() -> Console:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import LIGHTNING_NOISE
 from test_strategies_llm import build, lm, lm_config, stream, train, trainable
 from torch import nn
 
@@ -20,9 +21,7 @@ from clbench.metrics.routing import RoutingRecorder
 from strategies.lora import base_state
 from strategies.moe_lora import LoRAMoE, MHMoE
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
-              pytest.mark.filterwarnings("ignore:The '(train|val)_dataloader' does not have many workers")]
+pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
 
 def layer(kind="mh_moe", d_in=12, d_out=5, seed=0, **kw) -> MoELoRALinear:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import LIGHTNING_NOISE
 from test_strategies_llm import build, lm, lm_config, train
 from torch import nn
 
@@ -19,9 +20,7 @@ from clbench.streams import Experience
 from strategies.lora import base_state
 from strategies.moses import MoSEs, match, pull_loss, query
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
-              pytest.mark.filterwarnings("ignore:The '(train|val)_dataloader' does not have many workers")]
+pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
 TASKS = ["FOMC", "NumGLUE-cm", "Py150"]
 

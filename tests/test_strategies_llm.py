@@ -10,7 +10,7 @@ import random
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import crash_at, tiny_config
+from helpers import LIGHTNING_NOISE, crash_at, tiny_config
 
 from clbench.data import make_loader
 from clbench.errors import UserError
@@ -27,9 +27,7 @@ from strategies.lora import (
 )
 from strategies.o_lora import OLoRA, l2_loss, orthogonality_loss
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
-              pytest.mark.filterwarnings("ignore:The '(train|val)_dataloader' does not have many workers")]
+pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
 TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
