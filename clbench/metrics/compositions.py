@@ -108,9 +108,9 @@ class CompositionCounter:
         """``routes`` (N, k) expert indices; ``labels`` (N, m) or None; ``keep`` (N,) bool or None."""
         import torch
 
-        routes = routes.long().sort(-1).values
+        routes = routes.long().sort(-1).values  # on the layer's device: only the distinct rows come back
         n = routes.shape[0]
-        parts = [routes, torch.full((n, 1), int(domain), dtype=torch.long)]
+        parts = [routes, torch.full((n, 1), int(domain), dtype=torch.long, device=routes.device)]
         if labels is not None:
             parts.append(labels.long())
         rows = torch.cat(parts, 1)

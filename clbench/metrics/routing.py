@@ -99,14 +99,14 @@ class UnitLayout:
             if extra:
                 mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device) if mask is None else mask
                 mask = torch.cat([mask.new_zeros(batch, extra), mask], 1)
-            parts = [] if samples is None else [samples.long().cpu().repeat_interleave(per, 0)]
+            parts = [] if samples is None else [samples.long().repeat_interleave(per, 0)]
             if self.token_labels is not None:
-                labels = self.token_labels.long().cpu()
+                labels = self.token_labels.long().to(tokens.device)
                 labels = torch.cat([labels.new_zeros(batch, extra, labels.shape[-1]), labels], 1) if extra else labels
                 parts.append(labels.reshape(n, -1))
             return (None if mask is None else mask.reshape(n)), (torch.cat(parts, 1) if parts else None)
         if samples is not None and n % batch == 0:
-            return None, samples.long().cpu().repeat_interleave(n // batch, 0)
+            return None, samples.long().repeat_interleave(n // batch, 0)
         return None, None
 
 
@@ -256,16 +256,16 @@ class RoutingRecorder:
             unit_mask = unit_mask.to(device)
             mask = unit_mask if mask is None else mask.detach().reshape(-1).bool() & unit_mask
         metric.update(experts=experts, gates=gates, domain=domain, mask=mask)
-        keep = None if mask is None else mask.detach().reshape(-1).bool().cpu()
+        keep = None if mask is None else mask.detach().reshape(-1).bool().to(device)
         if self.keep_routes:
-            kept = chosen.cpu() if keep is None else chosen.cpu()[keep]
+            kept = (chosen if keep is None else chosen[keep]).cpu()
             domains = torch.full((kept.shape[0],), domain, dtype=torch.long)
             self._routes.setdefault(name, []).append((domains, kept))
         if self.count_compositions:
             from clbench.metrics.compositions import CompositionCounter
 
             counter = self._compositions.setdefault(name, CompositionCounter())
-            counter.update(chosen.cpu(), domain, labels=labels, keep=keep)
+            counter.update(chosen, domain, labels=None if labels is None else labels.to(device), keep=keep)
 
     # -- results -----------------------------------------------------------------------------
     def compute(self) -> dict[str, dict[str, Tensor]]:

@@ -20,7 +20,8 @@ batch's long answers weigh more than short ones; TRACE's training code does the 
 
 Routing records (models with MoE layers): padding tokens are never counted. In evaluation the
 counted units are the tokens of each test sample's prompt + reference answer in one
-teacher-forced forward pass (the "old-task tokens" of MH-MoE's N_eff), not the generation,
+teacher-forced forward pass (the "old-task tokens" of MH-MoE's N_eff; test batches carry those
+sequences only when the model has routing layers as its loaders are built), not the generation,
 whose decoding steps are left unrecorded: what a generation routes depends on what the model
 generates. A token's composition is (task, relative-position bucket, token-frequency bucket):
 :data:`POSITION_BUCKETS` equal quarters of the sequence, and :data:`FREQUENCY_BUCKETS` classes
@@ -60,8 +61,10 @@ def _record(item: Any) -> tuple[str, str]:
 class TextCollator:
     """Tokenises and pads a list of records; a plain class, so loader workers can pickle it."""
 
-    def __init__(self, tokenizer: Any, max_length: int, train: bool, max_new_tokens: int = 0):
+    def __init__(self, tokenizer: Any, max_length: int, train: bool, max_new_tokens: int = 0,
+                 forced: bool = False):
         self.tokenizer = tokenizer
+        self.forced = forced  # test batches also carry teacher-forced prompt + answer (routing records)
         self.max_length = max_length
         self.train = train
         self.max_new_tokens = max_new_tokens
@@ -74,12 +77,12 @@ class TextCollator:
     def __call__(self, items: list[Any]) -> dict[str, Any]:
         prompts, answers = zip(*(_record(item) for item in items))
         prompt_ids = self._ids(list(prompts))
-        answer_ids = self._ids(list(answers))
         if self.train:
-            return self._train(prompt_ids, answer_ids)
+            return self._train(prompt_ids, self._ids(list(answers)))
         batch = self._test(prompt_ids, list(prompts), list(answers))
-        forced = self._train(prompt_ids, answer_ids)  # teacher-forced sequences, for routing records
-        batch.update(forced_ids=forced["input_ids"], forced_mask=forced["attention_mask"])
+        if self.forced:
+            forced = self._train(prompt_ids, self._ids(list(answers)))
+            batch.update(forced_ids=forced["input_ids"], forced_mask=forced["attention_mask"])
         return batch
 
     def _train(self, prompt_ids: list[list[int]], answer_ids: list[list[int]]) -> dict[str, Any]:
@@ -140,6 +143,7 @@ class CausalLanguageModeling(Objective):
         self.max_length = max_length
         self.max_new_tokens = max_new_tokens
         self.tokenizer = None
+        self.model = None
         self._truncated: dict[str, Any] = {"train": 0, "test": 0}  # samples whose prompt lost tokens, as seen
         self._generations: dict[str, list[dict]] = {}
         self._buckets: Tensor | None = None  # token id -> frequency bucket, built when first needed
@@ -157,6 +161,7 @@ class CausalLanguageModeling(Objective):
             raise UserError(f"the causal-LM objective needs a model with a tokenizer, got {type(model).__name__}",
                             where="model", fix="use model: {class_path: hf_causal_lm, ...}")
         self.tokenizer = tokenizer
+        self.model = model  # whether it has routing layers (perhaps injected later) decides the test batches
 
     def metric_name(self, experience) -> str:
         return self.task_metrics.get(experience.name, self.default_metric) if experience else self.default_metric
@@ -168,7 +173,8 @@ class CausalLanguageModeling(Objective):
 
     def collate(self, train: bool):
         longest = max([self.new_tokens(e) for e in self.experiences] or [self.new_tokens(None)])
-        return TextCollator(self.tokenizer, self.max_length, train, max_new_tokens=longest)
+        routed = self.model is not None and any(getattr(m, "records_routing", False) for m in self.model.modules())
+        return TextCollator(self.tokenizer, self.max_length, train, max_new_tokens=longest, forced=routed and not train)
 
     # -- training -------------------------------------------------------------------------
     def _count(self, split: str, batch: dict) -> None:
@@ -255,7 +261,7 @@ class CausalLanguageModeling(Objective):
     @torch.no_grad()
     def evaluate(self, model, batch: dict, metrics, column=None) -> None:
         self._count("test", batch)
-        if routing.is_recording():
+        if routing.is_recording() and "forced_ids" in batch:
             self._record_routing(model, batch)
         with routing.paused():
             predictions = self.generate(model, batch["input_ids"], batch["attention_mask"], self.new_tokens(column))
