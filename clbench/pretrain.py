@@ -32,27 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from clbench.errors import UserError, did_you_mean
-
-KEYS = ("fraction", "samples", "epochs")
+from clbench.errors import UserError
 
 
 def settings(cfg: dict, source: str) -> dict | None:
-    """The checked ``pretrain:`` section (None when absent); fails before the stream is built."""
+    """The checked ``pretrain:`` section (None when absent); fails before the stream is built.
+    Its keys and their types are checked with the rest of the config (:mod:`clbench.config`)."""
     section = cfg.get("pretrain")
     if not section:
         return None
     where = f"{source}: pretrain"
-    if not isinstance(section, dict):
-        raise UserError(f"expected a mapping, got {section!r}", where=where,
-                        fix="write e.g. pretrain: {fraction: 0.1, epochs: 7}")
-    for key, value in section.items():
-        if key not in KEYS:
-            raise UserError(f"unknown key '{key}'", where=f"{where}.{key}", fix=did_you_mean(key, KEYS))
-        number = (int,) if key != "fraction" else (int, float)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, number)):
-            raise UserError(f"must be a number, got {value!r}", where=f"{where}.{key}",
-                            fix="write e.g. pretrain: {fraction: 0.1, epochs: 7}")
     given = [key for key in ("fraction", "samples") if key in section]
     if len(given) != 1:
         raise UserError("give exactly one of fraction and samples", where=where,

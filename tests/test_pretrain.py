@@ -60,8 +60,6 @@ def test_a_sample_count_is_shared_in_proportion_to_the_experiences():
     ({"fraction": 1.5, "epochs": 1}, "pretrain.fraction"),
     ({"samples": 0, "epochs": 1}, "pretrain.samples"),
     ({"fraction": 0.1, "epochs": 0}, "pretrain.epochs"),
-    ({"fraction": "0.1", "epochs": 1}, "pretrain.fraction"),
-    ({"fraction": 0.1, "epochs": 1.5}, "pretrain.epochs"),
 ])
 def test_bad_settings_are_one_line_errors(section, field):
     with pytest.raises(UserError) as err:
@@ -72,6 +70,9 @@ def test_bad_settings_are_one_line_errors(section, field):
 def test_unknown_keys_and_oversized_subsets_are_refused():
     with pytest.raises(UserError, match="pretrain.fractoin"):
         resolve_config(tiny_config(pretrain={"fractoin": 0.1, "epochs": 1}))
+    for section, field in (({"fraction": "0.1", "epochs": 1}, "fraction"), ({"fraction": 0.1, "epochs": 1.5}, "epochs")):
+        with pytest.raises(UserError, match=rf"pretrain\.{field}: expected"):
+            resolve_config(tiny_config(pretrain=section))
     with pytest.raises(UserError, match="leaves no training samples"):
         pretrain.carve(_settings({"fraction": 0.9999, "epochs": 1}), _experiences(), 0)
     with pytest.raises(UserError, match="cannot cover 3 experiences"):
