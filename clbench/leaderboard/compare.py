@@ -25,7 +25,7 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.table import PLAIN_SCORES, SCORES, BenchmarkTable, Row, arrow, build_tables
+from clbench.leaderboard.table import PLAIN_SCORES, SCORES, BenchmarkTable, Row, arrow, build_tables, number
 
 MIN_PAIRS = 3
 
@@ -209,14 +209,6 @@ def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None =
     return {"metric": metric, "higher_is_better": higher, "min_pairs": MIN_PAIRS, "benchmarks": benchmarks}
 
 
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{100 * v:.1f}"
-
-
-def _plain(v: float | None) -> str:
-    return "—" if v is None else f"{v:.2f}"
-
-
 def print_comparison(report: dict[str, Any], console=None) -> None:
     """The comparison as rich tables, one per benchmark, with the tau and paired-test lines."""
     from rich.table import Table
@@ -226,7 +218,10 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
     console = console or console_for_tables()
     metric = report["metric"]
     plain = metric in PLAIN_SCORES  # a diagnostic such as N_eff: not a percentage, no better direction
-    fmt = _plain if plain else _pct
+
+    def fmt(value: float | None) -> str:
+        return number(value, metric)
+
     for bench in report["benchmarks"]:
         orders = bench["orders"]
         higher = bench.get("higher_is_better", True)

@@ -291,15 +291,20 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
     return tables
 
 
+def number(value: float | None, score: str | None = None, digits: int = 1) -> str:
+    """One value of ``score`` as shown: ``85.1`` (percent), a plain score ``2.41``, or an em dash."""
+    if value is None:
+        return "—"
+    return f"{value:.2f}" if score in PLAIN_SCORES else f"{100 * value:.{digits}f}"
+
+
 def fmt(stat: Stat | None, digits: int = 1, score: str | None = None) -> str:
     """``85.1 ± 1.2`` in percent (a plain score: ``2.41 ± 0.10``); one run shows the mean only;
     no value shows an em dash."""
     if stat is None:
         return "—"
-    scale, digits = (1, 2) if score in PLAIN_SCORES else (100, digits)
-    if stat.std is None:
-        return f"{scale * stat.mean:.{digits}f}"
-    return f"{scale * stat.mean:.{digits}f} ± {scale * stat.std:.{digits}f}"
+    mean = number(stat.mean, score, digits)
+    return mean if stat.std is None else f"{mean} ± {number(stat.std, score, digits)}"
 
 
 def runs_cell(row: Row) -> str:

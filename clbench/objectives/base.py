@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 from torch import Tensor, nn
 
+from clbench.metrics import routing
+
 if TYPE_CHECKING:
     from torchmetrics import Metric
 
@@ -86,8 +88,6 @@ class Objective:
     def evaluate(self, model: nn.Module, batch: Any, metrics: Any, column: "Experience | None" = None) -> None:
         """Update one column's metrics (a ``MetricCollection``) with one test batch;
         ``column`` is the experience the column scores (``None``: a stream-wide test set)."""
-        from clbench.metrics import routing
-
         inputs, targets = self.split(batch)
         if routing.is_recording() and isinstance(targets, Tensor) and targets.ndim == 1 \
                 and not targets.is_floating_point():
