@@ -58,11 +58,13 @@ def digest(value: Any) -> str:
     """SHA-256 of a payload's contents (tensors by dtype, shape and bytes), order-stable."""
     import torch
 
+    from clbench.sharding import full
+
     h = hashlib.sha256()
 
     def walk(node: Any) -> None:
         if isinstance(node, torch.Tensor):
-            t = node.detach().cpu().contiguous()
+            t = full(node.detach()).cpu().contiguous()  # sharded: gathered (every rank walks alike)
             h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         elif isinstance(node, dict):
@@ -151,6 +153,15 @@ class FrozenBase:
         self.trained: set[int] = set()
         self._digests: dict[tuple[str, ...], str] = {}
 
+    def before_sharding(self) -> None:
+        """Hash the frozen weights while they are whole on every rank (no gathering needed)."""
+        self.digest(self.names())
+
+    def after_sharding(self, moved: dict) -> None:
+        """Follow the parameters sharding replaced (``{id(old): new}``)."""
+        self.built = {id(moved[i]) if i in moved else i for i in self.built}
+        self.trained = {id(moved[i]) if i in moved else i for i in self.trained}
+
     def observe(self) -> None:
         """Note what requires gradients now (called before every experience trains)."""
         self.trained |= {id(p) for p in self.model.parameters() if p.requires_grad}
@@ -175,8 +186,11 @@ class FrozenBase:
 
 
 def payload(cfg: dict, module, strategy, trainer, state: dict, source: str, base: FrozenBase | None = None) -> dict:
-    """The checkpoint's contents, checked storable and sealed with its digest."""
-    weights = module.model.state_dict()
+    """The checkpoint's contents, checked storable and sealed with its digest. With sharded
+    parameters every rank must call this (it gathers them); only global rank 0's is complete."""
+    from clbench.sharding import model_state
+
+    weights = model_state(module.model)
     frozen: dict[str, Any] = {"names": [], "digest": None, "trained": []}
     if base is not None:
         names = base.names()

@@ -8,7 +8,8 @@ Datasets read from disk (images) are ordinary map-style datasets and get an ordi
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils.data import (BatchSampler, ConcatDataset, DataLoader, Dataset, RandomSampler, Sampler,
@@ -130,6 +131,36 @@ class ShardedSampler(Sampler):
         return -(-len(self.sampler) // self.num_replicas)
 
 
+@dataclass
+class Padding:
+    """A test batch evaluated only to keep step with the other ranks (sharded parameters,
+    where every forward is a collective); :class:`clbench.module.ContinualModule` runs its
+    forwards and keeps nothing of them."""
+
+    batch: Any
+
+
+class LockstepLoader:
+    """An evaluation shard's loader, lengthened with :class:`Padding` batches to ``batches``,
+    the batch count of the largest shard. Shards of ``UnrepeatedDistributedSampler`` differ by
+    at most one sample, so at most one padding batch, a one-sample batch of the test set's
+    first item, is added; no test sample is scored twice."""
+
+    def __init__(self, loader: DataLoader, batches: int, filler: Callable[[], Any]):
+        self.loader, self.batches, self.filler = loader, batches, filler
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self):
+        n = 0
+        for batch in self.loader:
+            n += 1
+            yield batch
+        for _ in range(self.batches - n):
+            yield Padding(self.filler())
+
+
 def shard_of(loader) -> tuple[int, int]:
     """``(world, rank)`` of a loader sharded by :class:`ShardedSampler`; ``(1, 0)`` otherwise."""
     sampler = getattr(loader, "sampler", None)
@@ -246,7 +277,7 @@ class _AvalancheView(Dataset):
 
 
 def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None,
-               world_size: int = 1, rank: int = 0, **kw):
+               world_size: int = 1, rank: int = 0, lockstep: bool = False, **kw):
     """The loader a run uses for ``dataset`` (training when ``shuffle``), from the config's ``train:``.
 
     Under data parallelism each rank reads its own shard, sharded here rather than by Lightning
@@ -255,7 +286,8 @@ def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, ba
     (:class:`ShardedSampler` over the same seeded ``RandomSampler``): with equal shards, W
     processes at batch b take the steps one process takes at batch W·b. Evaluation shards come
     from ``UnrepeatedDistributedSampler``, which never pads, so no test sample is counted twice
-    when the per-rank metric states are summed.
+    when the per-rank metric states are summed. ``lockstep`` (sharded parameters) pads every
+    evaluation shard to the same number of batches (:class:`LockstepLoader`).
     """
     train = cfg["train"]
     bs = batch_size or (train["batch_size"] if shuffle else train["eval_batch_size"])
@@ -271,5 +303,11 @@ def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, ba
     # Evaluation loaders do not keep workers alive: with one loader per test experience,
     # persistent workers would hold T x num_workers processes between evaluations.
     kw.setdefault("persistent_workers", shuffle)
-    return make_loader(dataset, bs, shuffle=shuffle, seed=seed, num_workers=train["num_workers"], pin_memory=pin,
-                       **kw)
+    loader = make_loader(dataset, bs, shuffle=shuffle, seed=seed, num_workers=train["num_workers"], pin_memory=pin,
+                         **kw)
+    if not (lockstep and world_size > 1 and not shuffle):
+        return loader
+    first = {k: v for k, v in kw.items() if k == "collate_fn"}
+    batches = -(-(-(-len(dataset) // world_size)) // bs)  # of the largest shard: ceil(ceil(n / w) / b)
+    return LockstepLoader(loader, batches, lambda: next(iter(make_loader(subset(dataset, [0]), 1, shuffle=False,
+                                                                         **first))))

@@ -17,10 +17,16 @@ A strategy or objective that sets ``owns_update`` replaces all of that with its 
 Evaluation is Lightning validation with one dataloader per test experience: ``dataloader_idx``
 is the R-matrix column, and each column accumulates into its own torchmetrics collection, so
 scores are exact under DDP (states are summed/gathered across ranks, never averaged per rank).
+
+Under ``trainer.strategy: fsdp`` the model is sharded in :meth:`configure_model`
+(:mod:`clbench.sharding`), where every forward is a collective: a rank whose evaluation shard
+ran out joins its peers' forwards on :class:`clbench.data.Padding` batches, which update
+nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable
 
@@ -96,9 +102,33 @@ class ContinualModule(pl.LightningModule):
         self._loss_sum = torch.zeros(())
         self._aux_sums: dict[str, torch.Tensor] = {}
         self._steps = 0
+        # Told before and after the model is sharded (``before_sharding()``,
+        # ``after_sharding({id(old parameter): new parameter})``): e.g. the runner's frozen-base record.
+        self.sharding_listeners: list[Any] = []
+        self._scratch: dict[int, Any] = {}  # per column: metrics that padding batches update
 
     def forward(self, inputs: Any) -> Any:
         return self.objective.forward(self.model, inputs)
+
+    def configure_model(self) -> None:
+        """Shard the model (FSDP2) under Lightning's ``ModelParallelStrategy``; Lightning calls
+        this at every ``fit`` and evaluation, the model is sharded at the first of them (after the
+        strategy's ``setup`` and any ``--resume`` restore made and filled every parameter)."""
+        mesh = self.device_mesh
+        if mesh is None:
+            return
+        from clbench import sharding
+
+        if sharding.is_sharded(self.model):
+            sharding.reshard(self.model)
+            sharding.check_unchanged(self.model)
+            return
+        self.strategy.before_sharding(self)
+        for listener in self.sharding_listeners:
+            listener.before_sharding()
+        moved = sharding.shard_model(self.model, mesh)
+        for listener in self.sharding_listeners:
+            listener.after_sharding(moved)
 
     # -- routing records ------------------------------------------------------------------
     def _attach_routing(self) -> None:
@@ -213,15 +243,26 @@ class ContinualModule(pl.LightningModule):
             self.routing.to(self.device)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        from clbench.data import Padding
+        from clbench.metrics import routing
+
         domain = self.column_domains[dataloader_idx] if self.routing is not None else None
-        metrics = self.eval_metrics[dataloader_idx]
         column = self.columns[dataloader_idx]
+        padding = isinstance(batch, Padding)
+        if padding:  # the same forwards as a real batch; its metrics, routing and outputs are dropped
+            batch = batch.batch
+            if dataloader_idx not in self._scratch:
+                self._scratch[dataloader_idx] = self.eval_metrics[dataloader_idx].clone()
+            metrics = self._scratch[dataloader_idx]
+        else:
+            metrics = self.eval_metrics[dataloader_idx]
+        evaluate = self.objective.evaluate_padding if padding else self.objective.evaluate
         with self.strategy.evaluating(self, column):
             if domain is None:
-                self.objective.evaluate(self.model, batch, metrics, column)
+                evaluate(self.model, batch, metrics, column)
             else:
-                with self.routing.domain(domain):
-                    self.objective.evaluate(self.model, batch, metrics, column)
+                with self.routing.domain(domain), (routing.discarded() if padding else contextlib.nullcontext()):
+                    evaluate(self.model, batch, metrics, column)
 
     def on_validation_epoch_end(self) -> None:
         # name -> one value per column (None where a column has no such metric), and
@@ -230,6 +271,8 @@ class ContinualModule(pl.LightningModule):
         for column in self.eval_metrics:
             computed.append({name: float(value) for name, value in column.compute().items()})
             column.reset()
+        for scratch in self._scratch.values():
+            scratch.reset()
         names = list(dict.fromkeys(name for values in computed for name in values))
         results = {name: [values.get(name) for values in computed] for name in names}
         results["primary"] = [values[name] for values, name in zip(computed, self.primary)]
@@ -240,3 +283,9 @@ class ContinualModule(pl.LightningModule):
             self.last_routing = self._figures(self.routing)
         if self.trainer.state.fn == TrainerFn.FITTING:
             self.epoch_evals.append(results)
+
+    def on_validation_end(self) -> None:
+        if self.device_mesh is not None:
+            from clbench.sharding import reshard
+
+            reshard(self.model)  # evaluation leaves the root unit unsharded

@@ -71,6 +71,7 @@ class ContinualRun:
         self.show_progress = cfg["logging"]["progress"] if progress is None else progress
         self.kill = faults.kill_point()  # crash injection for the resume tests; None unless asked for
         self.world_size, self.rank = 1, 0
+        self.sharded = False  # parameters sharded (trainer.strategy: fsdp)
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -125,6 +126,7 @@ class ContinualRun:
                                       scheduler=self.scheduler, columns=columns,
                                       column_domains=domains + ([None] if self.has_global_test else []),
                                       num_domains=max(exp.domain_id for exp in self.experiences) + 1)
+        self.module.sharding_listeners.append(self.frozen_base)
         self.strategy.setup(self.module, self.experiences, seeding.derive(seed, "strategy"))
 
     def make_loader(self, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None, **kw):
@@ -133,7 +135,7 @@ class ContinualRun:
 
         kw.setdefault("collate_fn", self.objective.collate(train=shuffle))
         return run_loader(self.cfg, dataset, shuffle=shuffle, seed=seed, batch_size=batch_size,
-                          world_size=self.world_size, rank=self.rank, **kw)
+                          world_size=self.world_size, rank=self.rank, lockstep=self.sharded, **kw)
 
     def steps_per_stage(self, trainer, loader, epochs: int) -> int | None:
         """Optimizer steps one experience takes: the length of its schedule (None without one,
@@ -240,8 +242,9 @@ class ContinualRun:
             logger = tensorboard_logger(self.path, TENSORBOARD, purge_step=ckpt["epoch"] if ckpt else None)
         trainer = make_trainer(cfg, self.source, callbacks=callbacks, logger=logger,
                                root=str(self.path) if self.path else None)
-        check_parallel_support(trainer, self.strategy, cfg["strategy"]["class_path"], self.source)
+        check_parallel_support(trainer, self.strategy, self.module.model, cfg["strategy"]["class_path"], self.source)
         self.world_size, self.rank = trainer.world_size, trainer.global_rank
+        self.sharded = type(trainer.strategy).__name__ == "ModelParallelStrategy"
         writes = self.path is not None and trainer.is_global_zero
         if writes:
             self._prepare(resuming=ckpt is not None)  # the logger writes nothing before the first metric
@@ -270,10 +273,10 @@ class ContinualRun:
                 self.watch.check()
                 self._train_stage(trainer, stage, stages, eval_loaders, state, progress)
                 state.wall_seconds = wall_before + time.perf_counter() - start
-                if writes:
-                    if stage == len(stages) - 1:
-                        self.objective.save_outputs(self.path)  # e.g. the final stage's generations
-                    self._save_checkpoint(trainer, state)
+                if writes and stage == len(stages) - 1:
+                    self.objective.save_outputs(self.path)  # e.g. the final stage's generations
+                if writes or (self.sharded and self.path is not None):  # sharded: gathered by every rank
+                    self._save_checkpoint(trainer, state, write=writes)
         finally:
             if progress is not None:
                 progress.close()
@@ -369,8 +372,9 @@ class ContinualRun:
         if callable(begin):
             begin(exp)
 
-    def _save_checkpoint(self, trainer, state: RunState) -> None:
-        """Everything needed to continue after ``state.stage`` experiences, written atomically."""
+    def _save_checkpoint(self, trainer, state: RunState, write: bool = True) -> None:
+        """Everything needed to continue after ``state.stage`` experiences, written atomically
+        (by global rank 0: ``write``; with sharded parameters every rank gathers them)."""
         import torch
 
         from clbench import checkpoint, faults
@@ -378,6 +382,8 @@ class ContinualRun:
 
         payload = checkpoint.payload(self.cfg, self.module, self.strategy, trainer, asdict(state), self.source,
                                      self.frozen_base)
+        if not write:
+            return
         path = self.path / CHECKPOINT
         if self.kill is not None and self.kill.where == "checkpoint" and self.kill.stage == state.stage - 1:
             faults.interrupted_write(path, lambda handle: torch.save(payload, handle))

@@ -59,8 +59,10 @@ class Strategy:
     supports: ClassVar[frozenset[str]] = frozenset({"domain-il", "class-il", "instance-il", "task-il"})
     #: Whether the method is correct under data-parallel training (DDP) as written.
     supports_distributed: ClassVar[bool] = True
-    #: Whether it also works with sharded parameters (FSDP, model parallel): a method that reads
-    #: or copies whole parameter tensors (Fisher, teachers, gradient projection) says False.
+    #: Whether it also works with sharded parameters (``trainer.strategy: fsdp``): a method that
+    #: reads or copies whole parameter tensors (Fisher, teachers, gradient projection) says False,
+    #: and so does one that creates parameters after :meth:`before_sharding` (see
+    #: :mod:`clbench.sharding`). True only where a test runs the method sharded.
     supports_sharded: ClassVar[bool] = False
     #: Train once on the union of all experiences instead of one experience at a time (joint).
     single_stage: ClassVar[bool] = False
@@ -76,6 +78,11 @@ class Strategy:
         """Once, before the first experience. Keep a handle on the stream and a seed."""
         self.experiences = experiences
         self.seed = seed
+
+    def before_sharding(self, module: "ContinualModule") -> None:
+        """Just before the model is sharded (``trainer.strategy: fsdp``, at the run's first fit
+        or evaluation): create every parameter the rest of the run will need, since none can be
+        added to a sharded model."""
 
     def hparams(self) -> dict[str, Any]:
         """The ``__init__`` arguments as set (recorded in results)."""

@@ -5,6 +5,10 @@ The runner fixes the Trainer arguments that its loop depends on (``RESERVED_TRAI
 everything else under ``trainer:`` in a config goes to ``lightning.pytorch.Trainer`` as is.
 An argument Lightning refuses (``precision: 7``, ``accelerator: gpu`` on a machine without
 one) is reported as one line naming the config field, not as Lightning's traceback.
+
+One value means something of clbench's own: ``strategy: fsdp`` is FSDP2 through Lightning's
+``ModelParallelStrategy`` (see :mod:`clbench.sharding` for why not Lightning's FSDP1
+``FSDPStrategy``, which with DeepSpeed is refused).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ RESERVED_TRAINER_ARGS = ("max_epochs", "min_epochs", "callbacks", "logger", "ena
                          "num_sanity_val_steps", "enable_progress_bar", "deterministic", "check_val_every_n_epoch",
                          "default_root_dir", "inference_mode", "use_distributed_sampler")
 _SHARDED = ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy")
+_OTHER_SHARDING = ("FSDPStrategy", "DeepSpeedStrategy")  # sharding clbench does not drive
 
 
 def quiet_lightning() -> None:
@@ -77,6 +82,10 @@ def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logge
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     args = trainer_args(cfg, source)
+    if args.get("strategy") == "fsdp":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        args["strategy"] = ModelParallelStrategy()
     try:
         return pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=callbacks or [], enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -90,12 +99,23 @@ def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logge
                         fix="change or remove that trainer argument (see lightning.pytorch.Trainer)") from None
 
 
-def check_parallel_support(trainer, strategy, name: str, source: str) -> None:
-    """Fail fast when the CL strategy cannot run under the Trainer's parallelism."""
+def check_parallel_support(trainer, strategy, model, name: str, source: str) -> None:
+    """Fail fast (before processes start) when the CL strategy or the model cannot run under
+    the Trainer's parallelism."""
     kind = type(trainer.strategy).__name__
+    if kind in _OTHER_SHARDING:
+        raise UserError(f"clbench shards parameters with FSDP2, not {kind}", where=f"{source}: trainer.strategy",
+                        fix="use trainer.strategy: fsdp (or ddp)")
     if kind in _SHARDED and not strategy.supports_sharded:
         raise UserError(f"strategy '{name}' does not support sharded parameters ({kind})",
                         where=f"{source}: trainer.strategy", fix="use trainer.strategy: ddp for this method")
+    if kind == "ModelParallelStrategy":
+        from clbench.sharding import block_classes
+
+        try:
+            block_classes(model)  # a model with no blocks to shard
+        except UserError as err:
+            raise UserError(err.what, where=f"{source}: trainer.strategy", fix=err.fix) from None
     if trainer.world_size > 1 and not strategy.supports_distributed:
         raise UserError(f"strategy '{name}' does not support data-parallel training ({trainer.world_size} processes)",
                         where=f"{source}: trainer", fix="run it on one device (trainer.devices: 1)")

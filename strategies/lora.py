@@ -135,7 +135,7 @@ class SeqLoRA(Strategy):
     """
 
     supports_distributed = True  # the adapter is created from the same seeded RNG on every rank
-    supports_sharded = False     # peft layers are injected into a whole, unsharded model
+    supports_sharded = True      # the adapter is injected in setup, before the model is sharded
 
     def __init__(self, r: int = 8, alpha: float = 32.0, dropout: float = 0.1,
                  target_modules: list[str] | None = None, layers: list[int] | None = None):

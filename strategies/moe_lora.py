@@ -39,7 +39,7 @@ MLP = ["gate_proj", "up_proj", "down_proj"]
 class _MoELoRA(Strategy):
     kind = "loramoe"
     supports_distributed = True  # experts and routers are created from the same seeded RNG on every rank
-    supports_sharded = False  # modules are replaced in a whole, unsharded model
+    supports_sharded = True  # layers are injected in setup, before the model is sharded
 
     def __init__(self, num_experts: int = 4, top_k: int | None = 1, r: int = 4, alpha: float = 16.0,
                  heads: int = 1, match_lora_rank: int | None = None, top1_gate: str = "probability",

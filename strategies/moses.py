@@ -118,7 +118,7 @@ class MoSEs(Strategy):
     """
 
     supports_distributed = True  # layers, prompts, keys and per-task resets use the same seeded RNG on every rank
-    supports_sharded = False
+    supports_sharded = False  # its per-task resets and masks address whole weight tensors
 
     def __init__(self, num_experts: int = 2, top_k: int = 2, r: int = 2, alpha: float = 8.0, density: float = 0.3,
                  prompt_length: int = 1, pull_weight: float = 0.1, task_inference: str = "keys",

@@ -25,6 +25,12 @@ Choices:
 * LoRA settings as :mod:`strategies.lora` (r = 8, α = 32, dropout 0.1: the released code's;
   query and value projections, as its TRACE port).
 * Task boundaries are the experiences; inference needs no task id (all LoRAs always run).
+* Each task's LoRA is initialised from its own seed (the strategy's seed and the task index),
+  not from the global generator at the time it is made. With sharded parameters
+  (``trainer.strategy: fsdp``) no LoRA can be added once the model is sharded, so the LoRAs of
+  every task are made then (:meth:`OLoRA.before_sharding`), inactive and frozen until their
+  task; seeded per task, they start as they would have unsharded, and a resumed run makes them
+  as the uninterrupted one did.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import torch
 from torch import nn
 
 from clbench.errors import UserError
+from clbench.sharding import full
 from clbench.strategy import Strategy
 from strategies.lora import (activate, adapter_names, add_adapter, check_lora_args, lora_config, lora_layers,
                              refuse_other_adapters)
@@ -45,7 +52,11 @@ def task_adapter(index: int) -> str:
 
 
 def orthogonality_loss(model: nn.Module, current: str, previous: list[str]) -> torch.Tensor:
-    """Σ over adapted layers and earlier adapters i of ‖A_i A_currentᵀ‖² (squared entries)."""
+    """Σ over adapted layers and earlier adapters i of ‖A_i A_currentᵀ‖² (squared entries).
+
+    Computed outside the forward pass, so under sharded parameters the A's are sharded DTensors:
+    DTensor's operators gather what the products need, and the sum is made a whole tensor
+    (differentiably) before it joins the loss."""
     terms = []
     for layer in lora_layers(model):
         if current not in layer.lora_A:
@@ -56,14 +67,14 @@ def orthogonality_loss(model: nn.Module, current: str, previous: list[str]) -> t
             terms.append((torch.cat(old).float() @ a_t.T).pow(2).sum())
     if not terms:
         return torch.zeros((), device=next(model.parameters()).device)
-    return torch.stack(terms).sum()
+    return full(torch.stack(terms).sum())
 
 
 def l2_loss(model: nn.Module, current: str) -> torch.Tensor:
     """Σ of the L2 norms of the current adapter's A and B matrices (the released code's λ2 term)."""
     terms = [torch.linalg.vector_norm(getattr(layer, part)[current].weight.float())
              for layer in lora_layers(model) for part in ("lora_A", "lora_B") if current in layer.lora_A]
-    return torch.stack(terms).sum() if terms else torch.zeros((), device=next(model.parameters()).device)
+    return full(torch.stack(terms).sum()) if terms else torch.zeros((), device=next(model.parameters()).device)
 
 
 class OLoRA(Strategy):
@@ -75,8 +86,8 @@ class OLoRA(Strategy):
         lambda_2: λ2, weight of the L2 norm of the current LoRA (the released code's 0).
     """
 
-    supports_distributed = True  # each task's adapter is created from the same seeded RNG on every rank
-    supports_sharded = False  # peft layers are injected into a whole, unsharded model
+    supports_distributed = True  # each task's adapter is created from the same seed on every rank
+    supports_sharded = True  # every task's adapter is made before sharding (before_sharding)
 
     def __init__(self, r: int = 8, alpha: float = 32.0, dropout: float = 0.1,
                  target_modules: list[str] | None = None, layers: list[int] | None = None,
@@ -94,7 +105,8 @@ class OLoRA(Strategy):
         self.layers = layers
         self.lambda_1 = lambda_1
         self.lambda_2 = lambda_2
-        self.tasks = 0  # adapters created: task0 .. task{tasks-1}; the last one is trained
+        self.tasks = 0  # tasks begun: task0 .. task{tasks-1}; the last one is trained
+        self.created = 0  # adapters in the model (more than tasks once made for sharding)
 
     def config(self) -> Any:
         return lora_config(self.r, self.alpha, self.dropout, self.target_modules, self.layers)
@@ -107,11 +119,27 @@ class OLoRA(Strategy):
         super().setup(module, experiences, seed)
         refuse_other_adapters(module.model, "o_lora")
 
+    def _create(self, module, upto: int) -> None:
+        """Make the adapters of tasks ``created .. upto - 1``, each from its own seed."""
+        from clbench.seeding import derive
+
+        while self.created < upto:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive(self.seed, "o_lora", self.created))
+                add_adapter(module.model, self.config(), task_adapter(self.created))
+            self.created += 1
+
     def before_experience(self, module, experience):
-        current = task_adapter(self.tasks)
-        add_adapter(module.model, self.config(), current)
+        self._create(module, self.tasks + 1)
         self.tasks += 1
-        activate(module.model, self.names, trainable=[current])
+        activate(module.model, self.names, trainable=[self.names[-1]])
+
+    def before_sharding(self, module):
+        trainable = {name for name, p in module.model.named_parameters() if p.requires_grad}
+        self._create(module, len(self.experiences))
+        activate(module.model, self.names, trainable=[])
+        for name, p in module.model.named_parameters():
+            p.requires_grad_(name in trainable)
 
     def training_loss(self, module, x, y, logits, loss):
         if self.tasks == 0:
@@ -124,17 +152,14 @@ class OLoRA(Strategy):
         return loss
 
     def state_dict(self):
-        return {"tasks": self.tasks}
+        return {"tasks": self.tasks, "created": self.created}
 
     def load_state_dict(self, state):
         self.tasks = int(state["tasks"])
 
     def restore_model(self, module, state):
-        """Re-create every task's adapter (the checkpoint's weights then fill them), all frozen
-        until the next experience adds its own."""
-        present = adapter_names(module.model)
-        for name in self.names:
-            if name not in present:
-                add_adapter(module.model, self.config(), name)
-        if self.names:
-            activate(module.model, self.names, trainable=[])
+        """Re-create every adapter the checkpointed model had (the checkpoint's weights then
+        fill them), all frozen until the next experience trains its own."""
+        self.created = len([name for name in adapter_names(module.model) if name.startswith("task")])
+        self._create(module, int(state.get("created", self.tasks)))
+        activate(module.model, self.names, trainable=[])

@@ -421,7 +421,7 @@ def test_a_checkpoint_whose_tensor_bytes_changed_is_refused_by_its_checksum(tmp_
 
 @pytest.mark.parametrize("trainer, field", [({"precision": 7}, "trainer.precision"),
                                             ({"accelerator": "gpu"}, "trainer.accelerator"),
-                                            ({"accelerator": "cpu", "strategy": "fsdp"}, "trainer.accelerator")])
+                                            ({"accelerator": "cpu", "strategy": "fsdp_cpu_offload"}, "trainer.accelerator")])
 def test_trainer_settings_lightning_refuses_are_one_line_naming_the_field(trainer, field, tmp_path):
     from clbench.config import resolve_config
     from clbench.errors import UserError

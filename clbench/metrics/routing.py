@@ -140,6 +140,25 @@ def paused() -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+class _Discard:
+    def log(self, layer: Any, **kwargs: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def discarded() -> Iterator[None]:
+    """Inside a recorder's ``domain``: layers route as if recorded (the same work, the same
+    collectives under sharded parameters) and the records are dropped. Elsewhere: nothing."""
+    if _ACTIVE.get() is None:
+        yield
+        return
+    token = _ACTIVE.set((_Discard(), 0))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
 def record(layer: nn.Module | str, *, experts: Tensor | None = None,
            gates: Tensor | None = None, mask: Tensor | None = None,
            num_experts: int | None = None) -> None:

@@ -98,6 +98,13 @@ class Objective:
             outputs = self.forward(model, inputs)
         metrics.update(outputs, targets)
 
+    def evaluate_padding(self, model: nn.Module, batch: Any, metrics: Any, column: "Experience | None" = None) -> None:
+        """Run the forwards :meth:`evaluate` runs, keeping nothing: under sharded parameters
+        (where every forward is a collective) a rank whose test shard ran out evaluates a padding
+        batch beside its peers. ``metrics`` are throwaway; an objective that keeps outputs (see
+        :meth:`save_outputs`) must not keep this batch's."""
+        self.evaluate(model, batch, metrics, column)
+
     def begin_experience(self, experience: "Experience") -> None:
         """Before training on ``experience`` (and before a reference model or the pretraining
         trains on its data): per-experience set-up such as class weights from its labels."""

@@ -220,11 +220,14 @@ class CausalLanguageModeling(Objective):
 
     @torch.no_grad()
     def generate(self, model, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> list[str]:
-        """Greedy continuations of left-padded prompts, decoded without special tokens."""
+        """Greedy continuations of left-padded prompts, decoded without special tokens. With
+        sharded parameters every rank keeps decoding (``synced_gpus``) until all are done."""
+        from clbench.sharding import is_sharded
+
         tok = self.tokenizer
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                              do_sample=False, use_cache=True, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)
+                             eos_token_id=tok.eos_token_id, synced_gpus=is_sharded(model))
         return [text.strip() for text in tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)]
 
     def _frequency_buckets(self) -> Tensor:
@@ -271,6 +274,14 @@ class CausalLanguageModeling(Objective):
         rows = self._generations.setdefault(column.name if column else "all", [])
         rows += [{"prompt": p, "answer": a, "prediction": g, "score": s}
                  for p, a, g, s in zip(batch["prompts"], batch["answers"], predictions, scores)]
+
+    def evaluate_padding(self, model, batch: dict, metrics, column=None) -> None:
+        kept = self._generations
+        self._generations = {}
+        try:
+            self.evaluate(model, batch, metrics, column)
+        finally:
+            self._generations = kept
 
     def end_evaluation(self) -> None:
         """Under data parallelism, every process gets every process's generations, in dataset

@@ -1,0 +1,209 @@
+"""Sharded parameters (``trainer.strategy: fsdp``, FSDP2 on a CPU device mesh with gloo).
+
+Two ranks shard the tiny Qwen3 model (each decoder block a unit) and train it with each
+language-model strategy that ``supports_sharded``; one process trains the same model unsharded
+on the global batch (the ranks' per-rank batch twice over). As under DDP
+(``test_ddp_strategies``), the definition is "the same steps as one process on the global
+batch", so the gathered weights must equal the single process's to float tolerance, and the
+frozen base must be bit-identical to the weights it started from. The runner is then run end
+to end under ``clbench run``: evaluation shards of unequal length (the ranks must run equally
+many forwards: the shorter one evaluates a padding batch), generations gathered, a checkpoint
+gathered from the shards, and ``--resume`` after every rank was killed.
+
+Run as a script, this file is the worker: ``python test_fsdp.py OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+STRATEGIES = ["seq_lora", "o_lora", "loramoe", "mh_moe", "naive"]
+ATOL, RTOL = 1e-5, 1e-4
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
+              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
+
+
+# -- the worker ------------------------------------------------------------------------------
+def strategy_of(name: str):
+    from test_ddp_strategies import language
+
+    if name == "naive":
+        from strategies.naive import Naive
+
+        return Naive()
+    return language(name)
+
+
+def train_one(name: str, world: int, rank: int) -> dict:
+    """Train two experiences; the model's whole weights (gathered on rank 0 when sharded)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from test_ddp_strategies import LM_PER_RANK_BATCH, lm_records
+    from test_strategies_llm import build, lm
+
+    from clbench import seeding
+    from clbench.data import run_loader
+    from clbench.sharding import is_sharded, model_state
+    from clbench.streams import Experience
+
+    torch.manual_seed(0)
+    experiences = [Experience(position=t, name=f"task{t}", domain_id=t, classes=[], train=lm_records(t, 8),
+                              test=lm_records(t, 2)) for t in range(2)]
+    strategy = strategy_of(name)
+    module = build(strategy, experiences, lm())
+    module.make_optimizer = lambda params: torch.optim.SGD(params, lr=0.05)
+    initial = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+    batch = LM_PER_RANK_BATCH * (2 // world)
+    cfg = {"train": {"batch_size": batch, "eval_batch_size": batch, "num_workers": 0},
+           "trainer": {"accelerator": "cpu"}}
+    collate = module.objective.collate(train=True)
+
+    def make(ds, **kw):
+        return run_loader(cfg, ds, shuffle=True, seed=kw.pop("seed", 7), world_size=world, rank=rank,
+                          collate_fn=kw.pop("collate_fn", collate), **kw)
+
+    extra = {"devices": 2, "strategy": ModelParallelStrategy()} if world > 1 else {"devices": 1}
+    trainer = pl.Trainer(max_epochs=0, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+                         num_sanity_val_steps=0, **extra)
+    for stage, exp in enumerate(experiences):
+        seeding.seed_all(seeding.derive(0, "train", stage))  # as the runner does
+        strategy.before_experience(module, exp)
+        loader = strategy.train_loader(module, strategy.train_dataset(exp), make)
+        trainer.fit_loop.max_epochs = trainer.current_epoch + 1
+        trainer.fit(module, train_dataloaders=loader)
+        strategy.after_experience(module, exp)
+    out = {"initial": initial, "model": model_state(module.model), "sharded": is_sharded(module.model)}
+    if out["sharded"]:
+        from torch.distributed.tensor import DTensor
+
+        block = next(p for n, p in module.model.named_parameters() if "layers.0.mlp" in n and p.ndim == 2)
+        out["local_rows"] = block.to_local().shape[0] if isinstance(block, DTensor) else -1
+        out["rows"] = block.shape[0]
+        try:  # a parameter added after sharding is refused at the next fit or evaluation
+            module.model.hf.extra = torch.nn.Linear(2, 2)
+            module.configure_model()
+            out["late_parameter"] = "accepted"
+        except RuntimeError as err:
+            out["late_parameter"] = str(err)
+    return out
+
+
+def worker(out: str) -> None:
+    import warnings
+
+    from clbench.trainer import end_process_group, quiet_lightning
+
+    quiet_lightning()
+    warnings.filterwarnings("ignore")
+    world = 2 if "LOCAL_RANK" in os.environ else 1
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    results = {name: train_one(name, world, rank) for name in STRATEGIES}
+    torch.save(results, Path(out) / f"w{world}-r{rank}.pt")
+    end_process_group()
+
+
+# -- the tests -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from test_ddp_strategies import free_port
+
+    out = tmp_path_factory.mktemp("fsdp")
+    base = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE")}
+    base.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]))
+    port = str(free_port())
+    envs = [dict(base, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK="0", LOCAL_RANK=str(r)) for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, __file__, str(out)], env=env, cwd=out, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for env in [*envs, base]]
+    logs = [p.communicate(timeout=500)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return {tag: torch.load(out / f"{tag}.pt", weights_only=True) for tag in ("w2-r0", "w2-r1", "w1-r0")}
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_sharded_ranks_train_what_one_process_trains_on_the_global_batch(name, runs):
+    sharded, other, single = runs["w2-r0"][name], runs["w2-r1"][name], runs["w1-r0"][name]
+    assert sharded["sharded"] and not single["sharded"]
+    assert sharded["local_rows"] * 2 == sharded["rows"] == other["local_rows"] * 2  # each rank holds half
+    assert other["model"] == {}  # the whole weights are gathered on rank 0 only
+    assert sharded["model"].keys() == single["model"].keys()
+    far = [k for k, v in sharded["model"].items()
+           if not torch.allclose(v.double(), single["model"][k].double(), atol=ATOL, rtol=RTOL)]
+    assert not far, f"sharded training differs from one process at {far[:5]}"
+    moved = [k for k, v in sharded["model"].items() if k not in sharded["initial"] or not torch.equal(v, sharded["initial"][k])]
+    assert any(torch.count_nonzero(sharded["model"][k]) for k in moved), "nothing trained"
+    # what one process left untouched (a frozen base), sharding and gathering left bit-identical
+    kept = [k for k, v in single["model"].items() if k in single["initial"] and torch.equal(v, single["initial"][k])]
+    assert (name == "naive" or kept) and all(torch.equal(sharded["model"][k], sharded["initial"][k]) for k in kept)
+    assert "added after the model was sharded" in sharded["late_parameter"]
+
+
+def lm_config() -> dict:
+    """seq_lora on trace-mini: 5 test prompts per task at evaluation batch 2, so rank 0's shard
+    has 2 batches and rank 1's 1 (plus a padding batch under sharding)."""
+    from test_strategies_llm import lm_config as base
+
+    cfg = base({"class_path": "seq_lora", "init_args": {"r": 4, "dropout": 0.0}})
+    cfg["benchmark"]["init_args"].update(n_train=16, n_test=5)
+    cfg["train"].update(epochs=3, batch_size=4, eval_batch_size=2)
+    cfg["train"]["optimizer"]["init_args"]["lr"] = 0.02
+    return cfg
+
+
+def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_path, write_yaml):
+    """``clbench run`` with ``trainer: {devices: 2, strategy: fsdp}`` against the same run under
+    DDP (the same per-rank batches, so the same steps): the same R, the same generations (every
+    test prompt once, none from the padding batch), and a checkpoint whose adapter weights,
+    gathered from the shards, are DDP's; the frozen base is left out of it. Killed on every rank
+    in the second experience, the sharded run resumes to the uninterrupted R."""
+    from helpers import run_cli
+
+    from clbench.checkpoint import CHECKPOINT
+
+    env = {"OMP_NUM_THREADS": "1"}
+    results, kills = {}, {}
+    for kind in ("ddp", "fsdp"):
+        config = write_yaml({**lm_config(), "trainer": {"accelerator": "cpu", "devices": 2, "strategy": kind}},
+                            f"{kind}.yaml")
+        proc = run_cli("run", "--config", str(config), "--output", str(tmp_path / kind), "--no-progress", env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "terminate called" not in proc.stderr
+        results[kind] = json.loads((tmp_path / kind / "result.json").read_text())
+        killed = run_cli("run", "--config", str(config), "--output", str(tmp_path / f"{kind}-killed"),
+                         "--no-progress", env={**env, "CLBENCH_TEST_KILL_AT": "stage:1:step:1"})
+        assert killed.returncode != 0
+        kills[kind] = (config, torch.load(tmp_path / f"{kind}-killed" / CHECKPOINT, weights_only=True))
+    ddp, fsdp = results["ddp"], results["fsdp"]
+    assert fsdp["r_init"] == ddp["r_init"]
+    assert torch.allclose(torch.tensor(fsdp["r_matrix"]), torch.tensor(ddp["r_matrix"]), atol=1e-6, rtol=0)
+    for task in fsdp["experiences"]:
+        rows = [json.loads(line) for line in (tmp_path / "fsdp" / "predictions" / f"{task}.jsonl").open()]
+        alone = [json.loads(line) for line in (tmp_path / "ddp" / "predictions" / f"{task}.jsonl").open()]
+        assert len(rows) == 5 and [(r["prompt"], r["prediction"]) for r in rows] == \
+            [(r["prompt"], r["prediction"]) for r in alone]
+    assert any(r["prediction"] for r in rows)  # the model says something: generations are compared, not ""
+
+    gathered, reference = kills["fsdp"][1]["model"], kills["ddp"][1]["model"]
+    assert gathered.keys() == reference.keys() and all("lora_" in k for k in gathered)  # no frozen base
+    assert all(torch.allclose(gathered[k], reference[k], atol=ATOL, rtol=RTOL) for k in gathered)
+    resumed = run_cli("run", "--config", str(kills["fsdp"][0]), "--output", str(tmp_path / "fsdp-killed"),
+                      "--resume", "--no-progress", env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = json.loads((tmp_path / "fsdp-killed" / "result.json").read_text())
+    assert again["r_matrix"] == fsdp["r_matrix"] and again["compute"]["resumes"] == 1
+
+
+if __name__ == "__main__":
+    sys.path[:0] = [str(TESTS.parent), str(TESTS)]
+    worker(sys.argv[1])
