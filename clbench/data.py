@@ -307,7 +307,7 @@ def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, ba
                          **kw)
     if not (lockstep and world_size > 1 and not shuffle):
         return loader
-    first = {k: v for k, v in kw.items() if k == "collate_fn"}
+    collate = kw.get("collate_fn")
     batches = -(-(-(-len(dataset) // world_size)) // bs)  # of the largest shard: ceil(ceil(n / w) / b)
     return LockstepLoader(loader, batches, lambda: next(iter(make_loader(subset(dataset, [0]), 1, shuffle=False,
-                                                                         **first))))
+                                                                         collate_fn=collate))))

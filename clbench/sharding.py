@@ -38,6 +38,10 @@ def shard_root(model: nn.Module) -> nn.Module:
 
 
 def is_sharded(model: nn.Module) -> bool:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):  # sharding needs a process group
+        return False
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(shard_root(model), FSDPModule)
@@ -92,11 +96,13 @@ def check_unchanged(model: nn.Module) -> None:
     """Refuse parameters created after sharding: FSDP would neither shard nor reduce them."""
     from torch.distributed.tensor import DTensor
 
-    root = shard_root(model)
-    added = [name for name, p in root.named_parameters() if not isinstance(p, DTensor)]
+    inside = {id(p) for p in shard_root(model).parameters()}
+    added = [name for name, p in model.named_parameters() if not isinstance(p, DTensor)
+             and (id(p) in inside or p.requires_grad)]
     if added:
         raise RuntimeError(f"parameter '{added[0]}' was added after the model was sharded: a strategy that "
-                           "supports_sharded must create its parameters in setup() or restore_model()")
+                           "supports_sharded must create its parameters in setup(), restore_model() or "
+                           "before_sharding()")
 
 
 def model_state(model: nn.Module) -> dict[str, Any]:
@@ -112,6 +118,6 @@ def model_state(model: nn.Module) -> dict[str, Any]:
 
 def full(tensor: Any) -> Any:
     """A whole tensor from a sharded one (a collective), anything else unchanged."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    if type(tensor).__name__ != "DTensor":  # without importing torch.distributed for plain tensors
+        return tensor
+    return tensor.full_tensor()

@@ -1,7 +1,7 @@
 """Sharded parameters (``trainer.strategy: fsdp``, FSDP2 on a CPU device mesh with gloo).
 
 Two ranks shard the tiny Qwen3 model (each decoder block a unit) and train it with each
-language-model strategy that ``supports_sharded``; one process trains the same model unsharded
+strategy that ``supports_sharded``; one process trains the same model unsharded
 on the global batch (the ranks' per-rank batch twice over). As under DDP
 (``test_ddp_strategies``), the definition is "the same steps as one process on the global
 batch", so the gathered weights must equal the single process's to float tolerance, and the
@@ -25,7 +25,8 @@ import pytest
 import torch
 
 TESTS = Path(__file__).resolve().parent
-STRATEGIES = ["seq_lora", "o_lora", "loramoe", "mh_moe", "naive"]
+FULL = ["naive", "replay", "cumulative", "joint"]  # every weight trained
+STRATEGIES = ["seq_lora", "o_lora", "loramoe", "mh_moe", *FULL]
 ATOL, RTOL = 1e-5, 1e-4
 
 pytestmark = [pytest.mark.slow,
@@ -35,13 +36,11 @@ pytestmark = [pytest.mark.slow,
 
 # -- the worker ------------------------------------------------------------------------------
 def strategy_of(name: str):
-    from test_ddp_strategies import language
+    """The language-model strategies as in ``test_ddp_strategies``; the data-only ones (full
+    fine-tuning underneath) on the same model."""
+    from test_ddp_strategies import classic, language
 
-    if name == "naive":
-        from strategies.naive import Naive
-
-        return Naive()
-    return language(name)
+    return classic(name) if name in FULL else language(name)
 
 
 def train_one(name: str, world: int, rank: int) -> dict:
@@ -145,7 +144,7 @@ def test_sharded_ranks_train_what_one_process_trains_on_the_global_batch(name, r
     assert any(torch.count_nonzero(sharded["model"][k]) for k in moved), "nothing trained"
     # what one process left untouched (a frozen base), sharding and gathering left bit-identical
     kept = [k for k, v in single["model"].items() if k in single["initial"] and torch.equal(v, single["initial"][k])]
-    assert (name == "naive" or kept) and all(torch.equal(sharded["model"][k], sharded["initial"][k]) for k in kept)
+    assert (name in FULL or kept) and all(torch.equal(sharded["model"][k], sharded["initial"][k]) for k in kept)
     assert "added after the model was sharded" in sharded["late_parameter"]
 
 
