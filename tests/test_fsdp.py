@@ -162,7 +162,8 @@ def lm_config() -> dict:
 
 def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_path, write_yaml):
     """``clbench run`` with ``trainer: {devices: 2, strategy: fsdp}`` against the same run under
-    DDP (the same per-rank batches, so the same steps): the same R, the same generations (every
+    DDP (the same per-rank batches, so the same steps, and gradients clipped by the same global
+    norm: clipping acts on every step at 0.05): the same R, the same generations (every
     test prompt once, none from the padding batch), and a checkpoint whose adapter weights,
     gathered from the shards, are DDP's; the frozen base is left out of it. Killed on every rank
     in the second experience, the sharded run resumes to the uninterrupted R."""
@@ -173,8 +174,8 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
     env = {"OMP_NUM_THREADS": "1"}
     results, kills = {}, {}
     for kind in ("ddp", "fsdp"):
-        config = write_yaml({**lm_config(), "trainer": {"accelerator": "cpu", "devices": 2, "strategy": kind}},
-                            f"{kind}.yaml")
+        trainer = {"accelerator": "cpu", "devices": 2, "strategy": kind, "gradient_clip_val": 0.05}
+        config = write_yaml({**lm_config(), "trainer": trainer}, f"{kind}.yaml")
         proc = run_cli("run", "--config", str(config), "--output", str(tmp_path / kind), "--no-progress", env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "terminate called" not in proc.stderr
