@@ -88,7 +88,9 @@ def lm_records(task: int, n: int) -> list[dict]:
 
 
 def setup_group(group: str, name: str):
-    """(strategy, module, experiences, per-rank batch, epochs) of one strategy of ``group``."""
+    """(strategy, module, experiences, per-rank batch, epochs) of one strategy of ``group``:
+    ``classic`` on a tiny classifier, ``lm`` on a tiny Qwen3, ``lm-full`` a classic strategy
+    (every weight trained) on the tiny Qwen3."""
     from clbench.module import ContinualModule
 
     torch.manual_seed(0)
@@ -107,18 +109,23 @@ def setup_group(group: str, name: str):
 
     experiences = [Experience(position=t, name=f"task{t}", domain_id=t, classes=[], train=lm_records(t, 8),
                               test=lm_records(t, 2)) for t in range(2)]
-    strategy = language(name)
+    strategy = language(name) if group == "lm" else classic(name)
     module = build(strategy, experiences, lm())
     module.make_optimizer = lambda params: torch.optim.SGD(params, lr=0.05)
     return strategy, module, experiences, LM_PER_RANK_BATCH, 1
 
 
 # -- the worker ------------------------------------------------------------------------------
-def train_one(group: str, name: str, world: int, rank: int) -> dict:
+def train_one(group: str, name: str, world: int, rank: int, sharded: bool = False, inspect=None) -> dict:
+    """Train on every experience; the model's state after setup, after the last
+    ``before_experience`` and at the end (whole tensors: gathered on rank 0 when ``sharded``),
+    and the strategy's. ``inspect(module)`` may add entries at the end."""
     import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
 
     from clbench import seeding
     from clbench.data import run_loader
+    from clbench.sharding import model_state
 
     strategy, module, experiences, batch, epochs = setup_group(group, name)
     batch = batch * (2 // world)  # one process reads the global batch
@@ -130,22 +137,26 @@ def train_one(group: str, name: str, world: int, rank: int) -> dict:
         return run_loader(cfg, ds, shuffle=True, seed=kw.pop("seed", 7), world_size=world, rank=rank,
                           collate_fn=kw.pop("collate_fn", collate), **kw)
 
-    extra = {"devices": 2, "strategy": "ddp"} if world > 1 else {"devices": 1}
+    def snapshot() -> dict:
+        return {k: v.detach().clone() for k, v in model_state(module.model).items()}
+
+    parallel = ModelParallelStrategy() if sharded else "ddp"
+    extra = {"devices": 2, "strategy": parallel} if world > 1 else {"devices": 1}
     trainer = pl.Trainer(max_epochs=0, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
                          num_sanity_val_steps=0, **extra)
-    initial = {k: v.detach().clone() for k, v in module.model.state_dict().items()}  # after setup
+    initial = snapshot()  # after setup
     created = None
     for stage, exp in enumerate(experiences):
         seeding.seed_all(seeding.derive(0, "train", stage))  # as the runner does
         strategy.before_experience(module, exp)
-        created = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+        created = snapshot()
         loader = strategy.train_loader(module, strategy.train_dataset(exp), make)
         trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
         trainer.fit(module, train_dataloaders=loader)
         strategy.after_experience(module, exp)
-    return {"setup": initial, "created": created, "model": {k: v.detach().clone() for k, v in module.model.state_dict().items()},
-            "state": strategy.state_dict()}
+    out = {"setup": initial, "created": created, "model": snapshot(), "state": strategy.state_dict()}
+    return {**out, **(inspect(module) if inspect else {})}
 
 
 def worker(group: str, out: str) -> None:

@@ -35,71 +35,30 @@ pytestmark = [pytest.mark.slow,
 
 
 # -- the worker ------------------------------------------------------------------------------
-def strategy_of(name: str):
-    """The language-model strategies as in ``test_ddp_strategies``; the data-only ones (full
-    fine-tuning underneath) on the same model."""
-    from test_ddp_strategies import classic, language
+def inspect(module) -> dict:
+    """How the model is sharded, and whether a parameter added late is refused."""
+    from torch.distributed.tensor import DTensor
 
-    return classic(name) if name in FULL else language(name)
+    from clbench.sharding import is_sharded
 
-
-def train_one(name: str, world: int, rank: int) -> dict:
-    """Train two experiences; the model's whole weights (gathered on rank 0 when sharded)."""
-    import lightning.pytorch as pl
-    from lightning.pytorch.strategies import ModelParallelStrategy
-    from test_ddp_strategies import LM_PER_RANK_BATCH, lm_records
-    from test_strategies_llm import build, lm
-
-    from clbench import seeding
-    from clbench.data import run_loader
-    from clbench.sharding import is_sharded, model_state
-    from clbench.streams import Experience
-
-    torch.manual_seed(0)
-    experiences = [Experience(position=t, name=f"task{t}", domain_id=t, classes=[], train=lm_records(t, 8),
-                              test=lm_records(t, 2)) for t in range(2)]
-    strategy = strategy_of(name)
-    module = build(strategy, experiences, lm())
-    module.make_optimizer = lambda params: torch.optim.SGD(params, lr=0.05)
-    initial = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
-    batch = LM_PER_RANK_BATCH * (2 // world)
-    cfg = {"train": {"batch_size": batch, "eval_batch_size": batch, "num_workers": 0},
-           "trainer": {"accelerator": "cpu"}}
-    collate = module.objective.collate(train=True)
-
-    def make(ds, **kw):
-        return run_loader(cfg, ds, shuffle=True, seed=kw.pop("seed", 7), world_size=world, rank=rank,
-                          collate_fn=kw.pop("collate_fn", collate), **kw)
-
-    extra = {"devices": 2, "strategy": ModelParallelStrategy()} if world > 1 else {"devices": 1}
-    trainer = pl.Trainer(max_epochs=0, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
-                         num_sanity_val_steps=0, **extra)
-    for stage, exp in enumerate(experiences):
-        seeding.seed_all(seeding.derive(0, "train", stage))  # as the runner does
-        strategy.before_experience(module, exp)
-        loader = strategy.train_loader(module, strategy.train_dataset(exp), make)
-        trainer.fit_loop.max_epochs = trainer.current_epoch + 1
-        trainer.fit(module, train_dataloaders=loader)
-        strategy.after_experience(module, exp)
-    out = {"initial": initial, "model": model_state(module.model), "sharded": is_sharded(module.model)}
-    if out["sharded"]:
-        from torch.distributed.tensor import DTensor
-
-        block = next(p for n, p in module.model.named_parameters() if "layers.0.mlp" in n and p.ndim == 2)
-        out["local_rows"] = block.to_local().shape[0] if isinstance(block, DTensor) else -1
-        out["rows"] = block.shape[0]
-        try:  # a parameter added after sharding is refused at the next fit or evaluation
-            module.model.hf.extra = torch.nn.Linear(2, 2)
-            module.configure_model()
-            out["late_parameter"] = "accepted"
-        except RuntimeError as err:
-            out["late_parameter"] = str(err)
+    if not is_sharded(module.model):
+        return {"sharded": False}
+    block = next(p for n, p in module.model.named_parameters() if "layers.0.mlp" in n and p.ndim == 2)
+    out = {"sharded": True, "rows": block.shape[0],
+           "local_rows": block.to_local().shape[0] if isinstance(block, DTensor) else -1}
+    try:  # a parameter added after sharding is refused at the next fit or evaluation
+        module.model.hf.extra = torch.nn.Linear(2, 2)
+        module.configure_model()
+        out["late_parameter"] = "accepted"
+    except RuntimeError as err:
+        out["late_parameter"] = str(err)
     return out
 
 
 def worker(out: str) -> None:
     import warnings
+
+    from test_ddp_strategies import train_one
 
     from clbench.trainer import end_process_group, quiet_lightning
 
@@ -107,7 +66,8 @@ def worker(out: str) -> None:
     warnings.filterwarnings("ignore")
     world = 2 if "LOCAL_RANK" in os.environ else 1
     rank = int(os.environ.get("LOCAL_RANK", 0))
-    results = {name: train_one(name, world, rank) for name in STRATEGIES}
+    results = {name: train_one("lm-full" if name in FULL else "lm", name, world, rank, sharded=world > 1,
+                               inspect=inspect) for name in STRATEGIES}
     torch.save(results, Path(out) / f"w{world}-r{rank}.pt")
     end_process_group()
 
@@ -132,19 +92,23 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_sharded_ranks_train_what_one_process_trains_on_the_global_batch(name, runs):
+    from test_ddp_strategies import same
+
     sharded, other, single = runs["w2-r0"][name], runs["w2-r1"][name], runs["w1-r0"][name]
     assert sharded["sharded"] and not single["sharded"]
     assert sharded["local_rows"] * 2 == sharded["rows"] == other["local_rows"] * 2  # each rank holds half
     assert other["model"] == {}  # the whole weights are gathered on rank 0 only
     assert sharded["model"].keys() == single["model"].keys()
+    for part in ("created", "state"):  # adapters and experts made as in one process
+        assert not same(sharded[part], single[part], exact=False), part
     far = [k for k, v in sharded["model"].items()
            if not torch.allclose(v.double(), single["model"][k].double(), atol=ATOL, rtol=RTOL)]
     assert not far, f"sharded training differs from one process at {far[:5]}"
-    moved = [k for k, v in sharded["model"].items() if k not in sharded["initial"] or not torch.equal(v, sharded["initial"][k])]
+    moved = [k for k, v in sharded["model"].items() if k not in sharded["setup"] or not torch.equal(v, sharded["setup"][k])]
     assert any(torch.count_nonzero(sharded["model"][k]) for k in moved), "nothing trained"
     # what one process left untouched (a frozen base), sharding and gathering left bit-identical
-    kept = [k for k, v in single["model"].items() if k in single["initial"] and torch.equal(v, single["initial"][k])]
-    assert (name in FULL or kept) and all(torch.equal(sharded["model"][k], sharded["initial"][k]) for k in kept)
+    kept = [k for k, v in single["model"].items() if k in single["setup"] and torch.equal(v, single["setup"][k])]
+    assert (name in FULL or kept) and all(torch.equal(sharded["model"][k], sharded["setup"][k]) for k in kept)
     assert "added after the model was sharded" in sharded["late_parameter"]
 
 
