@@ -104,7 +104,8 @@ def test_sharded_ranks_train_what_one_process_trains_on_the_global_batch(name, r
     far = [k for k, v in sharded["model"].items()
            if not torch.allclose(v.double(), single["model"][k].double(), atol=ATOL, rtol=RTOL)]
     assert not far, f"sharded training differs from one process at {far[:5]}"
-    moved = [k for k, v in sharded["model"].items() if k not in sharded["setup"] or not torch.equal(v, sharded["setup"][k])]
+    start = sharded["setup"]
+    moved = [k for k, v in sharded["model"].items() if k not in start or not torch.equal(v, start[k])]
     assert any(torch.count_nonzero(sharded["model"][k]) for k in moved), "nothing trained"
     # what one process left untouched (a frozen base), sharding and gathering left bit-identical
     kept = [k for k, v in single["model"].items() if k in single["setup"] and torch.equal(v, single["setup"][k])]
