@@ -133,18 +133,20 @@ class ShardedSampler(Sampler):
 
 @dataclass
 class Padding:
-    """A test batch evaluated only to keep step with the other ranks (sharded parameters,
-    where every forward is a collective); :class:`clbench.module.ContinualModule` runs its
-    forwards and keeps nothing of them."""
+    """A test batch evaluated only to keep step with the other ranks;
+    :class:`clbench.module.ContinualModule` runs its forwards and keeps nothing of them."""
 
     batch: Any
 
 
 class LockstepLoader:
     """An evaluation shard's loader, lengthened with :class:`Padding` batches to ``batches``,
-    the batch count of the largest shard. Shards of ``UnrepeatedDistributedSampler`` differ by
-    at most one sample, so at most one padding batch, a one-sample batch of the test set's
-    first item, is added; no test sample is scored twice."""
+    the batch count of the largest shard, so that every rank evaluates as many batches: with
+    sharded parameters every forward is a collective, and a rank left without test samples (a
+    test set smaller than the number of processes) would otherwise skip the evaluation and
+    never join the metrics' synchronisation. Evaluation shards differ by at most one sample, so
+    at most one padding batch, a one-sample batch of the test set's first item, is added; no
+    test sample is scored twice."""
 
     def __init__(self, loader: DataLoader, batches: int, filler: Callable[[], Any]):
         self.loader, self.batches, self.filler = loader, batches, filler
@@ -277,35 +279,36 @@ class _AvalancheView(Dataset):
 
 
 def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None,
-               world_size: int = 1, rank: int = 0, lockstep: bool = False, **kw):
+               world_size: int = 1, rank: int = 0, **kw):
     """The loader a run uses for ``dataset`` (training when ``shuffle``), from the config's ``train:``.
 
     Under data parallelism each rank reads its own shard, sharded here rather than by Lightning
     (``use_distributed_sampler=False``). ``batch_size`` is per process, so a step's global batch
     is ``world_size`` times it. Training shards split the single-process order
     (:class:`ShardedSampler` over the same seeded ``RandomSampler``): with equal shards, W
-    processes at batch b take the steps one process takes at batch W·b. Evaluation shards come
-    from ``UnrepeatedDistributedSampler``, which never pads, so no test sample is counted twice
-    when the per-rank metric states are summed. ``lockstep`` (sharded parameters) pads every
-    evaluation shard to the same number of batches (:class:`LockstepLoader`).
+    processes at batch b take the steps one process takes at batch W·b. Evaluation shards are
+    items ``rank, rank + W, ...`` of the test set (what Lightning's ``UnrepeatedDistributedSampler``
+    yields unshuffled, but without its refusal of an empty shard: a test set smaller than W
+    leaves some ranks none), never padded with samples, so no test sample is counted twice when
+    the per-rank metric states are summed; every shard's loader is lengthened to the same number
+    of batches with batches that count nothing (:class:`LockstepLoader`).
     """
     train = cfg["train"]
     bs = batch_size or (train["batch_size"] if shuffle else train["eval_batch_size"])
+    lockstep = world_size > 1 and not shuffle and "sampler" not in kw
     if world_size > 1 and "sampler" not in kw:
-        from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-
         if shuffle:
             order = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed if seed is not None else 0))
             kw["sampler"] = ShardedSampler(order, world_size, rank)
         else:
-            kw["sampler"] = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+            kw["sampler"] = range(rank, len(dataset), world_size)
     pin = torch.cuda.is_available() and cfg["trainer"].get("accelerator") != "cpu"
     # Evaluation loaders do not keep workers alive: with one loader per test experience,
     # persistent workers would hold T x num_workers processes between evaluations.
     kw.setdefault("persistent_workers", shuffle)
     loader = make_loader(dataset, bs, shuffle=shuffle, seed=seed, num_workers=train["num_workers"], pin_memory=pin,
                          **kw)
-    if not (lockstep and world_size > 1 and not shuffle):
+    if not lockstep:
         return loader
     collate = kw.get("collate_fn")
     batches = -(-(-(-len(dataset) // world_size)) // bs)  # of the largest shard: ceil(ceil(n / w) / b)

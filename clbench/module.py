@@ -18,10 +18,10 @@ Evaluation is Lightning validation with one dataloader per test experience: ``da
 is the R-matrix column, and each column accumulates into its own torchmetrics collection, so
 scores are exact under DDP (states are summed/gathered across ranks, never averaged per rank).
 
-Under ``trainer.strategy: fsdp`` the model is sharded in :meth:`configure_model`
-(:mod:`clbench.sharding`), where every forward is a collective: a rank whose evaluation shard
-ran out joins its peers' forwards on :class:`clbench.data.Padding` batches, which update
-nothing.
+Under data parallelism every rank evaluates as many batches (:class:`clbench.data.LockstepLoader`):
+a rank whose evaluation shard ran out runs :class:`clbench.data.Padding` batches, which update
+nothing. Under ``trainer.strategy: fsdp`` (where every forward is a collective) the model is
+sharded in :meth:`configure_model` (:mod:`clbench.sharding`).
 """
 
 from __future__ import annotations

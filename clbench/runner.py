@@ -135,7 +135,7 @@ class ContinualRun:
 
         kw.setdefault("collate_fn", self.objective.collate(train=shuffle))
         return run_loader(self.cfg, dataset, shuffle=shuffle, seed=seed, batch_size=batch_size,
-                          world_size=self.world_size, rank=self.rank, lockstep=self.sharded, **kw)
+                          world_size=self.world_size, rank=self.rank, **kw)
 
     def steps_per_stage(self, trainer, loader, epochs: int) -> int | None:
         """Optimizer steps one experience takes: the length of its schedule (None without one,

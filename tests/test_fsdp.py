@@ -169,6 +169,30 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
     assert again["r_matrix"] == fsdp["r_matrix"] and again["compute"]["resumes"] == 1
 
 
+def test_a_test_set_smaller_than_the_processes_leaves_ranks_empty_shards(tmp_path, write_yaml):
+    """One test prompt per task and two processes: under DDP rank 1's evaluation loaders are
+    empty, under FSDP they hold one padding batch; both score the untrained model as one process
+    does, each prompt once."""
+    from helpers import run_cli
+
+    from clbench.runner import run
+
+    cfg = lm_config()
+    cfg["benchmark"]["init_args"].update(n_train=8, n_test=1)
+    cfg["train"]["epochs"] = 1
+    single = run(cfg, tmp_path / "single")
+    for kind in ("ddp", "fsdp"):
+        config = write_yaml({**cfg, "trainer": {"accelerator": "cpu", "devices": 2, "strategy": kind}}, f"{kind}.yaml")
+        proc = run_cli("run", "--config", str(config), "--output", str(tmp_path / kind), "--no-progress",
+                       env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads((tmp_path / kind / "result.json").read_text())
+        assert result["r_init"] == single["r_init"], kind
+        for task in result["experiences"]:
+            rows = (tmp_path / kind / "predictions" / f"{task}.jsonl").read_text().splitlines()
+            assert len(rows) == 1, kind
+
+
 if __name__ == "__main__":
     sys.path[:0] = [str(TESTS.parent), str(TESTS)]
     worker(sys.argv[1])

@@ -19,7 +19,7 @@ def shard_batches(n: int, world: int, rank: int, batch: int = 2) -> list:
 
     data = ArrayDataset(torch.arange(n, dtype=torch.float32)[:, None], torch.arange(n))
     cfg = {"train": {"batch_size": batch, "eval_batch_size": batch, "num_workers": 0}, "trainer": {}}
-    return list(run_loader(cfg, data, shuffle=False, world_size=world, rank=rank, lockstep=True))
+    return list(run_loader(cfg, data, shuffle=False, world_size=world, rank=rank))
 
 
 def test_every_evaluation_shard_is_padded_to_the_largest_and_scores_each_sample_once():
@@ -33,6 +33,9 @@ def test_every_evaluation_shard_is_padded_to_the_largest_and_scores_each_sample_
         pads = [b for shard in shards for b in shard if isinstance(b, Padding)]
         assert len(pads) <= world - 1 and all(b.batch[1].tolist() == [0] for b in pads)
     assert not any(isinstance(b, Padding) for b in shard_batches(5, 1, 0))
+    # a test set smaller than the number of processes: empty shards, padded to one batch
+    shards = [shard_batches(1, 2, rank) for rank in range(2)]
+    assert [len(shard) for shard in shards] == [1, 1] and isinstance(shards[1][0], Padding)
 
 
 def test_padding_batches_change_no_score_routing_record_or_generation():
