@@ -36,7 +36,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from clbench import auxiliary
+from clbench.data import Padding
 from clbench.errors import NonFiniteLoss
+from clbench.metrics import routing
 from clbench.objectives.base import Objective
 from clbench.strategy import Strategy
 
@@ -243,9 +245,6 @@ class ContinualModule(pl.LightningModule):
             self.routing.to(self.device)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        from clbench.data import Padding
-        from clbench.metrics import routing
-
         domain = self.column_domains[dataloader_idx] if self.routing is not None else None
         column = self.columns[dataloader_idx]
         padding = isinstance(batch, Padding)

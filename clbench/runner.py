@@ -207,7 +207,8 @@ class ContinualRun:
     def _execute(self) -> dict:
         from clbench import checkpoint, faults
         from clbench.build import preflight
-        from clbench.trainer import check_parallel_support, check_reserved, make_trainer, quiet_lightning, trainer_args
+        from clbench.trainer import (check_parallel_support, check_reserved, make_trainer, quiet_lightning,
+                                     shards_parameters, trainer_args)
 
         clock = time.perf_counter()
         import lightning.pytorch  # noqa: F401  (imports are not the run's time)
@@ -244,7 +245,7 @@ class ContinualRun:
                                root=str(self.path) if self.path else None)
         check_parallel_support(trainer, self.strategy, self.module.model, cfg["strategy"]["class_path"], self.source)
         self.world_size, self.rank = trainer.world_size, trainer.global_rank
-        self.sharded = type(trainer.strategy).__name__ == "ModelParallelStrategy"
+        self.sharded = shards_parameters(trainer)
         writes = self.path is not None and trainer.is_global_zero
         if writes:
             self._prepare(resuming=ckpt is not None)  # the logger writes nothing before the first metric

@@ -23,7 +23,6 @@ from clbench.errors import UserError, did_you_mean
 RESERVED_TRAINER_ARGS = ("max_epochs", "min_epochs", "callbacks", "logger", "enable_checkpointing",
                          "num_sanity_val_steps", "enable_progress_bar", "deterministic", "check_val_every_n_epoch",
                          "default_root_dir", "inference_mode", "use_distributed_sampler")
-_SHARDED = ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy")
 _OTHER_SHARDING = ("FSDPStrategy", "DeepSpeedStrategy")  # sharding clbench does not drive
 
 
@@ -99,6 +98,11 @@ def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logge
                         fix="change or remove that trainer argument (see lightning.pytorch.Trainer)") from None
 
 
+def shards_parameters(trainer) -> bool:
+    """Whether the Trainer runs clbench's sharded path (``strategy: fsdp``)."""
+    return type(trainer.strategy).__name__ == "ModelParallelStrategy"
+
+
 def check_parallel_support(trainer, strategy, model, name: str, source: str) -> None:
     """Fail fast (before processes start) when the CL strategy or the model cannot run under
     the Trainer's parallelism."""
@@ -106,12 +110,12 @@ def check_parallel_support(trainer, strategy, model, name: str, source: str) -> 
     if kind in _OTHER_SHARDING:
         raise UserError(f"clbench shards parameters with FSDP2, not {kind}", where=f"{source}: trainer.strategy",
                         fix="use trainer.strategy: fsdp (or ddp)")
-    if kind in _SHARDED and not strategy.supports_sharded:
-        raise UserError(f"strategy '{name}' does not support sharded parameters ({kind})",
-                        where=f"{source}: trainer.strategy", fix="use trainer.strategy: ddp for this method")
-    if kind == "ModelParallelStrategy":
+    if shards_parameters(trainer):
         from clbench.sharding import block_classes
 
+        if not strategy.supports_sharded:
+            raise UserError(f"strategy '{name}' does not support sharded parameters ({kind})",
+                            where=f"{source}: trainer.strategy", fix="use trainer.strategy: ddp for this method")
         try:
             block_classes(model)  # a model with no blocks to shard
         except UserError as err:
