@@ -162,7 +162,7 @@ def train_one(group: str, name: str, world: int, rank: int, sharded: bool = Fals
 def worker(group: str, out: str) -> None:
     import warnings
 
-    from clbench.trainer import quiet_lightning
+    from clbench.trainer import end_process_group, quiet_lightning
 
     quiet_lightning()
     warnings.filterwarnings("ignore")
@@ -170,8 +170,7 @@ def worker(group: str, out: str) -> None:
     rank = int(os.environ.get("LOCAL_RANK", 0))
     results = {name: train_one(group, name, world, rank) for name in GROUPS[group]}
     torch.save(results, Path(out) / f"{group}-w{world}-r{rank}.pt")
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()  # else gloo may abort at exit
+    end_process_group()  # else gloo may abort at exit
 
 
 # -- the tests -------------------------------------------------------------------------------

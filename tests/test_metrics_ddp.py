@@ -80,6 +80,8 @@ def _worker(rank, world, port, shards, out_dir):
 
     import torch.distributed as dist
 
+    from clbench.trainer import end_process_group
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
@@ -90,7 +92,7 @@ def _worker(rank, world, port, shards, out_dir):
         results["shard_size"] = len(shards["unrepeated"][rank])
         torch.save(results, f"{out_dir}/rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def _free_port():
