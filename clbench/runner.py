@@ -208,7 +208,7 @@ class ContinualRun:
         from clbench import checkpoint, faults
         from clbench.build import preflight
         from clbench.trainer import (check_parallel_support, check_reserved, make_trainer, quiet_lightning,
-                                     shards_parameters, trainer_args)
+                                     shards_parameters, start_process_group, trainer_args)
 
         clock = time.perf_counter()
         import lightning.pytorch  # noqa: F401  (imports are not the run's time)
@@ -269,6 +269,7 @@ class ContinualRun:
             state.r_init, state.global_init = self.split_columns(self.evaluate(trainer, eval_loaders))
             state.eval_seconds += time.perf_counter() - t0
 
+        start_process_group(trainer, self.module)  # resumed: no evaluation above made it
         try:
             for stage in range(state.stage, len(stages)):
                 self.watch.check()

@@ -120,6 +120,12 @@ def check_parallel_support(trainer, strategy, model, name: str, source: str) -> 
             block_classes(model)  # a model with no blocks to shard
         except UserError as err:
             raise UserError(err.what, where=f"{source}: trainer.strategy", fix=err.fix) from None
+    from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+
+    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):  # ddp_spawn, ddp_fork, ddp_notebook
+        raise UserError("this Trainer strategy starts new processes at every fit, and a run fits once per "
+                        "experience: the CL strategy's state would be lost between experiences",
+                        where=f"{source}: trainer.strategy", fix="use trainer.strategy: ddp (or fsdp)")
     if trainer.world_size > 1 and not strategy.supports_distributed:
         raise UserError(f"strategy '{name}' does not support data-parallel training ({trainer.world_size} processes)",
                         where=f"{source}: trainer", fix="run it on one device (trainer.devices: 1)")
@@ -195,6 +201,23 @@ class SigintWatch:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous[0])
             sys.unraisablehook = self._previous[1]
+
+
+def start_process_group(trainer, module) -> None:
+    """Start the run's other processes and its process group now, as Lightning's next ``fit`` or
+    ``validate`` would (it does neither twice). A resumed run needs this: its first collective
+    can come before either, in a strategy's ``before_experience`` (grow broadcasts which layers
+    to widen), and without the group every rank would decide alone."""
+    import torch.distributed as dist
+
+    if trainer.world_size == 1 or (dist.is_available() and dist.is_initialized()):
+        return
+    trainer.strategy.connect(module)  # as fit does first (the fsdp strategy hands the module its mesh)
+    launcher = trainer.strategy.launcher
+    if launcher is None:
+        trainer.strategy.setup_environment()
+    else:  # starts the other ranks from rank 0 (they re-run the command), then the group on each
+        launcher.launch(trainer.strategy.setup_environment, trainer=trainer)
 
 
 def end_process_group(only_gloo: bool = False) -> None:

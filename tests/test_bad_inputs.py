@@ -200,6 +200,8 @@ CASES = [
     Case("unknown trainer argument", config=cfg(trainer={"acelerator": "cpu"}),
          message=("{cfg}: trainer.acelerator", "unknown Trainer argument", "did you mean 'accelerator'"),
          absent=("max_epochs", "callbacks")),  # reserved arguments are not suggested
+    Case("trainer strategy that starts processes at every fit", config=cfg(trainer={"strategy": "ddp_spawn"}),
+         message=("{cfg}: trainer.strategy", "starts new processes at every fit", "trainer.strategy: ddp")),
     # -- command line
     Case("override without '='", config=BASE, args=("train.epochs",),
          message=("override 'train.epochs' has no '='", "key.path=value")),

@@ -257,7 +257,11 @@ def test_a_two_process_digits_run_gives_the_one_process_r_matrix(tmp_path, write
     halves evenly), a naive MLP without dropout or batch norm and the same seeds, both runs take
     the same steps; evaluation shards are summed exactly. Only float summation order differs
     (the gradient of a 64-batch versus the mean of two 32-batch gradients), far below a
-    prediction flip: R must match to 1e-6, which is under one test sample in 450."""
+    prediction flip: R must match to 1e-6, which is under one test sample in 450.
+
+    The two-process runs use naive with a broadcast in ``before_experience``
+    (``tests/collective_strategy.py``): the resumed run's first stage reaches it before any
+    fit, so it fails unless the runner starts the process group first."""
     import json
 
     from helpers import run_cli, tiny_config
@@ -268,9 +272,11 @@ def test_a_two_process_digits_run_gives_the_one_process_r_matrix(tmp_path, write
     even = {"benchmark": {"init_args": {"test_fraction": 0.2505}}}  # 1346 training, 451 test samples per domain
     single = run(resolve_config(tiny_config(**even, train={"epochs": 2, "batch_size": 64})), None)
     cfg = tiny_config(**even, train={"epochs": 2, "batch_size": 32},
+                      strategy={"class_path": "collective_strategy.CollectiveNaive", "init_args": {"world": 2}},
                       trainer={"accelerator": "cpu", "devices": 2, "strategy": "ddp"})
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     proc = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "ddp"), "--no-progress",
-                   env={"OMP_NUM_THREADS": "1"})
+                   env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "terminate called" not in proc.stderr  # the process group is torn down before exit
     result = json.loads((tmp_path / "ddp" / "result.json").read_text())
@@ -280,11 +286,11 @@ def test_a_two_process_digits_run_gives_the_one_process_r_matrix(tmp_path, write
     # a node loss: every rank killed in the middle of the second experience; --resume continues
     # from rank 0's checkpoint on both ranks and ends where the uninterrupted run ended
     killed = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "killed"), "--no-progress",
-                     env={"OMP_NUM_THREADS": "1", "CLBENCH_TEST_KILL_AT": "stage:1:step:3"})
+                     env={**env, "CLBENCH_TEST_KILL_AT": "stage:1:step:3"})
     assert killed.returncode != 0 and (tmp_path / "killed" / "checkpoint.pt").is_file()
     assert not (tmp_path / "killed" / "result.json").exists()
     resumed = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "killed"), "--resume",
-                      "--no-progress", env={"OMP_NUM_THREADS": "1"})
+                      "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = json.loads((tmp_path / "killed" / "result.json").read_text())
     assert again["r_matrix"] == result["r_matrix"] and again["compute"]["resumes"] == 1
