@@ -22,7 +22,9 @@ Choices the thesis leaves open, and what is done here:
 * Scores: ``r_init`` is the pretrained model's score (the model the stream starts from, as the
   thesis's baselines inherit the pretraining), and ``result.json``'s ``pretrain`` holds the
   subset's size per experience, the untrained model's scores (``r_untrained``) and
-  ``r_pretrained`` (= ``r_init``). Reference models start from the pretrained weights too.
+  ``r_pretrained`` (= ``r_init``). Reference models start from the pretrained weights too
+  (from a plain model's pretraining when the strategy changed the model at setup: see
+  :meth:`Pretraining.load_into`).
 """
 
 from __future__ import annotations
@@ -112,19 +114,30 @@ class Pretraining:
         start = time.perf_counter()
         self._fit(owner, owner.module.model)
         if owner.cfg["metrics"]["reference_models"]:
-            self.state = {k: v.detach().clone() for k, v in owner.module.model.state_dict().items()}
+            self.state = _whole_state(owner.module.model)
         return {**self.setting, "samples_total": len(self.dataset),
                 "samples": {name: len(idx) for name, idx in zip(self.names, self.held_out)},
                 "r_untrained": untrained, "seconds": round(time.perf_counter() - start, 3)}
 
     def load_into(self, owner, model) -> None:
-        """Give a reference model (built like the run's) the pretrained weights. After a resume
-        they are not in memory: pretraining is repeated once, seeded as the first time."""
-        if self.state is None:
+        """Give a reference model (built like the run's, a plain learner's) the pretrained
+        weights. Pretraining is repeated once, seeded as the first time, when they are not in
+        memory (after a resume) or are not a plain model's: a strategy that changed the model at
+        setup (LoRA adapters, MoE experts) pretrained its own parameterisation, and a reference
+        starts from the plainly pretrained model, as it starts from the plain initial one."""
+        if self.state is None or self.state.keys() != model.state_dict().keys():
             self._fit(owner, model)
-            self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            self.state = _whole_state(model)
         else:
             model.load_state_dict(self.state)
+
+
+def _whole_state(model) -> dict:
+    """A copy of the model's state with whole tensors on every rank (gathered when sharded:
+    every rank trains the reference models)."""
+    from clbench.sharding import full
+
+    return {k: full(v).detach().clone() for k, v in model.state_dict().items()}
 
 
 def carve(setting: dict | None, experiences: list, seed: int) -> Pretraining | None:

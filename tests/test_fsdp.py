@@ -133,9 +133,9 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
     norm: clipping acts on every step at 0.05): the same R, the same generations (every
     test prompt once, none from the padding batch), and a checkpoint whose adapter weights,
     gathered from the shards, are DDP's; the frozen base is left out of it. Killed on every rank
-    in the second experience, the sharded run resumes to the uninterrupted R. The reference
-    models (``metrics.reference_models``: the initial model trained on one experience alone)
-    are trained sharded too, to DDP's scores."""
+    in the second experience, the sharded run resumes to the uninterrupted R. Pretraining and
+    the reference models (``metrics.reference_models``: the pretrained plain model trained on
+    one experience alone) run sharded too, to DDP's scores."""
     from helpers import run_cli
 
     from clbench.checkpoint import CHECKPOINT
@@ -146,6 +146,7 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
         trainer = {"accelerator": "cpu", "devices": 2, "strategy": kind, "gradient_clip_val": 0.05}
         cfg = lm_config()
         cfg["metrics"]["reference_models"] = True
+        cfg["pretrain"] = {"fraction": 0.25, "epochs": 1}
         config = write_yaml({**cfg, "trainer": trainer}, f"{kind}.yaml")
         proc = run_cli("run", "--config", str(config), "--output", str(tmp_path / kind), "--no-progress", env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]

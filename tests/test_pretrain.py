@@ -109,3 +109,27 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch)
     # reference models start from the pretrained weights
     plain_reference = run(resolve_config(tiny_config(metrics={"reference_models": True})), None)["reference"]
     assert whole["reference"] != plain_reference
+
+
+def test_reference_models_start_from_a_plain_pretraining_whatever_the_strategy_changed():
+    """seq_lora injects LoRA at setup, so its pretraining trains the adapter (the base frozen);
+    a reference model is the plain model trained on one experience, and starts from the plain
+    model's pretraining, the one naive's run pretrains: the references are the same under both
+    strategies, and not those of a run without pretraining."""
+    from test_strategies_llm import lm_config
+
+    def references(strategy: dict, pretraining: dict | None) -> list[float]:
+        cfg = lm_config(strategy)
+        cfg["benchmark"]["init_args"]["tasks"] = ["FOMC", "Py150"]  # Py150's edit similarity is not 0
+        cfg["train"].update(epochs=3, batch_size=4)
+        cfg["train"]["optimizer"]["init_args"]["lr"] = 0.02
+        cfg["metrics"]["reference_models"] = True
+        if pretraining:
+            cfg["pretrain"] = pretraining
+        return run(resolve_config(cfg), None)["reference"]
+
+    pretraining = {"fraction": 0.25, "epochs": 1}
+    naive = references({"class_path": "naive"}, pretraining)
+    lora = references({"class_path": "seq_lora", "init_args": {"r": 4}}, pretraining)
+    assert lora == naive and any(naive)
+    assert references({"class_path": "naive"}, None) != naive
