@@ -204,6 +204,24 @@ def test_a_test_set_smaller_than_the_processes_leaves_ranks_empty_shards(tmp_pat
             assert len(rows) == 1, kind
 
 
+def test_lightning_precision_applies_under_sharding_as_under_ddp(tmp_path, write_yaml):
+    """``trainer.precision: bf16-mixed`` (autocast, on the CPU here) reaches the sharded model as
+    it reaches DDP's: the same R under both, and not the float32 R."""
+    from helpers import run_cli
+
+    results = {}
+    for kind, precision in (("ddp", "bf16-mixed"), ("fsdp", "bf16-mixed"), ("fsdp", "32-true")):
+        trainer = {"accelerator": "cpu", "devices": 2, "strategy": kind, "precision": precision}
+        config = write_yaml({**lm_config(), "trainer": trainer}, f"{kind}-{precision}.yaml")
+        out = tmp_path / f"{kind}-{precision}"
+        proc = run_cli("run", "--config", str(config), "--output", str(out), "--no-progress",
+                       env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[kind, precision] = torch.tensor(json.loads((out / "result.json").read_text())["r_matrix"])
+    assert torch.allclose(results["fsdp", "bf16-mixed"], results["ddp", "bf16-mixed"], atol=1e-6, rtol=0)
+    assert not torch.allclose(results["fsdp", "bf16-mixed"], results["fsdp", "32-true"], atol=1e-6, rtol=0)
+
+
 if __name__ == "__main__":
     sys.path[:0] = [str(TESTS.parent), str(TESTS)]
     worker(sys.argv[1])
