@@ -127,6 +127,17 @@ def lm_config() -> dict:
     return cfg
 
 
+def run_two_processes(config: Path, out: Path, *more: str) -> dict:
+    """``clbench run`` of a two-process config (its ``trainer:`` says so); its result.json."""
+    from helpers import run_cli
+
+    proc = run_cli("run", "--config", str(config), "--output", str(out), "--no-progress", *more,
+                   env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr  # the process group is torn down before exit
+    return json.loads((out / "result.json").read_text())
+
+
 def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_path, write_yaml):
     """``clbench run`` with ``trainer: {devices: 2, strategy: fsdp}`` against the same run under
     DDP (the same per-rank batches, so the same steps, and gradients clipped by the same global
@@ -140,7 +151,6 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
 
     from clbench.checkpoint import CHECKPOINT
 
-    env = {"OMP_NUM_THREADS": "1"}
     results, kills = {}, {}
     for kind in ("ddp", "fsdp"):
         trainer = {"accelerator": "cpu", "devices": 2, "strategy": kind, "gradient_clip_val": 0.05}
@@ -148,12 +158,9 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
         cfg["metrics"]["reference_models"] = True
         cfg["pretrain"] = {"fraction": 0.25, "epochs": 1}
         config = write_yaml({**cfg, "trainer": trainer}, f"{kind}.yaml")
-        proc = run_cli("run", "--config", str(config), "--output", str(tmp_path / kind), "--no-progress", env=env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "terminate called" not in proc.stderr
-        results[kind] = json.loads((tmp_path / kind / "result.json").read_text())
+        results[kind] = run_two_processes(config, tmp_path / kind)
         killed = run_cli("run", "--config", str(config), "--output", str(tmp_path / f"{kind}-killed"),
-                         "--no-progress", env={**env, "CLBENCH_TEST_KILL_AT": "stage:1:step:1"})
+                         "--no-progress", env={"OMP_NUM_THREADS": "1", "CLBENCH_TEST_KILL_AT": "stage:1:step:1"})
         assert killed.returncode != 0
         kills[kind] = (config, torch.load(tmp_path / f"{kind}-killed" / CHECKPOINT, weights_only=True))
     ddp, fsdp = results["ddp"], results["fsdp"]
@@ -173,10 +180,7 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
     gathered, reference = kills["fsdp"][1]["model"], kills["ddp"][1]["model"]
     assert gathered.keys() == reference.keys() and all("lora_" in k for k in gathered)  # no frozen base
     assert all(torch.allclose(gathered[k], reference[k], atol=ATOL, rtol=RTOL) for k in gathered)
-    resumed = run_cli("run", "--config", str(kills["fsdp"][0]), "--output", str(tmp_path / "fsdp-killed"),
-                      "--resume", "--no-progress", env=env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    again = json.loads((tmp_path / "fsdp-killed" / "result.json").read_text())
+    again = run_two_processes(kills["fsdp"][0], tmp_path / "fsdp-killed", "--resume")
     assert again["r_matrix"] == fsdp["r_matrix"] and again["compute"]["resumes"] == 1
 
 
@@ -184,8 +188,6 @@ def test_a_test_set_smaller_than_the_processes_leaves_ranks_empty_shards(tmp_pat
     """One test prompt per task and two processes: under DDP rank 1's evaluation loaders are
     empty, under FSDP they hold one padding batch; both score the untrained model as one process
     does, each prompt once."""
-    from helpers import run_cli
-
     from clbench.runner import run
 
     cfg = lm_config()
@@ -194,10 +196,7 @@ def test_a_test_set_smaller_than_the_processes_leaves_ranks_empty_shards(tmp_pat
     single = run(cfg, tmp_path / "single")
     for kind in ("ddp", "fsdp"):
         config = write_yaml({**cfg, "trainer": {"accelerator": "cpu", "devices": 2, "strategy": kind}}, f"{kind}.yaml")
-        proc = run_cli("run", "--config", str(config), "--output", str(tmp_path / kind), "--no-progress",
-                       env={"OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        result = json.loads((tmp_path / kind / "result.json").read_text())
+        result = run_two_processes(config, tmp_path / kind)
         assert result["r_init"] == single["r_init"], kind
         for task in result["experiences"]:
             rows = (tmp_path / kind / "predictions" / f"{task}.jsonl").read_text().splitlines()
@@ -207,17 +206,12 @@ def test_a_test_set_smaller_than_the_processes_leaves_ranks_empty_shards(tmp_pat
 def test_lightning_precision_applies_under_sharding_as_under_ddp(tmp_path, write_yaml):
     """``trainer.precision: bf16-mixed`` (autocast, on the CPU here) reaches the sharded model as
     it reaches DDP's: the same R under both, and not the float32 R."""
-    from helpers import run_cli
-
     results = {}
     for kind, precision in (("ddp", "bf16-mixed"), ("fsdp", "bf16-mixed"), ("fsdp", "32-true")):
         trainer = {"accelerator": "cpu", "devices": 2, "strategy": kind, "precision": precision}
         config = write_yaml({**lm_config(), "trainer": trainer}, f"{kind}-{precision}.yaml")
-        out = tmp_path / f"{kind}-{precision}"
-        proc = run_cli("run", "--config", str(config), "--output", str(out), "--no-progress",
-                       env={"OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[kind, precision] = torch.tensor(json.loads((out / "result.json").read_text())["r_matrix"])
+        result = run_two_processes(config, tmp_path / f"{kind}-{precision}")
+        results[kind, precision] = torch.tensor(result["r_matrix"])
     assert torch.allclose(results["fsdp", "bf16-mixed"], results["ddp", "bf16-mixed"], atol=1e-6, rtol=0)
     assert not torch.allclose(results["fsdp", "bf16-mixed"], results["fsdp", "32-true"], atol=1e-6, rtol=0)
 
