@@ -65,6 +65,14 @@ def _looks_like_path(name: str) -> bool:
     return ":" in name or "." in name or "/" in name
 
 
+def display_name(class_path: Any) -> Any:
+    """How tables name a component: a short name as it is, an import path or a file by the class
+    or function it names (``my_pkg.methods:SI`` and ``path/to/si.py:SI`` both show as ``SI``)."""
+    if not isinstance(class_path, str) or not _looks_like_path(class_path):
+        return class_path
+    return class_path.rsplit(":", 1)[1] if ":" in class_path else class_path.rpartition(".")[2]
+
+
 # The harness's own packages: what is not in them is a plugin (the user's code).
 HARNESS_PACKAGES = ("clbench", "strategies", "benchmarks")
 

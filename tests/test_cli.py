@@ -19,6 +19,8 @@ def _heavy_modules_after(code: str) -> list[str]:
 def test_help_and_list_do_not_import_heavy_libraries():
     assert _heavy_modules_after("from clbench.cli import build_parser; build_parser()") == []
     assert _heavy_modules_after("from clbench.cli import main; main(['list'])") == []
+    assert _heavy_modules_after("from clbench.cli import main; main(['list', '-v'])") == []
+    assert _heavy_modules_after("from clbench.cli import main; main(['show', 'ewc'])") == []
 
 
 def test_list_shows_the_builtins():

@@ -328,6 +328,9 @@ def test_default_command_on_the_committed_leaderboard_does_no_work(tmp_path, mon
     printed = capsys.readouterr().out
     assert calls == []
     assert "suite quickstart: 36 runs, 36 already done, 0 to run" in printed
+    # said before the table, so the committed numbers are not taken for a fresh run
+    said = printed.index("nothing ran: all 36 grid points already have an entry")
+    assert said < printed.index("naive") and "--output runs/quickstart" in printed
     for name in ("naive", "joint", "replay", "ewc", "lwf", "agem"):
         assert name in printed
     assert json.loads((out / "suite.json").read_text()) == json.loads((REPO / "leaderboard" / "suite.json").read_text())

@@ -121,6 +121,13 @@ def handle_run(args: argparse.Namespace) -> int:
 
         outcome = run_suite(suite, args.output, **common)
     hashes = [r.hash for r in suite.runs]
+    if not (outcome.ran or outcome.resumed or outcome.recovered or outcome.failed or outcome.submitted
+            or outcome.elsewhere):
+        # Every entry was already there (a fresh clone holds the committed ones): say so before the
+        # table, or the numbers below read as if this command had just made them.
+        console.print(f"nothing ran: all {len(hashes)} grid points already have an entry in {args.output}, so the "
+                      f"table shows those entries; to run the suite yourself: clbench leaderboard run "
+                      f"--output runs/{suite.name}", highlight=False)
     if entries_dir(args.output).is_dir():  # with --no-wait, maybe nothing has finished yet
         print_tables(build_tables(load_entries(args.output, hashes), hashes, source=args.output), console)
     done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered)

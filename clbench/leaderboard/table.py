@@ -26,6 +26,7 @@ from typing import Any
 
 from clbench.config import canonical_json
 from clbench.errors import UserError
+from clbench.registry import display_name
 
 # Score columns, in display order; only those present in some entry of a table are shown.
 SCORES = ("acc", "aia", "bwt", "fwt", "forgetting", "gmean_final", "mauc_final", "global_acc", "global_gmean",
@@ -268,7 +269,8 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
             groups.setdefault(gkey, []).append(e)
             configs[gkey] = cfg
         gkeys = list(groups)
-        labels = _disambiguate([configs[g]["strategy"]["class_path"] for g in gkeys], [configs[g] for g in gkeys])
+        labels = _disambiguate([display_name(configs[g]["strategy"]["class_path"]) for g in gkeys],
+                               [configs[g] for g in gkeys])
         rows = [Row(key=g, label=label, strategy=configs[g]["strategy"]["class_path"],
                     model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]
         present = {s for e in benches[key] if e["status"] == "ok" for s, v in e["scores"].items() if v is not None}

@@ -1,0 +1,201 @@
+"""What a component is and what it takes, read from its source without running it.
+
+``clbench list`` shows a one-line description per component, and ``clbench list -v`` /
+``clbench show NAME`` its hyper-parameters (name, type, default, the docstring's line for it).
+All of it comes from the plugin's source file through :mod:`ast`: the class or function is
+found by name, its docstring's first sentence is the description, its signature (``__init__``
+for a class, following base classes defined in the same file) gives names, annotations and
+defaults as written, and a Google-style ``Args:`` section gives each parameter's line. Nothing
+is imported beyond the plugin's parent packages (to locate the file), so listing stays as fast
+as reading entry-point metadata; only a component whose source cannot be read (a compiled or
+dynamically built one) is imported and inspected instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Arguments the harness fills in itself (a model's, from the objective's ``model_args``):
+# listing them as hyper-parameters would mislead.
+SUPPLIED_BY_HARNESS = {"models": frozenset({"num_classes", "input_shape", "output_dim"})}
+_SELF = frozenset({"self", "cls"})
+_ARG_LINE = re.compile(r"^(\*{0,2}[A-Za-z_][A-Za-z0-9_]*)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str | None
+    default: str | None  # source text; None: required
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is None
+
+
+@dataclass
+class Component:
+    name: str
+    target: str  # module:attr, or a file path and attr
+    summary: str = ""
+    params: list[Param] = field(default_factory=list)
+
+
+def first_sentence(doc: str | None) -> str:
+    """The docstring's first sentence (up to the first blank line or '. '), on one line."""
+    if not doc:
+        return ""
+    para = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split()).replace("``", "")
+    head, dot, _ = para.partition(". ")
+    return head + ("." if dot else "")
+
+
+def arg_docs(doc: str | None) -> dict[str, str]:
+    """``{name: description}`` from a Google-style ``Args:`` section (continuation lines joined)."""
+    if not doc:
+        return {}
+    lines = inspect.cleandoc(doc).splitlines()
+    out: dict[str, str] = {}
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() in ("Args:", "Arguments:", "Parameters:"))
+    except StopIteration:
+        return {}
+    current, indent = None, None
+    for line in lines[start + 1:]:
+        if not line.strip():
+            current = None
+            continue
+        width = len(line) - len(line.lstrip())
+        if width == 0:  # the section ended
+            break
+        match = _ARG_LINE.match(line.strip())
+        if match and (indent is None or width <= indent):
+            indent = width
+            current = match.group(1).lstrip("*")
+            out[current] = match.group(2).strip()
+        elif current is not None:
+            out[current] = f"{out[current]} {line.strip()}".strip()
+    return {name: text.replace("``", "") for name, text in out.items()}
+
+
+def _params_from_ast(func: ast.FunctionDef, docs: dict[str, str], skip: frozenset[str]) -> list[Param]:
+    args = func.args
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    pairs = list(zip(positional, defaults)) + list(zip(args.kwonlyargs, args.kw_defaults))
+    out = []
+    for arg, default in pairs:
+        if arg.arg in skip:
+            continue
+        out.append(Param(arg.arg, ast.unparse(arg.annotation) if arg.annotation is not None else None,
+                         ast.unparse(default) if default is not None else None, docs.get(arg.arg, "")))
+    return out
+
+
+def _find(tree: ast.Module, name: str) -> ast.ClassDef | ast.FunctionDef | None:
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
+            return node
+    return None
+
+
+def _init_of(tree: ast.Module, cls: ast.ClassDef, seen: set[str]) -> tuple[ast.FunctionDef | None, str | None]:
+    """The ``__init__`` a class runs and the docstring of the class that defines it, following
+    base classes defined in the same file. (None, None) when it is inherited from elsewhere."""
+    seen.add(cls.name)
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            return node, ast.get_docstring(cls)
+    for base in cls.bases:
+        if isinstance(base, ast.Name) and base.id not in seen:
+            parent = _find(tree, base.id)
+            if isinstance(parent, ast.ClassDef):
+                return _init_of(tree, parent, seen)
+    return None, None
+
+
+def _source_file(target: str) -> tuple[Path | None, str]:
+    module_part, _, attr = target.rpartition(":") if ":" in target else target.rpartition(".")
+    if module_part.endswith(".py"):
+        return Path(module_part), attr
+    # Only the top-level package is located through the import system (finding a submodule
+    # would run every parent package's __init__, and some of those import torch); the rest of
+    # the dotted path is followed on disk.
+    top, *rest = module_part.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None, attr
+    if spec is None:
+        return None, attr
+    if not rest:
+        return (Path(spec.origin) if spec.has_location and (spec.origin or "").endswith(".py") else None), attr
+    for root in spec.submodule_search_locations or ():
+        base = Path(root).joinpath(*rest)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate, attr
+    return None, attr
+
+
+def _from_source(name: str, target: str, verbose: bool, skip: frozenset[str]) -> Component | None:
+    path, attr = _source_file(target)
+    if path is None or not path.is_file():
+        return None
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError):
+        return None
+    node = _find(tree, attr)
+    if node is None:
+        return None
+    doc = ast.get_docstring(node)
+    component = Component(name, target, first_sentence(doc))
+    if not verbose:
+        return component
+    if isinstance(node, ast.FunctionDef):
+        component.params = _params_from_ast(node, arg_docs(doc), skip)
+        return component
+    init, init_doc = _init_of(tree, node, set())
+    if init is None:
+        return None  # inherited from another module: let inspection find it
+    docs = {**arg_docs(init_doc), **arg_docs(ast.get_docstring(init)), **arg_docs(doc)}
+    component.params = _params_from_ast(init, docs, skip)
+    return component
+
+
+def _from_object(name: str, target: str, obj: Any, skip: frozenset[str]) -> Component:
+    doc = inspect.getdoc(obj)
+    component = Component(name, target, first_sentence(doc))
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return component
+    docs = {**arg_docs(inspect.getdoc(getattr(obj, "__init__", None))), **arg_docs(doc)}
+    for p in signature.parameters.values():
+        if p.name in skip or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        annotation = None if p.annotation is p.empty else (
+            p.annotation if isinstance(p.annotation, str) else inspect.formatannotation(p.annotation))
+        default = None if p.default is p.empty else repr(p.default)
+        component.params.append(Param(p.name, annotation, default, docs.get(p.name, "")))
+    return component
+
+
+def describe(kind: str, name: str, target: str, *, verbose: bool = False) -> Component:
+    """``name``'s description (and, with ``verbose``, its hyper-parameters)."""
+    skip = _SELF | SUPPLIED_BY_HARNESS.get(kind, frozenset())
+    found = _from_source(name, target, verbose, skip)
+    if found is not None:
+        return found
+    from clbench.registry import resolve
+
+    return _from_object(name, target, resolve(kind, name), skip)
+
