@@ -102,6 +102,25 @@ def match(queries: Tensor, keys: Tensor) -> Tensor:
     return (F.normalize(queries, dim=-1) @ F.normalize(keys.float(), dim=-1).T).argmax(-1)
 
 
+def _prefill(kwargs: dict) -> bool:
+    """Whether this decoder forward starts a sequence (no cached positions yet): only then is the
+    prompt prefix prepended. The KV cache arrives as ``cache`` (transformers >= 5) or
+    ``past_key_values`` (4.x); a later decoding step must not prepend the prefix again, its keys
+    and values are already in the cache."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    return cache is None or cache.get_seq_length() == 0
+
+
+def _shift(positions: Tensor, length: int, first: bool) -> Tensor:
+    """Positions (..., S) moved past the L_e prefix positions; in the first forward the prefix's own
+    positions 0..L_e-1 are prepended."""
+    shifted = positions + length
+    if not first:
+        return shifted
+    prefix = torch.arange(length, device=positions.device, dtype=positions.dtype)
+    return torch.cat([prefix.expand(*positions.shape[:-1], length), shifted], dim=-1)
+
+
 class MoSEs(Strategy):
     """MoSEs on the attention projections of a frozen causal LM.
 
@@ -228,8 +247,7 @@ class MoSEs(Strategy):
         ids = kwargs.get("input_ids")
         if args or ids is None:
             return None
-        cache = kwargs.get("past_key_values")
-        first = cache is None or cache.get_seq_length() == 0
+        first = _prefill(kwargs)
         state, n, length = self.state, ids.shape[0], self.prompt_length
         training = decoder.training and state.training_slot is not None
         if training:
@@ -245,10 +263,9 @@ class MoSEs(Strategy):
         if mask is not None:
             kwargs["attention_mask"] = torch.cat([mask.new_ones(n, length), mask], dim=1)
         if pos is not None:
-            pos = pos + length
-            if first:
-                pos = torch.cat([torch.arange(length, device=pos.device).expand(n, length), pos], dim=1)
-            kwargs["position_ids"] = pos
+            kwargs["position_ids"] = _shift(pos, length, first)
+        if kwargs.get("cache_position") is not None:  # transformers < 5 indexes the cache with it
+            kwargs["cache_position"] = _shift(kwargs["cache_position"], length, first)
         if first:
             embeds = decoder.get_input_embeddings()(ids)
             prefix = torch.stack([self.prompts.prompt[s][0] for s in slots.tolist()]).to(embeds.dtype)

@@ -12,6 +12,7 @@ causal-LM collator appends ``eos`` after each answer itself.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -51,4 +52,9 @@ def train_tiny_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(out)
+    # transformers 5 records its own class name (TokenizersBackend), which 4.x cannot load; the
+    # name every supported version resolves to the same fast tokenizer keeps the folder portable.
+    config = out / "tokenizer_config.json"
+    config.write_text(re.sub(r'"tokenizer_class": "[^"]*"', '"tokenizer_class": "PreTrainedTokenizerFast"',
+                             config.read_text()))
     return out
