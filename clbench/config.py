@@ -334,7 +334,34 @@ def _complete(cfg: dict, source: str) -> None:
             if "class_path" not in component:
                 raise UserError("missing class_path", where=f"{source}: {where}.class_path",
                                 fix="name the component, e.g. class_path: cosine")
+    _check_names(cfg, source)
     _check_order(cfg["order"], source)
+
+
+def _check_names(cfg: dict, source: str) -> None:
+    """Refuse an unknown short name, or a plugin file that does not exist, from entry-point
+    metadata and the file system alone: before torch and the libraries load (seconds), so a typo
+    answers at once. What the named component accepts is checked once it is imported."""
+    from clbench import registry
+
+    for key, kind in (("benchmark", "benchmarks"), ("model", "models"), ("strategy", "strategies"),
+                      ("objective", "objectives")):
+        if cfg.get(key) is None:
+            continue  # an optional component (objective) left out
+        name = cfg[key].get("class_path")
+        where = f"{source}: {key}.class_path"
+        if not isinstance(name, str) or not name:
+            raise UserError(f"expected a {registry.SINGULAR[kind]} name or import path, got {name!r}", where=where,
+                            fix=f"run 'clbench list {kind}' for the names")
+        if name in registry.available(kind):
+            continue
+        if not registry._looks_like_path(name):
+            raise UserError(f"unknown {registry.SINGULAR[kind]} '{name}'", where=where,
+                            fix=did_you_mean(name, registry.available(kind)))
+        file = name.rsplit(":", 1)[0]
+        if file.endswith(".py") and not Path(file).is_file():
+            raise UserError(f"file {file} does not exist", where=where,
+                            fix="give an existing .py file as 'path/to/file.py:ClassName'")
 
 
 def _check_order(order: Any, source: str) -> None:

@@ -25,6 +25,8 @@ from typing import Any
 # listing them as hyper-parameters would mislead.
 SUPPLIED_BY_HARNESS = {"models": frozenset({"num_classes", "input_shape", "output_dim"})}
 _SELF = frozenset({"self", "cls"})
+_ROOTS = frozenset({"object", "ABC", "Generic", "Protocol"})
+_NO_ARGUMENTS = ast.parse("def __init__(self): pass").body[0]
 _ARG_LINE = re.compile(r"^(\*{0,2}[A-Za-z_][A-Za-z0-9_]*)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 
 
@@ -106,18 +108,44 @@ def _find(tree: ast.Module, name: str) -> ast.ClassDef | ast.FunctionDef | None:
     return None
 
 
-def _init_of(tree: ast.Module, cls: ast.ClassDef, seen: set[str]) -> tuple[ast.FunctionDef | None, str | None]:
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+
+
+def _imported_from(tree: ast.Module, name: str) -> str | None:
+    """``module:attr`` for a name the module imports with ``from module import attr [as name]``."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return f"{node.module}:{alias.name}"
+    return None
+
+
+def _init_of(tree: ast.Module, cls: ast.ClassDef, depth: int = 0) -> tuple[ast.FunctionDef | None, str | None]:
     """The ``__init__`` a class runs and the docstring of the class that defines it, following
-    base classes defined in the same file. (None, None) when it is inherited from elsewhere."""
-    seen.add(cls.name)
+    base classes through this file and the files they are imported from. (None, None) when it
+    cannot be found in source."""
     for node in cls.body:
         if isinstance(node, ast.FunctionDef) and node.name == "__init__":
             return node, ast.get_docstring(cls)
+    if not [b for b in cls.bases if not (isinstance(b, ast.Name) and b.id in _ROOTS)]:
+        return _NO_ARGUMENTS, None  # object's __init__: nothing to configure
+    if depth > 8:
+        return None, None
     for base in cls.bases:
-        if isinstance(base, ast.Name) and base.id not in seen:
-            parent = _find(tree, base.id)
-            if isinstance(parent, ast.ClassDef):
-                return _init_of(tree, parent, seen)
+        if not isinstance(base, ast.Name):
+            continue
+        parent_tree, parent = tree, _find(tree, base.id)
+        if parent is None and (target := _imported_from(tree, base.id)):
+            path, attr = _source_file(target)
+            parent_tree = _parse(path) if path is not None else None
+            parent = _find(parent_tree, attr) if parent_tree is not None else None
+        if isinstance(parent, ast.ClassDef):
+            return _init_of(parent_tree, parent, depth + 1)
     return None, None
 
 
@@ -149,11 +177,8 @@ def _from_source(name: str, target: str, verbose: bool, skip: frozenset[str]) ->
     path, attr = _source_file(target)
     if path is None or not path.is_file():
         return None
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except (SyntaxError, UnicodeDecodeError):
-        return None
-    node = _find(tree, attr)
+    tree = _parse(path)
+    node = _find(tree, attr) if tree is not None else None
     if node is None:
         return None
     doc = ast.get_docstring(node)
@@ -163,7 +188,7 @@ def _from_source(name: str, target: str, verbose: bool, skip: frozenset[str]) ->
     if isinstance(node, ast.FunctionDef):
         component.params = _params_from_ast(node, arg_docs(doc), skip)
         return component
-    init, init_doc = _init_of(tree, node, set())
+    init, init_doc = _init_of(tree, node)
     if init is None:
         return None  # inherited from another module: let inspection find it
     docs = {**arg_docs(init_doc), **arg_docs(ast.get_docstring(init)), **arg_docs(doc)}

@@ -23,6 +23,19 @@ def test_help_and_list_do_not_import_heavy_libraries():
     assert _heavy_modules_after("from clbench.cli import main; main(['show', 'ewc'])") == []
 
 
+def test_an_unknown_name_is_refused_before_the_libraries_load(tmp_path, write_yaml, capsys):
+    from clbench.cli import main
+
+    config = write_yaml(tiny_config())
+    code = (f"from clbench.cli import main\nassert main(['run', '--config', {str(config)!r}, '--output', "
+            f"{str(tmp_path / 'out')!r}, 'strategy.class_path=nosuch']) == 2")
+    assert _heavy_modules_after(code) == []
+    assert main(["run", "--config", str(config), "--output", str(tmp_path / "out"), "strategy.class_path=replai"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clbench: error: command line: strategy.class_path: unknown strategy 'replai'")
+    assert "did you mean 'replay'" in err and not (tmp_path / "out").exists()
+
+
 def test_list_shows_the_builtins():
     proc = run_cli("list")
     assert proc.returncode == 0

@@ -101,10 +101,11 @@ def test_docstring_parsing():
     assert arg_docs(doc) == {"k": "the factor.", "layers": "which layers, in order.", "extra": "passed on."}
 
 
-def test_a_strategy_from_a_file_is_labelled_by_its_class():
+def test_a_strategy_from_a_file_is_labelled_by_its_class(tmp_path):
     assert display_name("naive") == "naive"
     assert display_name("my_pkg.methods:SI") == "SI" == display_name("path/to/si.py:SI")
     assert display_name("my_pkg.methods.SI") == "SI"
-    entries = [fake_entry("naive", "default", 0, 0.5), fake_entry("path/to/si.py:SI", "default", 0, 0.7)]
+    (tmp_path / "si.py").write_text(PLUGIN)
+    entries = [fake_entry("naive", "default", 0, 0.5), fake_entry(f"{tmp_path / 'si.py'}:SI", "default", 0, 0.7)]
     (table,) = build_tables(entries)
     assert sorted(row.label for row in table.rows) == ["SI", "naive"]
