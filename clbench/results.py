@@ -47,13 +47,17 @@ class RunState:
         return cls(**known)
 
 
-def environment() -> dict[str, Any]:
-    """Package versions, Python, platform, device and git commit, for the record."""
+def environment(exclude=()) -> dict[str, Any]:
+    """Package versions, Python, platform, device and git state (:mod:`clbench.provenance`), for the record.
+
+    ``exclude``: paths whose uncommitted changes do not make the tree dirty (a leaderboard's own files).
+    """
     import platform
-    import subprocess
     from importlib.metadata import PackageNotFoundError, version
 
     import torch
+
+    from clbench.provenance import git_state
 
     packages = {}
     for name in ("clbench", "torch", "lightning", "torchmetrics", "avalanche-lib", "timm", "transformers", "peft",
@@ -62,16 +66,7 @@ def environment() -> dict[str, Any]:
             packages[name] = version(name)
         except PackageNotFoundError:
             packages[name] = None
-    commit = dirty = None
-    try:
-        here = Path(__file__).resolve().parent
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                                timeout=5).stdout.strip() or None
-        if commit:
-            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                                        capture_output=True, text=True, timeout=5).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
+    commit, dirty = git_state(exclude)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
     # torch_threads is recorded because CPU results depend on it (reduction order).
     return {"python": platform.python_version(), "platform": platform.platform(), "packages": packages,

@@ -1,9 +1,9 @@
-"""``clbench leaderboard run|render``: run a suite into a leaderboard directory, render it.
+"""``clbench leaderboard run|render|verify``: run a suite into a leaderboard directory, render it, rerun it.
 
 ``run`` with no arguments runs the quickstart suite into ``./leaderboard``; rerunning it does
 only what is missing. ``--launcher local|slurm`` spreads the grid over worker processes or
 cluster jobs (docs/cluster.md). ``render`` writes ``README.md`` and ``index.html`` into the
-directory.
+directory. ``verify`` reruns entries and compares their numbers with the committed ones.
 """
 
 from __future__ import annotations
@@ -55,6 +55,24 @@ def register(sub) -> None:
     render.add_argument("dir", nargs="?", default=DEFAULT_OUTPUT,
                         help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
     render.set_defaults(handler=handle_render)
+    verify = lb.add_parser(
+        "verify", help="rerun a leaderboard's entries from their recorded configs and compare the numbers",
+        description="Rerun entries of a leaderboard directory from their recorded configs (in a temporary folder; "
+                    "DIR is only read) and compare their R matrices and scores with the committed ones. One line "
+                    "per entry: ok, differs by X at R[i][j], or cannot rerun: why. Exit status 0 if every entry is "
+                    "ok, 1 otherwise, 2 on bad input.")
+    verify.add_argument("dir", help="leaderboard directory (e.g. leaderboard)")
+    verify.add_argument("ids", nargs="*", metavar="ENTRY_ID",
+                        help="entries to verify: config hashes (file names) or unique prefixes (default: all)")
+    verify.add_argument("--sample", type=int, metavar="N",
+                        help="verify only the N cheapest ok entries (least recorded wall time, ties by hash)")
+    verify.add_argument("--tolerance", type=float, default=0.0, metavar="T",
+                        help="largest absolute difference accepted (default 0: exact, for the machine class that "
+                             "made the entries; CPU rounding differs between CPUs and torch builds)")
+    verify.add_argument("--same-code", action="store_true",
+                        help="refuse (cannot rerun) entries made by a commit whose code differs from the checkout's, "
+                             "instead of rerunning them with the checked-out code")
+    verify.set_defaults(handler=handle_verify)
 
 
 def _slurm_options(text: list[str]) -> dict:
@@ -144,3 +162,24 @@ def handle_render(args: argparse.Namespace) -> int:
     readme, index = render(args.dir)
     print(f"wrote {readme} and {index}")
     return 0
+
+
+def handle_verify(args: argparse.Namespace) -> int:
+    from clbench.leaderboard.verify import CANNOT, DIFFERS, OK, Verifier, select
+
+    paths = select(args.dir, args.ids, args.sample)
+    verifier = Verifier(tolerance=args.tolerance, same_code=args.same_code)  # checks --tolerance before any run
+    if not paths:
+        print(f"{args.dir}: no ok entries to verify")
+        return 0
+    counts = {OK: 0, DIFFERS: 0, CANNOT: 0}
+    largest = 0.0
+    for path in paths:
+        verdict = verifier.verify(path)
+        counts[verdict.status] += 1
+        if verdict.largest is not None:
+            largest = max(largest, verdict.largest)
+        print(verdict.line, flush=True)
+    print(f"{len(paths)} verified: {counts[OK]} ok, {counts[DIFFERS]} differ, {counts[CANNOT]} cannot be rerun; "
+          f"largest difference {largest:.3g}", flush=True)
+    return 0 if counts[OK] == len(paths) else 1

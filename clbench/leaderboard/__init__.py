@@ -20,6 +20,8 @@ One concept per module:
 * :mod:`~clbench.leaderboard.compare`: the same strategies across task orders (worst order,
   range, Kendall's tau between per-order rankings, a paired test).
 * :mod:`~clbench.leaderboard.render`: ``README.md`` and a self-contained ``index.html``.
+* :mod:`~clbench.leaderboard.verify`: rerun entries from their recorded configs and compare
+  their numbers with the committed ones.
 
 Nothing here imports torch at module level, so the CLI's parser stays fast.
 """

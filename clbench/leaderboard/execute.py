@@ -242,6 +242,35 @@ def run_cell(suite_path: str | Path, output: str | Path, digest: str, *, seen: s
     return {"hash": digest, "status": status, "note": note}
 
 
+def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
+    """Run a recorded entry's config again into the folder ``scratch``, as its grid point runs; the new entry.
+
+    The same steps as a suite's cell (:func:`_run_point`: runner, entry, a failure recorded as a
+    failed entry) under the entry's own torch thread count; what ``clbench leaderboard verify``
+    compares with the committed entry. Nothing outside ``scratch`` is written.
+    """
+    import torch
+    from rich.console import Console
+
+    from clbench.runner import environment
+
+    config = entry["config"]
+    spec = RunSpec(index=0, config=config, hash=entry["config_hash"], benchmark=entry["benchmark"]["name"],
+                   model=entry["model"]["name"], strategy=entry["strategy"]["name"], order=entry["order_label"],
+                   seed=entry["seed"])
+    suite = Suite(name=entry.get("suite"), description="", path=Path(source), runs=[spec])
+    threads = (entry.get("execution") or {}).get("torch_threads")
+    before = torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        _run_point(spec, suite, Path(scratch), force=True, env=environment(), outcome=SuiteOutcome(total=1),
+                   console=Console(stderr=True))
+    finally:
+        torch.set_num_threads(before)
+    return read_entry(entry_path(scratch, spec.hash))
+
+
 def record_death(output: Path, spec: RunSpec, suite_name: str, why: str, *, seen: str | None, env: dict,
                  wall_seconds: float = 0.0) -> str:
     """After the process running ``spec`` died: a failed entry saying ``why``, unless an entry came meanwhile.

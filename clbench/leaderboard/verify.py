@@ -1,0 +1,251 @@
+"""``clbench leaderboard verify``: rerun committed entries from their recorded configs and compare.
+
+A leaderboard's numbers are only as good as their reruns. Each entry records its resolved
+config, so it is run again exactly as ``leaderboard run`` runs a grid point
+(:func:`~clbench.leaderboard.execute.rerun`: same runner, same entry, the entry's torch thread
+count), in a temporary folder (the leaderboard directory is only read), and its ``r_matrix``,
+``r_init``, the other metrics' ``matrices`` and every score are compared with the committed
+ones. One verdict per entry:
+
+* ``ok``: every number equal (or within ``tolerance``; the largest difference is still given);
+* ``differs by X at R[i][j]``: the largest difference, where it is, both values, and what
+  differs in how it was made (another commit, another torch or device);
+* ``cannot rerun: why``: the run was made from uncommitted code (``env.git_dirty``: that code
+  cannot be found again), it is a failed run (nothing to compare), it needs a GPU this machine
+  lacks, the rerun stopped on bad input (e.g. a data root that is not here), or, with
+  ``same_code``, it was made by a commit whose code (:data:`~clbench.provenance.CODE_PATHS`)
+  differs from the checkout's.
+
+By default an entry made by another commit is still rerun with the checked-out code: the
+question a reader of a committed table asks is whether it holds for this code, and
+``leaderboard run --force`` is how a table follows a code change. The verdict then names both
+commits and how many code files differ between them.
+
+CPU float rounding differs between CPUs and torch builds, so the default (exact) fits a rerun
+on the machine class that made the entry; elsewhere pass a tolerance. ``sample`` picks the
+``n`` cheapest ok entries by recorded wall time (ties by hash), so CI can verify a sample of
+every committed leaderboard in its time budget.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from clbench.errors import UserError
+from clbench.leaderboard.entries import ENTRIES_DIR, check_entry_names, entries_dir, read_entry
+
+OK, DIFFERS, CANNOT = "ok", "differs", "cannot rerun"
+
+
+@dataclass
+class Verdict:
+    """What verifying one entry found; ``line`` is what the command prints for it."""
+
+    digest: str
+    label: str
+    status: str  # OK, DIFFERS or CANNOT
+    detail: str = ""
+    largest: float | None = None  # the largest absolute difference found (ok and differs)
+    where: str | None = None
+
+    @property
+    def line(self) -> str:
+        if self.status == CANNOT:
+            text = f"{CANNOT}: {self.detail}"
+        elif self.status == DIFFERS:
+            text = f"{DIFFERS} {self.detail}"
+        else:
+            text = f"{OK} ({self.detail})" if self.detail else OK
+        return f"{self.digest[:12]} {self.label}: {text}"
+
+
+def entry_label(entry: dict) -> str:
+    return (f"{entry['strategy']['name']} · {entry['benchmark']['name']} · {entry['model']['name']} · "
+            f"order {entry['order_label']} · seed {entry['seed']}")
+
+
+# -- what to verify ---------------------------------------------------------------------------
+def select(root: str | Path, ids: list[str] | None = None, sample: int | None = None) -> list[Path]:
+    """The entry files to verify: ``ids`` (full hashes or unique prefixes) or all, then the ``sample`` cheapest."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"leaderboard directory {root} does not exist", where=str(root),
+                        fix="give a folder made by 'clbench leaderboard run'")
+    if not entries_dir(root).is_dir():
+        raise UserError(f"no {ENTRIES_DIR}/ folder in {root}", where=str(root),
+                        fix="give a folder made by 'clbench leaderboard run'")
+    names = [name[:-len(".json")] for name in check_entry_names(root)]
+    chosen = names
+    if ids:
+        chosen = []
+        for given in ids:
+            key = given.lower().removesuffix(".json")
+            hits = [n for n in names if n.startswith(key)] if len(key) >= 4 else []
+            if len(hits) != 1:
+                what = "no entry" if not hits else f"{len(hits)} entries start with"
+                raise UserError(f"{what} {given!r} in {entries_dir(root)}", where="ENTRY_ID",
+                                fix="give an entry's config hash (its file name), or enough of it to be unique "
+                                    "(at least 4 characters)")
+            if hits[0] not in chosen:
+                chosen.append(hits[0])
+    paths = [entries_dir(root) / f"{name}.json" for name in chosen]
+    if sample is not None:
+        if sample < 1:
+            raise UserError(f"expected at least 1, got {sample}", where="--sample", fix="e.g. --sample 2")
+        paths = cheapest(paths, sample)
+    return paths
+
+
+def cheapest(paths: list[Path], n: int) -> list[Path]:
+    """The ``n`` ok entries with the least recorded wall time (ties: by hash); an entry that does not read comes first."""
+    import json
+
+    def cost(path: Path) -> tuple[float, str]:
+        try:
+            entry = json.loads(path.read_text())
+            if entry.get("status") != "ok":
+                return math.inf, path.name
+            return float(entry["compute"]["wall_seconds"]), path.name
+        except (ValueError, KeyError, TypeError, OSError):
+            return -1.0, path.name  # damaged: verifying it will say so, and cheaply
+    costed = sorted((cost(p), p) for p in paths)
+    return [p for (seconds, _), p in costed if seconds != math.inf][:n]
+
+
+# -- comparing ----------------------------------------------------------------------------------
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _pairs(old, new, where: str) -> Iterator[tuple[str, object, object]]:
+    """(location, committed, rerun) for every number in two nested lists/dicts of the same shape."""
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            yield from _pairs(a, b, f"{where}[{i}]")
+    elif isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
+        for key in sorted(old):
+            yield from _pairs(old[key], new[key], f"{where}.{key}" if where else key)
+    else:
+        yield where, old, new
+
+
+def _distance(a, b) -> float:
+    if _number(a) and _number(b):
+        if math.isnan(a) and math.isnan(b):
+            return 0.0
+        return abs(float(a) - float(b))
+    return 0.0 if a == b else math.inf
+
+
+def compare(committed: dict, rerun: dict) -> tuple[float, str | None, object, object]:
+    """(largest difference, where, committed value, rerun value) over R, r_init, matrices and scores.
+
+    A difference of shape (another number of rows, a score one side lacks) counts as infinite.
+    """
+    fields = (("R", "r_matrix"), ("r_init", "r_init"), ("", "matrices"), ("scores", "scores"))
+    worst: tuple[float, str | None, object, object] = (0.0, None, None, None)
+    for label, key in fields:
+        for where, a, b in _pairs(committed.get(key), rerun.get(key), label):
+            gap = _distance(a, b)
+            if worst[1] is None or gap > worst[0]:
+                worst = (gap, where, a, b)
+    return worst
+
+
+def _shown(value) -> str:
+    if _number(value):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return f"keys {', '.join(sorted(value))}" if value else "nothing"
+    return "nothing" if value is None else repr(value)
+
+
+def _machine(env: dict) -> str:
+    torch = (env.get("packages") or {}).get("torch")
+    return f"torch {torch} on {env.get('device') or '?'}" + (f" (CUDA {env['cuda']})" if env.get("cuda") else "")
+
+
+# -- one entry ----------------------------------------------------------------------------------
+class Verifier:
+    """Verify entries one at a time against the checked-out code (see the module notes)."""
+
+    def __init__(self, tolerance: float = 0.0, same_code: bool = False):
+        from clbench.provenance import code_repo, head_commit
+
+        if not (tolerance >= 0 and math.isfinite(tolerance)):
+            raise UserError(f"expected a finite number >= 0, got {tolerance}", where="--tolerance",
+                            fix="e.g. --tolerance 1e-6 (0: exact)")
+        self.tolerance, self.same_code = tolerance, same_code
+        self.repo = code_repo()
+        self.head = head_commit(self.repo) if self.repo else None
+
+    def _commit_note(self, made_by: str | None) -> tuple[str | None, str | None]:
+        """(note for the verdict, reason it cannot be rerun under ``same_code``) about the commit that made it."""
+        from clbench.provenance import code_changes
+
+        if made_by == self.head and made_by is not None:
+            return None, None
+        short = (made_by or "")[:12] or "an unrecorded commit"
+        here = (self.head or "")[:12] or "no git checkout"
+        if made_by is None or self.head is None:
+            note = f"made by {short}, checked out {here}"
+            return note, note + ": the code that made it cannot be compared with this one"
+        changed = code_changes(made_by, self.head, self.repo)
+        if changed is None:
+            note = f"made by {short}, which this repository does not have; checked out {here}"
+            return note, note + f" (fetch the full history, or check out {short})"
+        if not changed:
+            return f"made by {short}, checked out {here}, same code", None
+        files = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        note = f"made by {short}, checked out {here}: {len(changed)} code file(s) differ"
+        return note, f"made by {short}, checked out {here}, and the code differs in {files} (check out {short} " \
+                     "to rerun it with its own code, or verify without --same-code)"
+
+    def verify(self, path: Path) -> Verdict:
+        digest = path.stem
+        try:
+            entry = read_entry(path)
+        except UserError as err:  # damaged or forged: the committed entry itself does not hold
+            return Verdict(digest, "(unreadable entry)", DIFFERS, f"from its own record: {err.one_line()}",
+                           largest=math.inf)
+        label = entry_label(entry)
+        if entry["status"] != "ok":
+            return Verdict(digest, label, CANNOT, "the committed run failed, so there is nothing to compare "
+                                                  f"({entry.get('error')})")
+        env = entry.get("env") or {}
+        made_by = env.get("git_commit") or entry["harness"].get("git_commit")
+        if env.get("git_dirty"):
+            return Verdict(digest, label, CANNOT, f"made from uncommitted code (changes on top of "
+                                                  f"{(made_by or '?')[:12]}); regenerate it from a clean tree")
+        if env.get("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                return Verdict(digest, label, CANNOT, f"made on a GPU ({env.get('device')}) and this machine has none")
+        note, refusal = self._commit_note(made_by)
+        if refusal and self.same_code:
+            return Verdict(digest, label, CANNOT, refusal)
+        from clbench.leaderboard.execute import rerun
+
+        with tempfile.TemporaryDirectory(prefix="clbench-verify.") as scratch:
+            new = rerun(entry, Path(scratch), source=str(path))
+        if new["status"] != "ok":
+            return Verdict(digest, label, CANNOT, f"the rerun stopped: {new.get('error')}")
+        largest, where, old_value, new_value = compare(entry, new)
+        notes = [note] if note else []
+        if _machine(env) != _machine(new["env"]):
+            notes.append(f"made with {_machine(env)}, rerun with {_machine(new['env'])}")
+        if largest <= self.tolerance:
+            shown = "exact" if largest == 0 else f"largest difference {largest:.3g} at {where}, within {self.tolerance:g}"
+            return Verdict(digest, label, OK, "; ".join([shown, *notes]), largest=largest, where=where)
+        gap = f"{largest:.3g}" if math.isfinite(largest) else "shape"
+        detail = f"by {gap} at {where} (committed {_shown(old_value)}, rerun {_shown(new_value)})"
+        if self.tolerance:
+            detail += f", beyond {self.tolerance:g}"
+        return Verdict(digest, label, DIFFERS, "; ".join([detail, *notes]), largest=largest, where=where)

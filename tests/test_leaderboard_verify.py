@@ -1,0 +1,161 @@
+"""``clbench leaderboard verify``: committed numbers are rerun from their configs and compared."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from clbench.cli import main
+from clbench.leaderboard import entries as E
+from clbench.leaderboard.rescore import expected_scores
+from clbench.leaderboard.verify import cheapest
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "leaderboard"
+COMMITTED = [QUICKSTART, *sorted(p for p in (REPO / "leaderboards").glob("*") if (p / "entries").is_dir())]
+needs_quickstart = pytest.mark.skipif(not (QUICKSTART / "entries").is_dir(), reason="no committed leaderboard/")
+
+
+def _entries(folder: Path) -> list[tuple[Path, dict]]:
+    return [(p, json.loads(p.read_text())) for p in sorted((folder / "entries").glob("*.json"))]
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _sample_size(folder: Path) -> int:
+    return 2 if folder == QUICKSTART else 1
+
+
+def _sample_cost(folder: Path) -> float:
+    paths = cheapest([p for p, _ in _entries(folder)], _sample_size(folder))
+    return sum(json.loads(p.read_text())["compute"]["wall_seconds"] for p in paths)
+
+
+def _forge(path: Path, delta: float) -> tuple[int, int]:
+    """Move one R value of the entry by ``delta``, recompute its scores and content hash as a forger would."""
+    entry = json.loads(path.read_text())
+    i, j = len(entry["r_matrix"]) - 1, 0
+    entry["r_matrix"][i][j] += delta
+    entry["scores"].update(expected_scores(entry, str(path))[0])
+    entry["content_hash"] = E.content_hash(entry)
+    path.write_text(json.dumps(entry, indent=2))
+    E.read_entry(path)  # the forged entry passes every check a reader makes
+    return i, j
+
+
+def _cheapest_multistage(folder: Path) -> Path:
+    """The cheapest entry with more than one training stage (joint has one)."""
+    staged = [p for p, e in _entries(folder) if e["status"] == "ok" and len(e["r_matrix"]) > 1]
+    return cheapest(staged, 1)[0]
+
+
+@needs_quickstart
+def test_a_forged_entry_is_named_and_the_others_are_ok(tmp_path, capsys):
+    out = tmp_path / "lb"
+    shutil.copytree(QUICKSTART, out)
+    forged = _cheapest_multistage(out)
+    honest = next(p for p in cheapest([p for p, _ in _entries(out)], 3) if p != forged)
+    i, j = _forge(forged, 0.01)
+    before = _snapshot(out)
+    assert main(["leaderboard", "verify", str(out), forged.stem, honest.stem[:10]]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(f"{forged.stem[:12]} ") and f": differs by 0.01 at R[{i}][{j}] (committed" in lines[0]
+    assert lines[1].startswith(f"{honest.stem[:12]} ") and ": ok" in lines[1]
+    assert lines[2].startswith("2 verified: 1 ok, 1 differ, 0 cannot be rerun; largest difference 0.01")
+    assert _snapshot(out) == before  # the leaderboard is only read
+    # a stated tolerance accepts the difference, and still says how large it was
+    assert main(["leaderboard", "verify", str(out), forged.stem, "--tolerance", "0.02"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert f": ok (largest difference 0.01 at R[{i}][{j}], within 0.02" in line
+
+
+@needs_quickstart
+def test_an_entry_that_no_longer_verifies_on_reading_differs(tmp_path, capsys):
+    out = tmp_path / "lb"
+    shutil.copytree(QUICKSTART, out)
+    path = _cheapest_multistage(out)
+    entry = json.loads(path.read_text())
+    entry["r_matrix"][-1][0] += 0.01  # scores left stale, content hash recomputed
+    entry["content_hash"] = E.content_hash(entry)
+    path.write_text(json.dumps(entry))
+    assert main(["leaderboard", "verify", str(out), path.stem]) == 1
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith(path.stem[:12]) and "differs from its own record" in line and "score 'acc'" in line
+
+
+@needs_quickstart
+def test_entries_from_uncommitted_code_or_failed_runs_cannot_be_rerun(tmp_path, capsys):
+    out = tmp_path / "lb"
+    shutil.copytree(QUICKSTART, out)
+    dirty, failed = cheapest([p for p, _ in _entries(out)], 2)
+    entry = json.loads(dirty.read_text())
+    entry["env"]["git_dirty"] = True
+    entry["content_hash"] = E.content_hash(entry)
+    dirty.write_text(json.dumps(entry))
+    entry = json.loads(failed.read_text())
+    gone = E.failed_entry(entry["config"], "boom", env=entry["env"], wall_seconds=1.0, suite="quickstart")
+    failed.write_text(json.dumps(gone))
+    assert main(["leaderboard", "verify", str(out), dirty.stem, failed.stem]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "cannot rerun: made from uncommitted code" in lines[0]
+    assert "cannot rerun: the committed run failed" in lines[1] and "boom" in lines[1]
+    assert lines[2].startswith("2 verified: 0 ok, 0 differ, 2 cannot be rerun")
+
+
+def test_sample_takes_the_cheapest_ok_entries_ties_by_hash(tmp_path):
+    folder = tmp_path / "entries"
+    folder.mkdir()
+    costs = {"c" * 64: 0.5, "a" * 64: 2.0, "b" * 64: 0.5, "d" * 64: 0.1}
+    for digest, seconds in costs.items():
+        status = "failed" if digest == "d" * 64 else "ok"
+        (folder / f"{digest}.json").write_text(json.dumps({"status": status, "compute": {"wall_seconds": seconds}}))
+    picked = cheapest(sorted(folder.iterdir()), 2)
+    assert [p.stem[0] for p in picked] == ["b", "c"]  # the failed entry is not a candidate
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{tmp}/nowhere"], "{tmp}/nowhere: leaderboard directory {tmp}/nowhere does not exist"),
+    (["{tmp}/lb", "ffffffff"], "ENTRY_ID: no entry 'ffffffff' in {tmp}/lb/entries"),
+    (["{tmp}/lb", "--sample", "0"], "--sample: expected at least 1"),
+    (["{tmp}/lb", "--tolerance", "-1"], "--tolerance: expected a finite number >= 0"),
+])
+@needs_quickstart
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    shutil.copytree(QUICKSTART, tmp_path / "lb")
+    assert main(["leaderboard", "verify", *(a.replace("{tmp}", str(tmp_path)) for a in args)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("clbench: error: ") and "\n" not in err and captured.out == ""
+    assert message.replace("{tmp}", str(tmp_path)) in err, err
+
+
+def _committed_params():
+    params = []
+    for folder in COMMITTED:
+        if not (folder / "entries").is_dir():
+            continue
+        slow = [pytest.mark.slow] if _sample_cost(folder) > 5 else []
+        params.append(pytest.param(folder, id=str(folder.relative_to(REPO)), marks=slow))
+    return params
+
+
+@pytest.mark.parametrize("folder", _committed_params())
+def test_committed_leaderboards_reproduce(folder, capsys):
+    """Every committed leaderboard made from clean trees reruns to the same numbers (a sample: its cheapest)."""
+    dirty = [p.name for p, e in _entries(folder) if (e.get("env") or {}).get("git_dirty")]
+    if dirty:
+        pytest.skip(f"{len(dirty)} entries were made from uncommitted code (cannot be rerun by construction): "
+                    "regenerate the folder from a clean tree")
+    before = _snapshot(folder)
+    code = main(["leaderboard", "verify", str(folder), "--sample", str(_sample_size(folder))])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert _snapshot(folder) == before
