@@ -93,6 +93,12 @@ class Strategy:
                 out[name] = value if isinstance(value, (int, float, str, bool, type(None), list)) else str(value)
         return out
 
+    def diagnostics(self) -> dict[str, Any]:
+        """What the strategy measured about itself during the run, e.g. per stage (recorded in
+        results as ``strategy.diagnostics`` when not empty; keep it in ``state_dict`` so a
+        resumed run reports every stage). Default: nothing."""
+        return {}
+
     # -- per experience -------------------------------------------------------------------
     def before_experience(self, module: "ContinualModule", experience: "Experience") -> None:
         """Before training on ``experience`` (grow, freeze, snapshot a teacher, ...)."""

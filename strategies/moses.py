@@ -42,7 +42,15 @@ Choices where the paper is silent or self-contradictory (see also the layer's mo
   sample the trained task whose key has the highest cosine with q(x) (Algorithm 2; γ read as a
   cosine distance). ``"oracle"`` (TiL) uses the evaluated column's task, named by the strategy's
   ``evaluating`` context around each test batch. A column with no trained task yet (the R
-  matrix's upper triangle) falls back to key matching.
+  matrix's upper triangle) falls back to key matching. The task is chosen once per input, in
+  the forward that sees its prompt, and kept for every generated token: Algorithm 2 matches
+  q(x) once per input x and answers with that task's prompt and masks. (Re-matching at each
+  decoding step from the newest token alone, what happened when the cache went unrecognised,
+  lets an answer drift to another task's sub-network mid-sequence: it turned the trace-mini-moe
+  rows' BWT from 0.0 into -5.5.) After every stage :meth:`MoSEs.identification` measures the
+  keys' task-identification accuracy on the test prompts of the tasks trained so far, recorded
+  as ``strategy.diagnostics.task_identification``: with ``protect`` it is what decides BWT (a
+  prompt routed to its own key meets its task's unchanged sub-network and prompt).
 * Keys are initialised N(0, 0.02²) like the embeddings, prompts likewise.
 * Targets: ``q_proj`` and ``v_proj`` of every layer by default (the paper adapts "the
   Self-Attention layer" without naming projections; its LoRA baseline count fits two 4096×4096
@@ -67,6 +75,7 @@ from clbench.strategy import Strategy
 from strategies.lora import lora_target, refuse_other_adapters
 
 IGNORE = -100
+IDENTIFY_BATCH = 64  # test prompts embedded at once when measuring task identification
 INFERENCE = ("keys", "oracle")
 _COLUMN: contextvars.ContextVar[str | None] = contextvars.ContextVar("moses_column", default=None)
 
@@ -173,6 +182,7 @@ class MoSEs(Strategy):
         self.total_params: int | None = None
         self._strip = False
         self._frozen: list[tuple[Any, dict, dict]] = []
+        self.task_identification: list[dict[str, Any]] = []  # per stage, after its evaluation
 
     def hparams(self):
         out = super().hparams()
@@ -238,10 +248,39 @@ class MoSEs(Strategy):
         column = _COLUMN.get()
         if self.task_inference == "oracle" and column in self.slots:
             return torch.full((input_ids.shape[0],), self.slots[column], device=input_ids.device)
+        return self.match_slots(decoder, input_ids, attention_mask)
+
+    def match_slots(self, decoder, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """Algorithm 2's task inference: the slot of the trained task whose key is nearest to q(x)."""
         seen = sorted(self.slots.values())
         keys = torch.stack([self.prompts.key[s] for s in seen])
         q = query(decoder.get_input_embeddings(), input_ids, attention_mask)
         return torch.tensor(seen, device=input_ids.device)[match(q, keys)]
+
+    @torch.no_grad()
+    def identification(self, module) -> dict[str, Any]:
+        """Task-identification accuracy of the keys now: per trained task, the share of its test
+        prompts (as the evaluation tokenises them) that key matching routes to its own slot, and
+        the share over all of them. A sample routed to another task's key is answered with that
+        task's prompt and masks; this is what makes BWT negative under ``task_inference: keys``."""
+        decoder = self._decoder(module.model)
+        device = decoder.get_input_embeddings().weight.device
+        collate = module.objective.collate(train=False)
+        per_task, hits, total = {}, 0, 0
+        for exp in self.experiences:
+            if exp.name not in self.slots or not len(exp.test):
+                continue
+            own = 0
+            for start in range(0, len(exp.test), IDENTIFY_BATCH):
+                batch = collate([exp.test[i] for i in range(start, min(start + IDENTIFY_BATCH, len(exp.test)))])
+                slots = self.match_slots(decoder, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+                own += int((slots == self.slots[exp.name]).sum())
+            per_task[exp.name] = own / len(exp.test)
+            hits, total = hits + own, total + len(exp.test)
+        return {"accuracy": hits / total if total else None, "per_task": per_task}
+
+    def diagnostics(self) -> dict[str, Any]:
+        return {"task_identification": list(self.task_identification)}
 
     def _prefix(self, decoder, args, kwargs):
         ids = kwargs.get("input_ids")
@@ -310,11 +349,15 @@ class MoSEs(Strategy):
         self.prompts.prompt[slot].requires_grad_(True)
         self.prompts.key[slot].requires_grad_(True)
 
+    @staticmethod
+    def _decoder(model):
+        target = lora_target(model)
+        return target.get_decoder() if hasattr(target, "get_decoder") else target
+
     def training_loss(self, module, x, y, logits, loss):
         if not self.pull_weight or self.state.training_slot is None:
             return loss
-        decoder = lora_target(module.model)
-        decoder = decoder.get_decoder() if hasattr(decoder, "get_decoder") else decoder
+        decoder = self._decoder(module.model)
         prompt_tokens = x["attention_mask"].bool() & (y == IGNORE)
         q = query(decoder.get_input_embeddings(), x["input_ids"], prompt_tokens)
         return loss + self.pull_weight * pull_loss(q, self.prompts.key[self.state.training_slot])
@@ -331,13 +374,15 @@ class MoSEs(Strategy):
     def after_experience(self, module, experience):
         self.state.training_slot = None
         self._frozen = []
+        self.task_identification.append(self.identification(module))
 
     # -- resume -----------------------------------------------------------------------------
     def state_dict(self):
-        return {"slots": dict(self.slots)}
+        return {"slots": dict(self.slots), "task_identification": list(self.task_identification)}
 
     def load_state_dict(self, state):
         self.slots = {str(k): int(v) for k, v in state["slots"].items()}
+        self.task_identification = list(state.get("task_identification", []))
 
     def restore_model(self, module, state):
         """Re-inject the layers and prompts (a no-op when setup already did) before the weights load."""

@@ -118,6 +118,7 @@ def test_masks_are_per_task_base_is_frozen_and_keys_route_held_out_prompts():
         assert query(embed, enc["input_ids"], enc["attention_mask"]).shape == (len(exp.test), 64)
     accuracy = correct / total
     print(f"key-routing accuracy on held-out prompts of {TASKS}: {accuracy:.2f}")
+    assert strategy.identification(module)["accuracy"] == accuracy  # the diagnostic a run records
     assert accuracy >= 0.9
 
 
@@ -155,6 +156,12 @@ def test_runner_keys_mode_end_to_end_and_a_crashed_run_resumes_to_the_same_r(tmp
     r = reference["r_matrix"]
     assert len(r) == 2 and all(len(row) == 2 for row in r)
     assert reference["expert_utilization"] and all(len(stage) == 4 for stage in reference["expert_utilization"])
+    # task identification per stage: after the first task its key is the only one, so every
+    # prompt routes to it; after the second, both tasks' test prompts are scored
+    stages = reference["strategy"]["diagnostics"]["task_identification"]
+    assert [sorted(stage["per_task"]) for stage in stages] == [["FOMC"], ["FOMC", "NumGLUE-cm"]]
+    assert stages[0]["accuracy"] == 1.0 and 0.0 <= stages[1]["accuracy"] <= 1.0
+    assert stages[1]["accuracy"] == sum(stages[1]["per_task"].values()) / 2  # 6 test prompts each
 
     class Crash(Exception):
         pass
@@ -169,6 +176,7 @@ def test_runner_keys_mode_end_to_end_and_a_crashed_run_resumes_to_the_same_r(tmp
     monkeypatch.delenv(faults.ENV)
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == r
+    assert resumed["strategy"]["diagnostics"] == reference["strategy"]["diagnostics"]
 
 
 def test_oracle_mode_uses_the_column_the_module_evaluates():
