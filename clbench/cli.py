@@ -18,7 +18,7 @@ import sys
 from clbench import __version__
 from clbench.errors import UserError
 
-COMMANDS = ("run", "list", "show", "leaderboard", "compare", "data")
+COMMANDS = ("run", "list", "show", "leaderboard", "compare", "data", "models")
 
 
 class _Parser(argparse.ArgumentParser):

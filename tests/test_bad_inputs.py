@@ -102,6 +102,11 @@ def _truncate_checkpoint(d: Path) -> None:
     path.write_bytes(data[: len(data) // 3])
 
 
+GGUF_RUN = {**BASE, "benchmark": {"class_path": "trace-mini", "init_args": {"tasks": ["FOMC"], "n_train": 4, "n_test": 2}},
+            "model": {"class_path": "hf_causal_lm", "init_args": {"path": "{dir}/model.gguf"}},
+            "objective": {"class_path": "causal_lm", "init_args": {"max_length": 64, "max_new_tokens": 2}},
+            "strategy": "seq_ft"}
+
 CORE50 = {"class_path": "benchmarks.core50:core50",
           "init_args": {"root": "{dir}/core50", "sessions": [1, 2], "objects": [1, 2], "image_size": 8,
                         "augment": False}}
@@ -239,6 +244,9 @@ CASES = [
          setup=_older_checkpoint, message=("--resume", "has format 1", "with --overwrite")),
     Case("resume from a damaged checkpoint", config=BASE, output="checkpoint", args=("--resume",),
          setup=_truncate_checkpoint, message=("--resume", "cannot read checkpoint", "rerun without --resume")),
+    Case("GGUF file missing", config=GGUF_RUN, message=("model.init_args.path", "model.gguf does not exist")),
+    Case("GGUF file truncated", config=GGUF_RUN, setup=_write_file("model.gguf", "GGUF\x03\x00\x00\x00\x14"),
+         message=("model.init_args.path", "model.gguf is not a complete GGUF file", "download it again")),
 ]
 
 

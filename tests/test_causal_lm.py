@@ -79,6 +79,55 @@ def test_batched_generation_from_left_padded_prompts_equals_one_prompt_at_a_time
     assert float(metrics.compute()["exact_match"]) == sum(p == r["answer"] for p, r in zip(together, records)) / 2
 
 
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A tiny random Llama whose tokenizer has a ChatML chat template, turns ending with <|im_end|> (its eos)."""
+    from clbench.lm.fixtures import CHAT_TEMPLATE, sample_texts
+    from clbench.lm.fixtures import tiny_config as lm_config
+    from clbench.lm.models import hf_causal_lm
+    from clbench.lm.tokenizer import train_tiny_tokenizer
+    from transformers import AutoTokenizer
+
+    folder = train_tiny_tokenizer(sample_texts(), tmp_path_factory.mktemp("chat") / "tok", vocab_size=300)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "eos_token": "<|im_end|>"})
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = lm_config("llama", layers=1, hidden=32)
+    return hf_causal_lm(architecture="llama", tokenizer=str(folder), config=config).eval()
+
+
+def test_chat_template_wraps_prompts_and_keeps_the_loss_on_the_answer_and_its_end_of_turn(chat_model, model):
+    from clbench.errors import UserError
+
+    tok = chat_model.tokenizer
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    record = {"prompt": "Question: 2 + 3 = ?", "answer": "5"}
+    head = "<|im_start|>user\nQuestion: 2 + 3 = ?<|im_end|>\n<|im_start|>assistant\n"
+    objective = _objective(chat_model, max_length=64, chat_template=True)
+    batch = objective.collate(train=True)([record])
+    answer = ids("5") + [tok.eos_token_id]  # the turn's end is the eos: the newline after it is not trained
+    assert batch["input_ids"][0].tolist() == ids(head) + answer
+    assert batch["labels"][0].tolist() == [-100] * len(ids(head)) + answer
+    test = objective.collate(train=False)([record])
+    assert test["input_ids"][0].tolist() == ids(head) and test["prompts"] == [record["prompt"]]
+    plain = _objective(chat_model, max_length=64).collate(train=True)([record])  # TRACE's way: as it is
+    assert plain["input_ids"][0].tolist() == ids(record["prompt"]) + answer
+    # a template whose turn end is not the eos: the eos follows the rendered turn
+    tok.eos_token = "<eos>"
+    try:
+        batch = _objective(chat_model, max_length=64, chat_template=True).collate(train=True)([record])
+        assert batch["labels"][0].tolist() == [-100] * len(ids(head)) + ids("5<|im_end|>\n") + [tok.eos_token_id]
+    finally:
+        tok.eos_token = "<|im_end|>"
+    with pytest.raises(UserError, match="tokenizer has no chat template") as err:
+        _objective(model, chat_template=True)  # the trace-mini tokenizer has none
+    assert err.value.where == "objective.init_args.chat_template"
+    with pytest.raises(UserError, match="true or false"):
+        _objective(chat_model, chat_template="yes")
+
+
 def _lm_config(**overrides) -> dict:
     from clbench.config import resolve_config
 

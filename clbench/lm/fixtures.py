@@ -69,3 +69,91 @@ def sample_texts(n: int = 200, seed: int = 0) -> list[str]:
                                  f"The {x} sees the {y}. Who sees? Answer: the {x}",
                                  f"x = <NUM_LIT> + {a}\nprint('<STR_LIT>', x)"]))
     return texts
+
+
+#: A ChatML-style template, as instruct models ship them (SmolLM2, Qwen): turns end with <|im_end|>.
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_tiny_gguf(out_file: str | Path, tokenizer_dir: str | Path, *, layers: int = 2, hidden: int = 64,
+                    heads: int = 4, kv_heads: int = 2, intermediate: int = 128, seed: int = 0,
+                    chat_template: str | None = CHAT_TEMPLATE) -> Path:
+    """Write a tiny random Llama as a GGUF file, with the tokenizer from ``tokenizer_dir`` embedded.
+
+    The file has what transformers' GGUF loader reads for a llama model and a ``gpt2`` (byte-level
+    BPE) tokenizer: the tokenizer's vocabulary and merges, plus ``<|endoftext|>``,
+    ``<|im_start|>`` and ``<|im_end|>`` (the end of a turn, and the eos) and a chat template.
+    The projection weights are stored quantised (Q8_0, blocks of 32, so ``hidden`` and
+    ``intermediate`` must be multiples of 32), the norms and embedding in float32, as llama.cpp
+    writes them. The weights depend only on ``seed``. Needs the ``gguf`` package.
+    """
+    import json
+
+    import gguf
+    import numpy as np
+
+    spec = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    specials = {t["content"] for t in spec.get("added_tokens", []) if t.get("special")}
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])] + ["<|endoftext|>", "<|im_start|>",
+                                                                              "<|im_end|>"]
+    control, normal = gguf.TokenType.CONTROL, gguf.TokenType.NORMAL
+    types = [control if t in specials else normal for t in tokens[:-3]] + [control] * 3
+    size, head_dim = len(tokens), hidden // heads
+    out = Path(out_file)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(out, "llama")
+    writer.add_name("tiny-llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(512)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(intermediate)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index("<|im_start|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    if chat_template:
+        writer.add_chat_template(chat_template)
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, *shape: int) -> None:
+        if len(shape) == 1:  # norms: ones, as a freshly initialised RMSNorm
+            writer.add_tensor(name, np.ones(shape, dtype=np.float32))
+            return
+        weight = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if name == "token_embd.weight":
+            writer.add_tensor(name, weight)
+        else:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, gguf.quants.quantize(weight, q8), raw_dtype=q8)
+
+    tensor("token_embd.weight", size, hidden)
+    tensor("output_norm.weight", hidden)
+    for i in range(layers):
+        tensor(f"blk.{i}.attn_norm.weight", hidden)
+        tensor(f"blk.{i}.attn_q.weight", hidden, hidden)
+        tensor(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
+        tensor(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        tensor(f"blk.{i}.attn_output.weight", hidden, hidden)
+        tensor(f"blk.{i}.ffn_norm.weight", hidden)
+        tensor(f"blk.{i}.ffn_gate.weight", intermediate, hidden)
+        tensor(f"blk.{i}.ffn_up.weight", intermediate, hidden)
+        tensor(f"blk.{i}.ffn_down.weight", hidden, intermediate)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -92,9 +92,14 @@ def parameter_counts(module: nn.Module) -> dict[str, int]:
 
 
 def hf_causal_lm(path: str | None = None, architecture: str | None = None, config: dict | None = None,
-                 tokenizer: str | None = None, dtype: str = "float32", attn_implementation: str = "sdpa",
+                 tokenizer: str | None = None, gguf_file: str | None = None, dtype: str = "float32", attn_implementation: str = "sdpa",
                  gradient_checkpointing: bool = False, lora: dict | None = None) -> CausalLM:
     """Build a causal LM: pretrained from ``path``, or randomly initialised from ``architecture``.
+
+    ``path`` is a local folder, a hub id in the local cache, a GGUF file (``x.gguf``, or the
+    folder with ``gguf_file: x.gguf``) or a preset name (``smollm2-135m-instruct``, fetched
+    once with ``clbench models fetch``); GGUF weights are dequantised once into a cached
+    safetensors folder (:mod:`clbench.lm.gguf_checkpoints`) that later runs load directly.
 
     ``config`` overrides fields of the model's configuration (with ``path``: of its
     config.json; with ``architecture``: of that architecture's defaults, which describe a large
@@ -117,7 +122,14 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
     if (path is None) == (architecture is None):
         raise UserError("give exactly one of path (pretrained weights) and architecture (random init)",
                         where=WHERE, fix="set path: <local model folder>, or architecture: qwen3 with a config")
+    if gguf_file is not None and path is None:
+        raise UserError("gguf_file names a file inside the folder given as path", where=f"{WHERE}.gguf_file",
+                        fix="set path: <folder holding the .gguf file>, or path: <file.gguf> alone")
+    packaged = None
     if path is not None:
+        from clbench.lm import gguf_checkpoints
+
+        path, packaged = gguf_checkpoints.resolve(path, gguf_file)
         location = _locate(path, "path")
         tok = _load_tokenizer(tokenizer if tokenizer is not None else path,
                               "tokenizer" if tokenizer is not None else "path")
@@ -129,7 +141,7 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
             raise UserError(f"the tokenizer has {len(tok)} tokens but the model's embedding has "
                             f"{hf.get_input_embeddings().weight.shape[0]} rows", where=f"{WHERE}.tokenizer",
                             fix="use the tokenizer saved with these weights")
-        source = {"path": str(location)}
+        source = {"path": str(location), **(packaged or {})}
     else:
         if tokenizer is None:
             raise UserError("a random initialisation needs a tokenizer (its size sets vocab_size)",

@@ -7,6 +7,17 @@ is taken on the answer and EOS tokens only: prompt and padding positions carry t
 the answer and the instruction's end (nearest the answer) are kept; the answer itself is cut
 only when it alone exceeds ``max_length``.
 
+Chat template (``chat_template: true``, for instruct models): each prompt becomes the user turn
+of a one-turn conversation rendered by the tokenizer's chat template with the generation prompt
+(``<|im_start|>user ... <|im_end|> <|im_start|>assistant``, plus whatever default system turn
+the template adds); the answer is what the template renders after it for the assistant's turn,
+cut after the first EOS (SmolLM2's and Qwen's end-of-turn ``<|im_end|>``), or followed by EOS
+when the template's turn end is not the EOS. The loss stays on the answer's tokens only,
+end-of-turn included, as instruction tuning is done; the template's tokens carry ``-100``.
+Evaluation decodes from the same rendered prompt. TRACE feeds plain prompts (the default,
+``chat_template: false``); truncation still cuts from the left, i.e. the template's opening
+(the system turn) goes first.
+
 Evaluation: greedy decoding, batched, with the KV cache, from left-padded prompts (every prompt
 then ends where decoding starts), stopping at EOS or after ``max_new_tokens``. The generation
 is decoded without special tokens and stripped, then scored by the column's task metric
@@ -62,8 +73,9 @@ class TextCollator:
     """Tokenises and pads a list of records; a plain class, so loader workers can pickle it."""
 
     def __init__(self, tokenizer: Any, max_length: int, train: bool, max_new_tokens: int = 0,
-                 forced: bool = False):
+                 forced: bool = False, chat_template: bool = False):
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
         self.forced = forced  # test batches also carry teacher-forced prompt + answer (routing records)
         self.max_length = max_length
         self.train = train
@@ -74,21 +86,43 @@ class TextCollator:
     def _ids(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
+    def _chat(self, prompts: list[str], answers: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        """Prompt ids up to the assistant's turn, and the answer's ids through its end-of-turn."""
+        tok = self.tokenizer
+        prompt_ids, answer_ids = [], []
+        for prompt, answer in zip(prompts, answers):
+            user = [{"role": "user", "content": prompt}]
+            head = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+            whole = tok.apply_chat_template(user + [{"role": "assistant", "content": answer}], tokenize=False)
+            tail = whole[len(head):] if whole.startswith(head) else answer
+            ids = self._ids([tail])[0]
+            if self.eos_id in ids:
+                ids = ids[: ids.index(self.eos_id) + 1]
+            elif self.eos_id is not None:
+                ids = ids + [self.eos_id]
+            prompt_ids.append(self._ids([head])[0])
+            answer_ids.append(ids)
+        return prompt_ids, answer_ids
+
     def __call__(self, items: list[Any]) -> dict[str, Any]:
         prompts, answers = zip(*(_record(item) for item in items))
-        prompt_ids = self._ids(list(prompts))
+        if self.chat_template:
+            prompt_ids, answer_ids = self._chat(list(prompts), list(answers))
+        else:
+            prompt_ids, answer_ids = self._ids(list(prompts)), None
         if self.train:
-            return self._train(prompt_ids, self._ids(list(answers)))
+            return self._train(prompt_ids, answer_ids if answer_ids is not None else self._ids(list(answers)))
         batch = self._test(prompt_ids, list(prompts), list(answers))
         if self.forced:
-            forced = self._train(prompt_ids, self._ids(list(answers)))
+            forced = self._train(prompt_ids, answer_ids if answer_ids is not None else self._ids(list(answers)))
             batch.update(forced_ids=forced["input_ids"], forced_mask=forced["attention_mask"])
         return batch
 
     def _train(self, prompt_ids: list[list[int]], answer_ids: list[list[int]]) -> dict[str, Any]:
         rows, labels, truncated = [], [], 0
         for p, a in zip(prompt_ids, answer_ids):
-            a = a + ([self.eos_id] if self.eos_id is not None else [])
+            if not self.chat_template:  # the chat answer already ends with its end-of-turn
+                a = a + ([self.eos_id] if self.eos_id is not None else [])
             a = a[: self.max_length]
             keep = self.max_length - len(a)
             if len(p) > keep:
@@ -128,16 +162,21 @@ class CausalLanguageModeling(Objective):
     ``task_metrics``: metric name per experience name (``exact_match``, ``answer_letter``,
     ``rouge_l``, ``edit_similarity``, ``sari``); experiences not named use ``default_metric``.
     ``max_new_tokens``: one number, or one per experience name. ``max_length``: tokens of
-    prompt + answer in training, of prompt + generation in evaluation.
+    prompt + answer in training, of prompt + generation in evaluation. ``chat_template``: wrap
+    each prompt in the tokenizer's chat template (instruct models); off by default, as in TRACE.
     """
 
     model_args: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, task_metrics: dict[str, str] | None = None, default_metric: str = "exact_match",
-                 max_length: int = 512, max_new_tokens: int | dict[str, int] = 32):
+                 max_length: int = 512, max_new_tokens: int | dict[str, int] = 32, chat_template: bool = False):
         if not isinstance(max_length, int) or max_length < 2:
             raise UserError(f"max_length must be an integer >= 2, got {max_length!r}",
                             where="objective.init_args.max_length", fix="e.g. 512 (2048 for TRACE)")
+        if not isinstance(chat_template, bool):
+            raise UserError(f"chat_template must be true or false, got {chat_template!r}",
+                            where="objective.init_args.chat_template")
+        self.chat_template = chat_template
         self.task_metrics = dict(task_metrics or {})
         self.default_metric = default_metric
         self.max_length = max_length
@@ -160,6 +199,10 @@ class CausalLanguageModeling(Objective):
         if tokenizer is None:
             raise UserError(f"the causal-LM objective needs a model with a tokenizer, got {type(model).__name__}",
                             where="model", fix="use model: {class_path: hf_causal_lm, ...}")
+        if self.chat_template and not getattr(tokenizer, "chat_template", None):
+            raise UserError("chat_template is true but the model's tokenizer has no chat template",
+                            where="objective.init_args.chat_template",
+                            fix="set chat_template: false (plain prompts), or use an instruct model's tokenizer")
         self.tokenizer = tokenizer
         self.model = model  # whether it has routing layers (perhaps injected later) decides the test batches
 
@@ -174,7 +217,8 @@ class CausalLanguageModeling(Objective):
     def collate(self, train: bool):
         longest = max([self.new_tokens(e) for e in self.experiences] or [self.new_tokens(None)])
         routed = self.model is not None and any(getattr(m, "records_routing", False) for m in self.model.modules())
-        return TextCollator(self.tokenizer, self.max_length, train, max_new_tokens=longest, forced=routed and not train)
+        return TextCollator(self.tokenizer, self.max_length, train, max_new_tokens=longest, forced=routed and not train,
+                            chat_template=self.chat_template)
 
     # -- training -------------------------------------------------------------------------
     def _count(self, split: str, batch: dict) -> None:
@@ -310,7 +354,7 @@ class CausalLanguageModeling(Objective):
             atomic_write(folder / f"{task}.jsonl", lambda handle, t=text: handle.write(t), "w")
 
     def summary(self) -> dict[str, Any]:
-        out = {"max_length": self.max_length, "truncated_samples": {k: int(v) for k, v in self._truncated.items()}}
+        out = {"max_length": self.max_length, "chat_template": self.chat_template, "truncated_samples": {k: int(v) for k, v in self._truncated.items()}}
         if self._generations:  # where the final stage's generations are, beside result.json
             out["predictions"] = {task: f"predictions/{task}.jsonl" for task in self._generations}
         return out
