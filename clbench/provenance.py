@@ -2,11 +2,11 @@
 
 A result is only worth what its code can be found again. Every result records the commit of
 the git work tree that holds the imported ``clbench`` package (``env.git_commit``) and whether
-that tree had uncommitted changes to tracked files (``env.git_dirty``, from ``git status
---porcelain --untracked-files=no``: an untracked file is not code a checkout brings back, and
-a scratch file beside the code should not taint a result). A leaderboard passes the files it
-writes itself (its entries, manifest and rendered pages) as ``exclude``, so writing one entry
-does not make the next one "dirty".
+that tree had uncommitted changes to tracked code (``env.git_dirty``): files under
+:data:`CODE_PATHS`, staged or not, as ``git status --porcelain --untracked-files=no`` lists
+them. Code, not every file: a leaderboard's own entries, another leaderboard being
+regenerated, docs and configs (an entry records its resolved config) change no number, while an
+untracked file is not code a checkout brings back.
 
 Everything here answers ``None`` where there is no git (clbench installed from a wheel, no
 ``git`` program): a released version is identified by ``harness.version`` instead.
@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Iterable
 
-# The files whose changes can change a result computed from a recorded config: the engine,
-# the strategy and benchmark plugins, and the dependency pins. Configs are not among them, since
-# an entry records its resolved config.
-CODE_PATHS = ("clbench", "strategies", "benchmarks", "pyproject.toml")
+# The tracked files whose changes can change a result computed from a recorded config (git
+# pathspecs): the engine, the strategy and benchmark plugins with their assets, the dependency
+# pins, and any Python file (a plugin loaded by file path, ``examples/my_strategy.py:Mine``).
+CODE_PATHS = ("clbench", "strategies", "benchmarks", "pyproject.toml", "*.py")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -55,35 +54,27 @@ def head_commit(repo: Path | None = None) -> str | None:
     return (out.strip() or None) if out else None
 
 
-def uncommitted_files(repo: Path | None = None, exclude: Iterable[str | Path] = ()) -> list[str] | None:
-    """Tracked files of ``repo`` (default: clbench's) with uncommitted changes, staged or not.
+def uncommitted_files(repo: Path | None = None) -> list[str] | None:
+    """Tracked code files (:data:`CODE_PATHS`) of ``repo`` (default: clbench's) with uncommitted changes.
 
-    Paths under ``exclude`` (absolute, or relative to the current directory) are left out.
-    None when there is no git work tree.
+    Staged or not; None when there is no git work tree.
     """
     repo = repo or code_repo()
     if repo is None:
         return None
-    spec = ["."]
-    for path in exclude:
-        path = Path(path).absolute()
-        try:
-            spec.append(f":(exclude,top){path.relative_to(repo).as_posix()}")
-        except ValueError:  # outside the repository: nothing of it is tracked there
-            continue
-    out = _git(["status", "--porcelain", "--untracked-files=no", "--", *spec], repo)
+    out = _git(["status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], repo)
     if out is None:
         return None
     return [line[3:] for line in out.splitlines() if line.strip()]
 
 
-def git_state(exclude: Iterable[str | Path] = ()) -> tuple[str | None, bool | None]:
+def git_state() -> tuple[str | None, bool | None]:
     """(commit, dirty) of clbench's work tree; both None without git."""
     repo = code_repo()
     commit = head_commit(repo) if repo else None
     if commit is None:
         return None, None
-    changed = uncommitted_files(repo, exclude)
+    changed = uncommitted_files(repo)
     return commit, (bool(changed) if changed is not None else None)
 
 

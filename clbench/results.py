@@ -47,11 +47,8 @@ class RunState:
         return cls(**known)
 
 
-def environment(exclude=()) -> dict[str, Any]:
-    """Package versions, Python, platform, device and git state (:mod:`clbench.provenance`), for the record.
-
-    ``exclude``: paths whose uncommitted changes do not make the tree dirty (a leaderboard's own files).
-    """
+def environment() -> dict[str, Any]:
+    """Package versions, Python, platform, device and git state (:mod:`clbench.provenance`), for the record."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -66,7 +63,7 @@ def environment(exclude=()) -> dict[str, Any]:
             packages[name] = version(name)
         except PackageNotFoundError:
             packages[name] = None
-    commit, dirty = git_state(exclude)
+    commit, dirty = git_state()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
     # torch_threads is recorded because CPU results depend on it (reduction order).
     return {"python": platform.python_version(), "platform": platform.platform(), "packages": packages,

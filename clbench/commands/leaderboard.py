@@ -34,6 +34,9 @@ def register(sub) -> None:
                      help="rerun every grid point from scratch, replacing its entry when the new run ends "
                           "(after changing code: entries are named by config, not by code)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (one line per run is still printed)")
+    run.add_argument("--allow-dirty", action="store_true",
+                     help="write entries into a folder of clbench's own repository even though tracked files have "
+                          "uncommitted changes (the entries record it; render marks them, verify cannot rerun them)")
     grid = run.add_argument_group("launchers", "where the grid points run (docs/cluster.md)")
     grid.add_argument("--launcher", choices=LAUNCHERS, default="serial",
                       help="serial: one after another in this process (default); local: --jobs worker processes; "
@@ -123,7 +126,8 @@ def handle_run(args: argparse.Namespace) -> int:
     cluster = check_launcher_args(args)
     suite = load_suite(args.suite or default_suite_path())
     console = console_for_tables()
-    common = dict(progress=not args.no_progress, retry_failed=args.retry_failed, force=args.force, console=console)
+    common = dict(progress=not args.no_progress, retry_failed=args.retry_failed, force=args.force,
+                  allow_dirty=args.allow_dirty, console=console)
     if args.launcher == "local":
         from clbench.leaderboard.launch import default_jobs, run_local
 

@@ -142,11 +142,13 @@ def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[di
 
 
 def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, force: bool = False,
-               console=None) -> tuple[SuiteOutcome, list[RunSpec], dict[str, str]]:
+               allow_dirty: bool = False, console=None) -> tuple[SuiteOutcome, list[RunSpec], dict[str, str]]:
     """Check ``output``, write the manifest and say what is left: (outcome so far, to do, entries seen).
 
     ``seen`` maps each grid point that has an entry to that entry's content hash as read now,
-    so whoever runs the point later can tell an entry another process wrote meanwhile.
+    so whoever runs the point later can tell an entry another process wrote meanwhile. With
+    grid points to run, a folder of clbench's own repository is refused from a tree with
+    uncommitted changes unless ``allow_dirty`` (:func:`check_clean`); nothing is written then.
     """
     from rich.console import Console
 
@@ -154,7 +156,8 @@ def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, 
 
     console = console or Console()
     output = Path(output)
-    _check_writable(output)
+    if output.exists() and not output.is_dir():
+        raise UserError(f"output path {output} is a file", where="--output", fix="give a directory path")
     check_entry_names(output)  # a stray or renamed file in entries/ is reported before anything runs
     outcome = SuiteOutcome(total=len(suite.runs))
     todo: list[RunSpec] = []
@@ -168,14 +171,42 @@ def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, 
                 outcome.skipped.append(spec.hash)
                 continue
         todo.append(spec)
+    if todo and not allow_dirty:
+        check_clean(output)
+    _check_writable(output)
     write_json(output / MANIFEST, suite.manifest())
     console.print(f"suite [bold]{suite.name}[/]: {len(suite.runs)} runs, {len(outcome.skipped)} already done, "
                   f"{len(todo)} to run → {output}")
     return outcome, todo, seen
 
 
+def check_clean(output: str | Path) -> None:
+    """Refuse to write entries into a folder of clbench's own repository from uncommitted code.
+
+    "Of clbench's own repository": ``output`` (or its nearest existing parent) is in the git work
+    tree the running clbench package was imported from, where its entries could be committed
+    beside code that never made them. "Uncommitted code": a tracked code file of that tree
+    (:data:`clbench.provenance.CODE_PATHS`) changed, staged or not; the leaderboard's own files
+    (entries, pages) are no code. Folders elsewhere (a scratch folder, a test's temporary folder,
+    another repository) and clbench installed without git are not checked; their entries still
+    record ``env.git_dirty``.
+    """
+    from clbench.provenance import code_repo, repo_of, uncommitted_files
+
+    repo = code_repo()
+    if repo is None or repo_of(output) != repo:
+        return
+    changed = uncommitted_files(repo)
+    if changed:
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise UserError(f"{output} is in clbench's repository and the working tree has uncommitted changes to "
+                        f"tracked code ({shown}): its entries could not be traced to the code that made them",
+                        where="--output", fix="commit or stash the changes, or pass --allow-dirty to write entries "
+                                              "marked as made from uncommitted code")
+
+
 def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_failed: bool = False,
-              force: bool = False, console=None) -> SuiteOutcome:
+              force: bool = False, allow_dirty: bool = False, console=None) -> SuiteOutcome:
     """Run every grid point of ``suite`` that has no entry in ``output``; see the module notes.
 
     ``force`` reruns every grid point from scratch (after a code change: an entry's name says
@@ -185,7 +216,8 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
 
     console = console or Console()
     output = Path(output)
-    outcome, todo, seen = plan_suite(suite, output, retry_failed=retry_failed, force=force, console=console)
+    outcome, todo, seen = plan_suite(suite, output, retry_failed=retry_failed, force=force, allow_dirty=allow_dirty,
+                                     console=console)
     if not todo:
         return outcome
     _Grid(suite, output, outcome, console, progress=progress, force=force, seen=seen).run(todo)

@@ -118,13 +118,14 @@ class _Worker:
 
 
 def run_local(suite: Suite, output: str | Path, *, jobs: int, progress: bool = True, retry_failed: bool = False,
-              force: bool = False, console=None) -> SuiteOutcome:
+              force: bool = False, allow_dirty: bool = False, console=None) -> SuiteOutcome:
     """Run every grid point of ``suite`` missing from ``output``, ``jobs`` worker processes at a time."""
     from rich.console import Console
 
     console = console or Console()
     output = Path(output)
-    outcome, todo, seen = plan_suite(suite, output, retry_failed=retry_failed, force=force, console=console)
+    outcome, todo, seen = plan_suite(suite, output, retry_failed=retry_failed, force=force, allow_dirty=allow_dirty,
+                                     console=console)
     if todo:
         _Local(suite, output, outcome, console, jobs=jobs, force=force, seen=seen).run(todo, progress=progress)
     return outcome

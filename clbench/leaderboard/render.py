@@ -22,7 +22,8 @@ from pathlib import Path
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
-from clbench.leaderboard.table import RANK_BY, TITLES, BenchmarkTable, arrow, build_tables, fmt, runs_cell
+from clbench.leaderboard.table import (RANK_BY, TITLES, BenchmarkTable, arrow, build_tables, fmt, made_dirty,
+                                      runs_cell)
 
 README = "README.md"
 INDEX = "index.html"
@@ -42,7 +43,7 @@ def _provenance(entries: list[dict], root: Path, manifest: dict | None) -> dict:
         "commits": distinct((e["harness"].get("git_commit") or "")[:12] for e in entries),
         "devices": distinct(e["env"].get("device") for e in entries),
         "torch": distinct((e["env"].get("packages") or {}).get("torch") for e in entries),
-        "suite": None, "missing": 0,
+        "suite": None, "missing": 0, "dirty": sum(made_dirty(e) for e in entries),
     }
     if manifest:
         have = {e["config_hash"] for e in entries}
@@ -104,6 +105,24 @@ NOTES = ("Scores are percentages: mean ± sample standard deviation over task or
          "Forgetting are undefined (—).")
 
 
+DIRTY_MARK = "†"
+
+
+def dirty_note(table: BenchmarkTable) -> str | None:
+    """The footnote of a table with rows made (in part) from uncommitted code, or None."""
+    dirty = sum(len(row.dirty) for row in table.rows)
+    if not dirty:
+        return None
+    total = sum(len(row.entries) for row in table.rows)
+    return (f"{DIRTY_MARK} Made from uncommitted code ({dirty} of {total} runs, env.git_dirty): the code that made "
+            "these numbers cannot be found again, so 'clbench leaderboard verify' cannot rerun them. Regenerate "
+            "them from a clean tree.")
+
+
+def _label(row) -> str:
+    return f"{row.label} {DIRTY_MARK}" if row.dirty else row.label
+
+
 ROUTING_NOTE = ("N_eff (MoE methods): the route-wise effective composition number after the last stage, averaged "
                 "over MoE layers: how many compositions (language models: task, position and token-frequency "
                 "buckets; classifiers: test experience and class) share one route, weighted by the routes' share "
@@ -154,6 +173,8 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
         status += f", {info['failed']} failed"
     if info["missing"]:
         status += f", {info['missing']} of the suite's runs not yet run"
+    if info["dirty"]:
+        status += f", {info['dirty']} made from uncommitted code ({DIRTY_MARK})"
     lines.append(f"{status} · {', '.join(info['harness'])} · commit {', '.join(info['commits']) or 'unknown'} · "
                  f"device {', '.join(info['devices']) or 'unknown'} · torch {', '.join(info['torch']) or 'unknown'}")
     lines += ["", f"Regenerate: `{_regenerate(root_arg, manifest)}` (runs only what is missing; add `--force` "
@@ -170,10 +191,12 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
         lines.append("|" + "|".join(["---:", ":---", "---:"] + ["---:"] * len(table.scores) + ["---:"]) + "|")
         for row in table.rows:
             wall = row.wall_seconds
-            cells = [str(row.rank or "—"), _md(row.label), runs_cell(row),
+            cells = [str(row.rank or "—"), _md(_label(row)), runs_cell(row),
                      *[fmt(row.stats.get(s), score=s) for s in table.scores], f"{wall:.1f}" if wall is not None else "—"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        if dirty_note(table):
+            lines += [dirty_note(table), ""]
     failed = [e for e in entries if e["status"] == "failed"]
     if failed:
         lines += ["## Failed runs", ""]
@@ -237,6 +260,7 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin:
        padding: 0 1rem; color: #1d2327; }
 h1 { margin-bottom: .2rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #ddd; }
 .meta, .note { color: #555; } code { background: #f3f3f3; padding: 0 .25rem; border-radius: 3px; }
+.dirty { color: #b3261e; font-weight: 600; }
 table.sortable { border-collapse: collapse; margin: .8rem 0; }
 table.sortable th, table.sortable td { padding: .3rem .6rem; border-bottom: 1px solid #e4e4e4; }
 table.sortable th { cursor: pointer; user-select: none; background: #f6f8fa; text-align: right; white-space: nowrap; }
@@ -317,7 +341,8 @@ def _html_table(table: BenchmarkTable) -> str:
     body = []
     for row in table.rows:
         cells = [f'<td class="num" data-value="{row.rank if row.rank is not None else ""}">{row.rank or "—"}</td>',
-                 f'<td class="text">{_e(row.label)}</td>',
+                 f'<td class="text">{_e(row.label)}' + (f' <sup class="dirty" title="made from uncommitted code">'
+                                                        f'{DIRTY_MARK}</sup>' if row.dirty else "") + '</td>',
                  f'<td class="num" data-value="{len(row.ok)}">{_e(runs_cell(row))}</td>']
         for s in table.scores:
             stat = row.stats.get(s)
@@ -345,6 +370,8 @@ def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, r
     status = f"{info['runs']} runs" + (f", {info['failed']} failed" if info["failed"] else "")
     if info["missing"]:
         status += f", {info['missing']} of the suite's runs not yet run"
+    if info["dirty"]:
+        status += f", {info['dirty']} made from uncommitted code ({DIRTY_MARK})"
     parts.append(f'<p class="meta">{_e(status)} · {_e(", ".join(info["harness"]))} · commit '
                  f'{_e(", ".join(info["commits"]) or "unknown")} · device {_e(", ".join(info["devices"]) or "unknown")}'
                  f' · torch {_e(", ".join(info["torch"]) or "unknown")}</p>')
@@ -357,6 +384,8 @@ def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, r
             if note:
                 parts.append(f'<p class="note">{_e(note)}</p>')
         parts.append(_html_table(table))
+        if dirty_note(table):
+            parts.append(f'<p class="note dirty">{_e(dirty_note(table))}</p>')
         if BAR_METRIC in table.scores:
             comparison = compare_table(table, BAR_METRIC)
             rs = comparison["rank_stability"]
@@ -374,7 +403,8 @@ def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, r
             for e in runs:
                 acc = e["scores"].get(RANK_BY)
                 caption = f"order {e['order_label']} · seed {e['seed']}" + (
-                    f" · ACC {100 * acc:.1f}" if isinstance(acc, (int, float)) else "")
+                    f" · ACC {100 * acc:.1f}" if isinstance(acc, (int, float)) else "") + (
+                    f" · {DIRTY_MARK} uncommitted code" if made_dirty(e) else "")
                 parts.append(f'<figure class="heatmap" data-hash="{_e(e["config_hash"])}">'
                              f'<img alt="R matrix of {_e(row.label)}, {_e(caption)}" src="{_heatmap(e)}">'
                              f"<figcaption>{_e(caption)}</figcaption></figure>")

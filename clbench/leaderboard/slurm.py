@@ -89,12 +89,12 @@ def make_executor(folder: str | Path, options: dict, *, cluster: str, suite: Sui
 
 def run_cluster(suite: Suite, output: str | Path, *, launcher: str = "slurm", options: dict | None = None,
                 wait: bool = True, progress: bool = True, retry_failed: bool = False, force: bool = False,
-                console=None) -> SuiteOutcome:
+                allow_dirty: bool = False, console=None) -> SuiteOutcome:
     """Collect finished jobs, submit the cells still missing, and (``wait``) follow them to the end."""
     from rich.console import Console
 
     return _Cluster(suite, Path(output), CLUSTERS[launcher], options or {}, console or Console()).run(
-        wait=wait, progress=progress, retry_failed=retry_failed, force=force)
+        wait=wait, progress=progress, retry_failed=retry_failed, force=force, allow_dirty=allow_dirty)
 
 
 class _Cluster:
@@ -105,13 +105,14 @@ class _Cluster:
         self.env: dict | None = None
         self.outcome: SuiteOutcome | None = None
 
-    def run(self, *, wait: bool, progress: bool, retry_failed: bool, force: bool) -> SuiteOutcome:
+    def run(self, *, wait: bool, progress: bool, retry_failed: bool, force: bool, allow_dirty: bool = False) \
+            -> SuiteOutcome:
         from clbench.leaderboard.suite import preflight
 
         earlier = SuiteOutcome(total=len(self.suite.runs))
         active = self._collect(earlier) if self.records.is_dir() else {}
         outcome, todo, seen = plan_suite(self.suite, self.output, retry_failed=retry_failed, force=force,
-                                         console=self.console)
+                                         allow_dirty=allow_dirty, console=self.console)
         settled, again = {h for name in COUNTED for h in getattr(earlier, name)}, {s.hash for s in todo}
         for name in COUNTED:  # jobs of an earlier launch that ended since (not those resubmitted now)
             getattr(outcome, name).extend(h for h in getattr(earlier, name) if h not in again)

@@ -85,6 +85,11 @@ class Stat:
     n: int
 
 
+def made_dirty(entry: dict) -> bool:
+    """Whether the entry was made from a tree with uncommitted changes (``env.git_dirty``)."""
+    return bool((entry.get("env") or {}).get("git_dirty"))
+
+
 @dataclass
 class Row:
     key: str
@@ -102,6 +107,11 @@ class Row:
     @property
     def failed(self) -> list[dict]:
         return [e for e in self.entries if e["status"] == "failed"]
+
+    @property
+    def dirty(self) -> list[dict]:
+        """Runs made from uncommitted code (``env.git_dirty``): their code cannot be found again."""
+        return [e for e in self.entries if made_dirty(e)]
 
     @property
     def wall_seconds(self) -> float | None:
