@@ -265,3 +265,30 @@ def test_a_layout_that_does_not_match_the_units_is_not_applied():
     per_image = UnitLayout(sample_labels=torch.tensor([[4], [7]]))  # e.g. 5 patches routed per image
     mask, labels = per_image.resolve(10)
     assert mask is None and labels.reshape(-1).tolist() == [4] * 5 + [7] * 5
+
+
+def test_units_the_layout_cannot_label_are_left_out_of_n_eff_and_reported():
+    """A composition is (domain, *labels) with the same labels for every unit of a layer: a record
+    whose unit count does not match the batch's layout (here 3 of a 2-sample batch's 4 tokens)
+    cannot be labelled, so it is counted as unlabelled instead of as a shorter composition."""
+    from clbench.metrics import effective_compositions
+    from clbench.metrics.compositions import CompositionCounter
+
+    recorder = RoutingRecorder(num_domains=2, compositions=True)
+    labels = torch.tensor([[0, 1], [1, 1]])  # (B, T) position buckets
+    with torch.no_grad(), recorder.domain(1), routing.units(token_mask=torch.ones(2, 2, dtype=torch.bool),
+                                                            token_labels=labels):
+        routing.record("layer", experts=torch.tensor([[0], [1], [1], [1]]), num_experts=2)  # 4 = B*T units
+        routing.record("layer", experts=torch.tensor([[0], [0], [1]]), num_experts=2)       # 3: not B*u
+    summary = recorder.compositions()["layer"]
+    expected = effective_compositions([0, 1, 1, 1], [[1, 0], [1, 1], [1, 1], [1, 1]]).n_eff
+    assert summary == {"n_eff": pytest.approx(expected), "routes": 2, "compositions": 2, "units": 4,
+                       "unlabelled": 3}
+    assert "unlabelled" not in recorder.compositions([0]).get("layer", {})
+
+    counter = CompositionCounter()
+    counter.update(torch.tensor([[0], [1]]), 0, labels=torch.tensor([[3], [4]]))
+    with pytest.raises(ValueError, match="compositions changed from 1 labels to 0"):
+        counter.update(torch.tensor([[0]]), 0)
+    with pytest.raises(ValueError, match="compositions changed"):
+        counter.merge({(1, 0): 2}, 1)

@@ -191,3 +191,37 @@ def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["expert_utilization"] == util
     assert resumed["route_compositions"] == reference["route_compositions"]
+
+
+@pytest.fixture(scope="module")
+def deep_model(tmp_path_factory):
+    """A random 30-layer Llama (the depth of SmolLM2-135M) of width 16, saved and loaded like a
+    downloaded checkpoint."""
+    from clbench.lm.fixtures import write_tiny_model
+    from clbench.lm.models import EMBEDDED_TOKENIZERS
+
+    return write_tiny_model(tmp_path_factory.mktemp("lm") / "llama-30", EMBEDDED_TOKENIZERS["trace-mini"](), "llama",
+                            layers=30, hidden=16, heads=2, intermediate=16, max_positions=256)
+
+
+@pytest.mark.parametrize("strategy", ["moses", "mh_moe", "loramoe"])
+def test_moe_methods_with_their_defaults_report_n_eff_on_a_30_layer_model(strategy, deep_model, tmp_path):
+    """Every default targets every layer: each adapted projection gets its route-wise N_eff after
+    every stage, from labelled units only (MoSEs' batches split across tasks' keys included)."""
+    from clbench.config import resolve_config
+    from clbench.runner import run
+    from helpers import tiny_config
+
+    raw = tiny_config(benchmark={"class_path": "trace-mini",
+                                 "init_args": {"tasks": ["FOMC", "NumGLUE-cm"], "n_train": 8, "n_test": 4}},
+                      model={"class_path": "hf_causal_lm", "init_args": {"path": str(deep_model)}},
+                      objective={"class_path": "causal_lm", "init_args": {"max_length": 96, "max_new_tokens": 2}},
+                      strategy={"class_path": strategy},
+                      train={"epochs": 1, "batch_size": 8, "optimizer": {"class_path": "adamw", "init_args": {"lr": 0.01}}})
+    raw["model"]["init_args"].pop("hidden", None)
+    result = run(resolve_config(raw), tmp_path / strategy)
+    layers = {"moses": 60, "mh_moe": 90, "loramoe": 90}[strategy]  # q/v, or the MLP's gate/up/down, x 30
+    for stage in result["route_compositions"]:
+        assert len(stage) == layers
+        assert all(figures["n_eff"] >= 1 and "unlabelled" not in figures for figures in stage.values())
+    assert result["scores"]["n_eff"] >= 1

@@ -16,6 +16,8 @@ from clbench.lm.moses_layers import (
     mose_layers,
     straight_through_mask,
 )
+from clbench.metrics import routing
+from clbench.metrics.routing import RoutingRecorder
 from clbench.streams import Experience
 from strategies.lora import base_state
 from strategies.moses import MoSEs, match, pull_loss, query
@@ -71,6 +73,16 @@ def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
     for i, slot in enumerate((0, 1)):
         state.slots = torch.tensor([slot])
         torch.testing.assert_close(mixed[i:i + 1], layer(x[i:i + 1]))
+    # a batch split across tasks records its routing once, in batch order: padding is left out
+    # and every unit keeps its labels (its N_eff composition)
+    recorder = RoutingRecorder(num_domains=1, compositions=True).attach(layer)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    state.slots = torch.tensor([0, 1])
+    with torch.no_grad(), recorder.domain(0), routing.units(token_mask=mask, token_labels=torch.arange(8).reshape(2, 4) % 3):
+        layer(x)
+    assert recorder.compute()["MoSELinear"]["units"].item() == 7
+    figures = recorder.compositions()["MoSELinear"]
+    assert figures["units"] == 7 and figures["compositions"] == 3 and "unlabelled" not in figures
 
 
 def test_pull_loss_on_a_hand_built_case():

@@ -140,30 +140,43 @@ class MoSELinear(AdaptedLinear):
         gates = torch.zeros_like(logits).scatter(-1, top_indices, top_values.softmax(-1))
         return gates, top_indices, logits.softmax(-1)
 
-    def mixture(self, h: Tensor, slot: int | None) -> Tensor:
-        """β · MoSE(h) for tokens ``h`` (M, d_in) under one task's masks."""
+    def mixture(self, h: Tensor, slot: int | None) -> tuple[Tensor, Tensor, Tensor]:
+        """β · MoSE(h) for tokens ``h`` (M, d_in) under one task's masks; its top-k indices (M, k)
+        and router softmax (M, N) for the routing record."""
         a, b, router = self.weights(slot)
         gates, chosen, probs = self.route(h @ router.T)
-        if routing.is_recording():
-            routing.record(self, experts=chosen, gates=probs)
         codes = torch.einsum("md,nrd->mnr", h, a) * gates.unsqueeze(-1)
-        return (codes.flatten(1) @ b.flatten(0, 1)) * self.scaling
+        return (codes.flatten(1) @ b.flatten(0, 1)) * self.scaling, chosen, probs
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.base_layer(x)
         state = self.state
         if self.training and state.training_slot is not None:
-            h = x.reshape(-1, x.shape[-1]).to(self.lora_A.dtype)
-            return out + self.mixture(h, None).view(*x.shape[:-1], -1).to(out.dtype)
+            delta, chosen, probs = self.mixture(x.reshape(-1, x.shape[-1]).to(self.lora_A.dtype), None)
+            self._record(chosen, probs)
+            return out + delta.view(*x.shape[:-1], -1).to(out.dtype)
         slots = state.slots
         if slots is None:
             return out
-        delta = torch.zeros(*x.shape[:-1], self.out_features, dtype=self.lora_A.dtype, device=x.device)
+        # Samples of different tasks go through their own masks, group by group; the routing is
+        # put back in batch order and recorded once, so its units line up with the batch's
+        # (padding and labels, clbench.metrics.routing.units).
+        lead = x.shape[:-1]
+        delta = torch.zeros(*lead, self.out_features, dtype=self.lora_A.dtype, device=x.device)
+        chosen = torch.zeros(*lead, self.top_k, dtype=torch.long, device=x.device)
+        probs = torch.zeros(*lead, self.num_experts, dtype=delta.dtype, device=x.device)
         for slot in slots.unique().tolist():
             rows = (slots == slot).nonzero().squeeze(1)
             xs = x[rows]
-            delta[rows] = self.mixture(xs.reshape(-1, x.shape[-1]).to(delta.dtype), slot).view(*xs.shape[:-1], -1)
+            d, c, p = self.mixture(xs.reshape(-1, x.shape[-1]).to(delta.dtype), slot)
+            delta[rows] = d.view(*xs.shape[:-1], -1)
+            chosen[rows], probs[rows] = c.view(*xs.shape[:-1], -1), p.view(*xs.shape[:-1], -1).to(probs.dtype)
+        self._record(chosen.reshape(-1, self.top_k), probs.reshape(-1, self.num_experts))
         return out + delta.to(out.dtype)
+
+    def _record(self, chosen: Tensor, probs: Tensor) -> None:
+        if routing.is_recording():
+            routing.record(self, experts=chosen, gates=probs)
 
     def param_counts(self) -> dict[str, int]:
         """Learnable weights (A, B, router; scores not counted) and those one task's masks keep."""

@@ -103,6 +103,8 @@ class CompositionCounter:
     def __init__(self) -> None:
         self.pairs: dict[tuple[int, ...], int] = {}
         self.width: int | None = None  # route length k
+        self.composition_width: int | None = None  # 1 + the number of labels
+        self.unlabelled: dict[int, int] = {}  # per domain: units recorded without their labels
 
     def update(self, routes: Any, domain: int, *, labels: Any = None, keep: Any = None) -> None:
         """``routes`` (N, k) expert indices; ``labels`` (N, m) or None; ``keep`` (N,) bool or None."""
@@ -120,6 +122,7 @@ class CompositionCounter:
             self.width = routes.shape[1]
         elif self.width != routes.shape[1]:
             raise ValueError(f"a layer's routes changed width from {self.width} to {routes.shape[1]}")
+        self._check_compositions(rows.shape[1] - self.width)
         if rows.shape[0] == 0:
             return
         unique, counts = torch.unique(rows, dim=0, return_counts=True)
@@ -127,18 +130,37 @@ class CompositionCounter:
             key = tuple(row)
             self.pairs[key] = self.pairs.get(key, 0) + count
 
-    def merge(self, pairs: dict[tuple[int, ...], int], width: int | None) -> None:
+    def _check_compositions(self, width: int) -> None:
+        """One layer's compositions are all (domain, *the same labels): N_eff's p(c|r) compares
+        them, and a shorter tuple would be a different composition for no reason in the data."""
+        if self.composition_width is None:
+            self.composition_width = width
+        elif self.composition_width != width:
+            raise ValueError(f"a layer's compositions changed from {self.composition_width - 1} labels to "
+                             f"{width - 1}: record units without labels with skip(), not as compositions")
+
+    def skip(self, domain: int, units: int) -> None:
+        """Count ``units`` of ``domain`` whose labels are unknown (left out of N_eff, reported)."""
+        if units:
+            self.unlabelled[int(domain)] = self.unlabelled.get(int(domain), 0) + int(units)
+
+    def merge(self, pairs: dict[tuple[int, ...], int], width: int | None,
+              unlabelled: dict[int, int] | None = None) -> None:
         """Add another counter's pairs (another process's shard of the same layer)."""
+        for domain, units in (unlabelled or {}).items():
+            self.skip(domain, units)
         if width is None:
             return
         if self.width is not None and self.width != width:
             raise ValueError(f"cannot merge routes of width {width} into width {self.width}")
         self.width = width
         for key, count in pairs.items():
+            self._check_compositions(len(key) - width)
             self.pairs[key] = self.pairs.get(key, 0) + count
 
     def summary(self, domains: Any = None) -> dict[str, float] | None:
-        """``{"n_eff", "routes", "compositions", "units"}`` over the units of ``domains``; None if none."""
+        """``{"n_eff", "routes", "compositions", "units"}`` over the labelled units of ``domains``
+        (plus ``"unlabelled"``, the units left out, when there are any); None if none."""
         wanted = None if domains is None else {int(d) for d in domains}
         keys = [key for key in self.pairs if wanted is None or key[self.width] in wanted]
         if not keys:
@@ -148,5 +170,9 @@ class CompositionCounter:
         compositions = np.array([key[width:] for key in keys])
         weights = np.array([self.pairs[key] for key in keys], dtype=float)
         figures = effective_compositions(routes, compositions, weights=weights)
-        return {"n_eff": figures.n_eff, "routes": int(len(figures.routes)),
-                "compositions": int(figures.num_compositions), "units": int(weights.sum())}
+        out = {"n_eff": figures.n_eff, "routes": int(len(figures.routes)),
+               "compositions": int(figures.num_compositions), "units": int(weights.sum())}
+        skipped = sum(n for d, n in self.unlabelled.items() if wanted is None or d in wanted)
+        if skipped:
+            out["unlabelled"] = skipped
+        return out

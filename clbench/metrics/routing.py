@@ -84,6 +84,11 @@ class UnitLayout:
     token_labels: Tensor | None = None   # (B, T, m) integer labels per token
     sample_labels: Tensor | None = None  # (B, m) integer labels per sample
 
+    @property
+    def label_width(self) -> int:
+        """How many labels every unit of these forwards has (sample labels, then token labels)."""
+        return sum(t.shape[-1] for t in (self.sample_labels, self.token_labels) if t is not None)
+
     def resolve(self, n: int) -> tuple[Tensor | None, Tensor | None]:
         """(mask (n,), labels (n, m)) for a record of ``n`` units; None where they do not apply."""
         tokens = self.token_mask if self.token_mask is not None else self.token_labels
@@ -284,7 +289,10 @@ class RoutingRecorder:
             from clbench.metrics.compositions import CompositionCounter
 
             counter = self._compositions.setdefault(name, CompositionCounter())
-            counter.update(chosen, domain, labels=None if labels is None else labels.to(device), keep=keep)
+            if (0 if labels is None else labels.shape[1]) == (0 if layout is None else layout.label_width):
+                counter.update(chosen, domain, labels=None if labels is None else labels.to(device), keep=keep)
+            else:  # the layout cannot say which labels these units carry: no composition for them
+                counter.skip(domain, chosen.shape[0] if keep is None else int(keep.sum()))
 
     # -- results -----------------------------------------------------------------------------
     def compute(self) -> dict[str, dict[str, Tensor]]:
@@ -322,11 +330,11 @@ class RoutingRecorder:
 
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             shards: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(shards, {name: (c.pairs, c.width) for name, c in counters.items()})
+            dist.all_gather_object(shards, {name: (c.pairs, c.width, c.unlabelled) for name, c in counters.items()})
             counters = {}
             for shard in shards:
-                for name, (pairs, width) in shard.items():
-                    counters.setdefault(name, CompositionCounter()).merge(pairs, width)
+                for name, (pairs, width, unlabelled) in shard.items():
+                    counters.setdefault(name, CompositionCounter()).merge(pairs, width, unlabelled)
         out = {}
         for name in sorted(counters):
             figures = counters[name].summary(domains)
