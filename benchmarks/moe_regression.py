@@ -36,12 +36,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 from torch.utils.data import TensorDataset
 
 from clbench.errors import UserError
 from clbench.streams import StreamSpec, build_scenario
+
+Count = Annotated[int, Field(ge=1)]
+Scale = Annotated[float, Field(gt=0)]  # a standard deviation or a scale factor
 
 
 @dataclass
@@ -88,12 +93,12 @@ def round_inputs(x: torch.Tensor, xbar: torch.Tensor, t: int) -> torch.Tensor:
     return torch.cat([x, xbar.expand(n, -1), torch.full((n, 1), float(t), dtype=x.dtype)], 1)
 
 
-def moe_regression(rounds: int = 40, num_tasks: int = 6, num_clusters: int = 3, dim: int = 10, samples: int = 6,
-                   sigma0: float = 0.4, sigma_t: float = 0.1, signal_scale: float | None = None, seed: int = 0):
+def moe_regression(rounds: Count = 40, num_tasks: Count = 6, num_clusters: Count = 3, dim: Count = 10,
+                   samples: Count = 6, sigma0: Scale = 0.4, sigma_t: Scale = 0.1, signal_scale: Scale | None = None,
+                   seed: Annotated[int, Field(ge=0)] = 0):
     """One experience per round: ``s`` training samples, and the ``d`` basis test samples that
-    score the model error of Eq. 14 (see the module docstring)."""
-    if rounds < 1:
-        raise UserError(f"rounds must be >= 1, got {rounds}", where="benchmark.init_args.rounds", fix="use e.g. 40")
+    score the model error of Eq. 14 (see the module docstring). Counts are >= 1 and scales > 0
+    (``sigma0 ** 1.5`` of a negative ``sigma0`` is complex), checked from the signature."""
     stream = make_stream(seed, rounds, num_tasks, num_clusters, dim, samples, sigma0, sigma_t, signal_scale)
     basis = math.sqrt(dim) * torch.eye(dim, dtype=torch.float64)
     train, test, names = [], [], []

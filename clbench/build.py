@@ -1,9 +1,10 @@
 """Build a run's components from a resolved config.
 
 ``init_args`` are checked against the target's signature before it is called: unknown keys
-(with the closest valid one), missing required ones and values whose type does not match a
-simple annotation (int, float, bool, str, list, Optional, Literal) are reported as one-line
-:class:`~clbench.errors.UserError` naming the file and field.
+(with the closest valid one), missing required ones and values that do not fit their
+annotation (checked by :mod:`clbench.validation` with pydantic: containers, ``Literal``,
+``Union`` and constraints declared in the signature, such as ``Annotated[int, Field(ge=1)]``)
+are reported as one-line :class:`~clbench.errors.UserError` naming the file and field.
 """
 
 from __future__ import annotations
@@ -14,38 +15,7 @@ from typing import Any, Callable
 
 from clbench import registry
 from clbench.errors import UserError, did_you_mean
-
-
-def _matches(value: Any, annotation: Any) -> bool:
-    """Whether ``value`` fits a simple annotation; unknown annotations accept anything."""
-    if annotation is inspect.Parameter.empty or annotation is Any:
-        return True
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
-        return any(_matches(value, a) for a in args)
-    if origin is typing.Literal:
-        return value in args
-    if annotation is type(None):
-        return value is None
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    if origin in (list, tuple) or annotation in (list, tuple):
-        return isinstance(value, (list, tuple))
-    if origin is dict or annotation is dict:
-        return isinstance(value, dict)
-    return True
-
-
-def _describe(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) or str(annotation)
-    return text.replace("typing.", "")
+from clbench.validation import Invalid, check_value, fix_for
 
 
 def check_init_args(target: Callable, init_args: dict, where: str, provided: tuple[str, ...] = ()) -> None:
@@ -59,7 +29,7 @@ def check_init_args(target: Callable, init_args: dict, where: str, provided: tup
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     named = {n: p for n, p in params.items() if p.kind is not p.VAR_KEYWORD and n not in provided}
     try:
-        hints = typing.get_type_hints(func)
+        hints = typing.get_type_hints(func, include_extras=True)
     except Exception:  # unresolvable forward references: skip type checks
         hints = {}
     for key, value in init_args.items():
@@ -72,9 +42,13 @@ def check_init_args(target: Callable, init_args: dict, where: str, provided: tup
                                 fix=did_you_mean(key, named) if named else "this component takes no arguments")
             continue
         annotation = hints.get(key, named[key].annotation)
-        if not _matches(value, annotation):
-            raise UserError(f"expected {_describe(annotation)}, got {type(value).__name__} {value!r}",
-                            where=f"{where}.{key}", fix=f"give {key} a value of type {_describe(annotation)}")
+        if annotation is inspect.Parameter.empty or isinstance(annotation, str):
+            continue  # unannotated, or a forward reference that does not resolve: anything goes
+        try:
+            check_value(value, annotation)
+        except Invalid as err:
+            raise UserError(err.what, where=f"{where}.{key}{err.path}",
+                            fix=fix_for(key, annotation)) from None
     missing = [n for n, p in named.items() if p.default is inspect.Parameter.empty and n not in init_args
                and p.kind is not p.VAR_KEYWORD]
     if missing:
@@ -156,8 +130,25 @@ def preflight(cfg: dict, source: str) -> None:
 
 def build_benchmark(cfg: dict, source: str):
     spec = cfg["benchmark"]
-    target = registry.resolve("benchmarks", spec["class_path"], where=f"{source}: benchmark.class_path")
-    return _call(target, spec["init_args"], f"{source}: benchmark.init_args", source)
+    where = f"{source}: benchmark.class_path"
+    target = registry.resolve("benchmarks", spec["class_path"], where=where)
+    scenario = _call(target, spec["init_args"], f"{source}: benchmark.init_args", source)
+    _check_stream(scenario, spec["class_path"], where)
+    return scenario
+
+
+def _check_stream(scenario: Any, name: str, where: str) -> None:
+    """What the runner reads of a stream: ``train_stream`` and ``test_stream``, each a sequence
+    of experiences, the training one not empty (an Avalanche scenario, or
+    :func:`clbench.streams.build_scenario`'s)."""
+    fix = "return an Avalanche scenario, e.g. from clbench.streams.build_scenario (see docs/datasets.md)"
+    try:
+        sizes = [len(getattr(scenario, part)) for part in ("train_stream", "test_stream")]
+    except (AttributeError, TypeError):
+        raise UserError(f"benchmark '{name}' returned a {type(scenario).__name__}, not a stream with "
+                        "train_stream and test_stream", where=where, fix=fix) from None
+    if not sizes[0]:
+        raise UserError(f"benchmark '{name}' returned a stream without experiences", where=where, fix=fix)
 
 
 def _objective_class(name: str, where: str):
@@ -228,10 +219,10 @@ def optimizer_factory(cfg: dict, source: str) -> Callable:
 
     try:
         target([torch.nn.Parameter(torch.zeros(1))], **args)
-    except ValueError as err:
+    except (ValueError, TypeError) as err:  # a value outside the range, or of a type the annotation let through
         raise UserError(f"the optimizer refuses its arguments: {err}", where=f"{where}.init_args",
                         fix="check the values under train.optimizer.init_args") from None
-    except Exception:  # an optimizer that needs real parameters: its own call reports it
+    except Exception:  # noqa: BLE001 - an optimizer that needs real parameters: its own call reports it
         pass
     return lambda params: target(params, **args)
 

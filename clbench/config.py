@@ -21,8 +21,10 @@ torch. ``init_args`` are checked against the target's signature when it is built
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -115,13 +117,32 @@ class DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
+# YAML 1.2 core schema floats, plus bare inf/nan: what a person means by a number. PyYAML reads
+# YAML 1.1, where 1e-3 (no dot) and 1e30 are strings, so `lr: 1e-3` would reach the optimizer
+# as text. Non-finite values are read as floats and refused where a field must be finite.
+_FLOAT = (r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
+          r"|[-+]?\.?(?:inf|Inf|INF)|\.?(?:nan|NaN|NAN))$")
+
+
+@functools.lru_cache(maxsize=1)
 def _strict_loader():
-    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last
-    silently, so a forgotten earlier value would decide the run). Merge keys (``<<``) may still
-    be overridden: that is what they are for."""
+    """YAML's safe loader, with YAML 1.2 floats (``1e-3``, ``1E3``, ``.5``, ``inf``, ``.nan``), refusing
+    a key given twice in one mapping (plain YAML keeps the last silently, so a forgotten earlier
+    value would decide the run). Merge keys (``<<``) may still be overridden: that is what they
+    are for. Every YAML the harness reads (configs, overrides, suites) goes through it."""
+    import re
+
     import yaml
 
+    float_tag = "tag:yaml.org,2002:float"
+
     class StrictLoader(yaml.SafeLoader):
+        # Resolvers are a class-level table keyed by first character; replace the float row in a
+        # copy so plain yaml.SafeLoader stays as it is.
+        yaml_implicit_resolvers = {
+            first: [(tag, regexp) for tag, regexp in resolvers if tag != float_tag]
+            for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
@@ -137,11 +158,12 @@ def _strict_loader():
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+    StrictLoader.add_implicit_resolver(float_tag, re.compile(_FLOAT), list("-+0123456789.iInN"))
     return StrictLoader
 
 
 def load_yaml_text(text: str) -> Any:
-    """``yaml.safe_load`` that raises :class:`DuplicateKey` for a key given twice."""
+    """``yaml.safe_load`` with YAML 1.2 floats, raising :class:`DuplicateKey` for a key given twice."""
     import yaml
 
     return yaml.load(text, Loader=_strict_loader())
@@ -254,7 +276,7 @@ def blame_overrides(err: UserError, source: str, overrides: list[str] | None) ->
     if not overrides or not err.where or not err.where.startswith(prefix):
         return err
     field = err.where[len(prefix):]
-    if any(field == key or field.startswith(key + ".") for key in override_keys(overrides)):
+    if any(field == key or field.startswith((key + ".", key + "[")) for key in override_keys(overrides)):
         err.where = f"command line: {field}"
         err.args = (err.one_line(),)
     return err
@@ -285,6 +307,9 @@ def _check(node: Any, spec: Any, path: str, source: str) -> None:
         if not ok:
             raise UserError(f"expected {_type_names(spec)}, got {type(node).__name__} {node!r}",
                             where=f"{source}: {path}", fix=f"set {path} to a value of type {_type_names(spec)}")
+        if isinstance(node, float) and not math.isfinite(node):
+            raise UserError(f"must be a finite number, got {node}", where=f"{source}: {path}",
+                            fix=f"set {path} to a finite number")
         if path in _POSITIVE and node <= 0:
             raise UserError(f"must be positive, got {node}", where=f"{source}: {path}", fix=f"set {path} >= 1")
         if path in _NON_NEGATIVE and node < 0:
@@ -335,7 +360,7 @@ def _complete(cfg: dict, source: str) -> None:
                 raise UserError("missing class_path", where=f"{source}: {where}.class_path",
                                 fix="name the component, e.g. class_path: cosine")
     _check_names(cfg, source)
-    _check_order(cfg["order"], source)
+    check_order(cfg["order"], f"{source}: order")
 
 
 def _check_names(cfg: dict, source: str) -> None:
@@ -364,11 +389,18 @@ def _check_names(cfg: dict, source: str) -> None:
                             fix="give an existing .py file as 'path/to/file.py:ClassName'")
 
 
-def _check_order(order: Any, source: str) -> None:
-    where = f"{source}: order"
+def check_order(order: Any, where: str) -> None:
+    """A run's ``order`` (or one of a suite's ``orders``): a name, a list of experience names or
+    ``{permutation: <seed >= 0>}``. ``where`` names the file and field in errors."""
     if isinstance(order, str):
+        if not order:
+            raise UserError("the order is an empty name", where=where,
+                            fix="use a named order such as default, a list of names, or {permutation: <int seed>}")
         return  # named orders are checked by the benchmark, which knows its names
     if isinstance(order, list):
+        if not order:
+            raise UserError("an explicit order lists no experience", where=where,
+                            fix="write e.g. order: [rot0, rot90, ...]")
         if not all(isinstance(name, str) for name in order):
             raise UserError("an explicit order is a list of experience names", where=where,
                             fix="write e.g. order: [rot0, rot90, ...]")
@@ -377,8 +409,8 @@ def _check_order(order: Any, source: str) -> None:
             raise UserError(f"experience(s) {', '.join(duplicated)} appear more than once", where=where,
                             fix="list each experience exactly once")
         return
-    seed = order.get("permutation")
-    if set(order) != {"permutation"} or not isinstance(seed, int) or isinstance(seed, bool):
+    seed = order.get("permutation") if isinstance(order, dict) else None
+    if not isinstance(order, dict) or set(order) != {"permutation"} or not isinstance(seed, int) or isinstance(seed, bool):
         raise UserError(f"unrecognised order {order!r}", where=where,
                         fix="use a named order, a list of names, or {permutation: <int seed>}")
     if seed < 0:

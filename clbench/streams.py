@@ -113,6 +113,9 @@ def experience_names(scenario) -> list[str]:
 
 def resolve_order(scenario, order: Any, *, where: str = "order") -> list[int]:
     """Indices into the builder's experiences, in run order."""
+    from clbench.config import check_order
+
+    check_order(order, where)  # the same checks as a config's and a suite's
     names = experience_names(scenario)
     spec: StreamSpec | None = getattr(scenario, "clbench", None)
     named = {"default": names, "reverse": names[::-1], **(spec.named_orders if spec else {})}
@@ -123,18 +126,12 @@ def resolve_order(scenario, order: Any, *, where: str = "order") -> list[int]:
                                 "or {permutation: <seed>}")
         order = named[order]
     if isinstance(order, dict):
-        seed = order.get("permutation")
-        if set(order) != {"permutation"} or not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise UserError(f"unrecognised order {order!r}", where=where,
-                            fix="a permutation's seed is an integer >= 0, e.g. {permutation: 3}")
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(order["permutation"])
         return [int(i) for i in rng.permutation(len(names))]
     unknown = [n for n in order if n not in names]
     if unknown:
         raise UserError(f"unknown experience(s) {', '.join(map(str, unknown))}", where=where,
                         fix=f"this stream's experiences are: {', '.join(names)}")
-    if len(set(order)) != len(order):
-        raise UserError("an experience appears more than once", where=where, fix="list each experience once")
     if len(order) != len(names):
         missing = [n for n in names if n not in order]
         raise UserError(f"order leaves out {', '.join(missing)}", where=where,

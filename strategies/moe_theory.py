@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from clbench.errors import UserError
@@ -209,7 +211,8 @@ class MoETheoryModel(nn.Module):
         return (x * self.experts[expert]).sum(-1)
 
 
-def moe_theory_model(input_shape, output_dim: int = 1, num_experts: int = 5, max_rounds: int = 4096):
+def moe_theory_model(input_shape, output_dim: int = 1, num_experts: Annotated[int, Field(ge=1)] = 5,
+                     max_rounds: Annotated[int, Field(ge=1)] = 4096):
     """Model factory (config ``model: {class_path: strategies.moe_theory:moe_theory_model}``)."""
     return MoETheoryModel(input_shape, output_dim, num_experts, max_rounds)
 
@@ -219,14 +222,16 @@ class MoETheory(Strategy):
 
     ``eta``: gating step size. ``alpha``: load-balance weight. ``lam``: routing-noise range.
     ``gamma``: termination threshold. ``terminate``: early termination on or off. ``explore``:
-    ``T_1`` (None: ``ceil(M / eta)``).
+    ``T_1`` (None: ``ceil(M / eta)``). The step size is positive (a negative one climbs the
+    locality loss; zero never trains the gate and makes ``T_1`` infinite); the others are >= 0.
     """
 
     owns_update = True
     supports_distributed = False  # one routing decision per round: batches are not split
 
-    def __init__(self, eta: float = 0.5, alpha: float = 0.5, lam: float = 0.3, gamma: float = 0.4 ** 1.25,
-                 terminate: bool = True, explore: int | None = None):
+    def __init__(self, eta: Annotated[float, Field(gt=0)] = 0.5, alpha: Annotated[float, Field(ge=0)] = 0.5,
+                 lam: Annotated[float, Field(ge=0)] = 0.3, gamma: Annotated[float, Field(ge=0)] = 0.4 ** 1.25,
+                 terminate: bool = True, explore: Annotated[int, Field(ge=0)] | None = None):
         super().__init__()
         self.eta, self.alpha, self.lam, self.gamma = eta, alpha, lam, gamma
         self.terminate, self.explore = terminate, explore

@@ -60,7 +60,7 @@ def test_negative_permutation_seed_is_refused_by_the_stream_too():
     from benchmarks.digits import digits_domains
     from clbench.streams import resolve_order
 
-    with pytest.raises(UserError, match="order: unrecognised order"):
+    with pytest.raises(UserError, match="order: a permutation's seed must be >= 0"):
         resolve_order(digits_domains(), {"permutation": -3})
 
 

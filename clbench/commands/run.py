@@ -74,7 +74,8 @@ def register(sub) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from clbench.config import load_config
+    from clbench.config import blame_overrides, load_config
+    from clbench.errors import UserError
 
     cfg = load_config(args.config, args.overrides)
     import torch
@@ -82,8 +83,11 @@ def handle(args: argparse.Namespace) -> int:
     torch.set_num_threads(auto_threads(cfg["trainer"]) if args.threads == "auto" else args.threads)
     from clbench.runner import run  # heavy imports only once the config is known to be valid
 
-    result = run(cfg, Path(args.output), source=args.config, resume=args.resume, overwrite=args.overwrite,
-                 progress=False if args.no_progress else None)
+    try:
+        result = run(cfg, Path(args.output), source=args.config, resume=args.resume, overwrite=args.overwrite,
+                     progress=False if args.no_progress else None)
+    except UserError as err:  # a component's check of a value the command line set: blame the command line
+        raise blame_overrides(err, args.config, args.overrides) from None
     # Only the global rank 0 reports: Lightning's own launcher sets LOCAL_RANK/NODE_RANK,
     # torchrun RANK, srun SLURM_PROCID.
     if all(os.environ.get(key, "0") == "0" for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")):

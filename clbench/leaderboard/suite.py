@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.config import config_hash, deep_merge, order_label, read_yaml, resolve_config
+from clbench.config import check_order, config_hash, deep_merge, order_label, read_yaml, resolve_config
 from clbench.errors import UserError, did_you_mean
 
 SUITE_KEYS = ("name", "description", "benchmarks", "models", "strategies", "orders", "seeds", "base", "threads",
@@ -158,27 +158,12 @@ def _non_empty_list(raw: dict, key: str, source: str) -> list:
     return value
 
 
-def _check_order(order: Any, where: str) -> None:
-    if isinstance(order, str) and order:
-        return
-    if isinstance(order, list) and order and all(isinstance(n, str) for n in order):
-        if len(set(order)) != len(order):
-            raise UserError("an experience appears more than once", where=where, fix="list each experience once")
-        return
-    if (isinstance(order, dict) and set(order) == {"permutation"} and isinstance(order["permutation"], int)
-            and not isinstance(order["permutation"], bool)):
-        return
-    raise UserError(f"unrecognised order {order!r}", where=where,
-                    fix="use a named order (default, reverse, ...), a list of experience names, "
-                        "or {permutation: <int seed>}")
-
-
 def _orders(value: Any, where: str) -> list:
     if not isinstance(value, list) or not value:
         raise UserError(f"expected a non-empty list of orders, got {value!r}", where=where,
                         fix="write e.g. orders: [default, reverse, {permutation: 1}]")
     for i, order in enumerate(value):
-        _check_order(order, f"{where}[{i}]")
+        check_order(order, f"{where}[{i}]")
     labels = [order_label(o) for o in value]
     repeated = sorted({lab for lab in labels if labels.count(lab) > 1})
     if repeated:

@@ -267,10 +267,12 @@ EMBEDDED_TOKENIZERS: dict[str, Callable[[], Path]] = {"trace-mini": _trace_mini_
 
 
 def _from_disk(load: Callable[[], Any], name: str, field: str) -> Any:
-    """Run a ``local_files_only`` load; a missing or incomplete model is a one-line UserError."""
+    """Run a ``local_files_only`` load; a missing, incomplete or truncated model is a one-line UserError."""
+    from safetensors import SafetensorError
+
     try:
         return _flash_guard(load)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, SafetensorError) as err:
         if Path(name).expanduser().is_dir():
             detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(f"cannot load from {name}: {detail}", where=f"{WHERE}.{field}",

@@ -25,8 +25,10 @@ behind one routing decision, and the early blocks are frozen (see that module).
 
 Choices:
 
-* ``moe_blocks`` (0-based block indices) defaults to the last third of the blocks:
-  ``range(depth - depth // 3, depth)``, i.e. blocks 8-11 of 12. The thesis reports routing
+* ``moe_blocks`` (0-based block indices) defaults to the last third of the blocks, and at least
+  the last block: ``range(depth - max(1, depth // 3), depth)``, i.e. blocks 8-11 of 12, 4-5 of
+  6, the last one of 2. An MoE model with no MoE block is refused (``label: ViT`` is the dense
+  model). The thesis reports routing
   "at the first MoE layer (block 8 in depth)" and its variant 2 splits "the final 4 layers";
   0-based block 8 of 12 starts exactly the final four.
 * Initialisation: random by default (timm's initialisation for the dense parts; experts
@@ -45,11 +47,14 @@ Choices:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Annotated, Literal
 
+from pydantic import Field
 from torch import nn
 
+from clbench.errors import UserError
 from clbench.vision.moe import MoEMLP
+from clbench.vision.routers import ROUTERS
 
 LABELS: dict[str, dict] = {
     "ViT": {"moe_blocks": []},
@@ -59,30 +64,49 @@ LABELS: dict[str, dict] = {
     "EMA router": {"num_experts": 4, "top_k": 1, "router": "ema_centroid"},
     "Prototype router": {"num_experts": 4, "top_k": 1, "router": "prototype"},
 }
+Label = Literal[tuple(LABELS)]
+RouterName = Literal[(*ROUTERS, "prototype")]
+Positive = Annotated[int, Field(ge=1)]
+Multiplier = Annotated[float, Field(gt=0)]  # a learning-rate multiplier
+ARGS = "model.init_args"  # where this model's settings live in a run config
 DEFAULTS = {"num_experts": 4, "top_k": 1, "router": "switch", "num_shared": 0, "shared_lr_mult": None,
             "moe_blocks": None}
 
 
-def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = None, patch_size: int = 4,
-            embed_dim: int = 64, depth: int = 4, num_heads: int = 4, mlp_ratio: float = 4.0,
-            label: str | None = None, moe_blocks: Sequence[int] | None = None, num_experts: int | None = None,
-            top_k: int | None = None, num_shared: int | None = None, router: str | None = None,
-            router_args: dict | None = None, level: str = "image", pool: str = "mean",
-            expert_mlp_ratio: float | None = None, expert_lr_mult: float | Sequence[float] | None = None,
-            shared_lr_mult: float | Sequence[float] | None = None, shared_combine: str = "mean",
-            weights_path: str = "", expert_init: str = "random", drop_path_rate: float = 0.0) -> nn.Module:
-    """A timm ViT whose MLPs in ``moe_blocks`` are mixtures of experts (see the module notes)."""
+def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = None, patch_size: Positive = 4,
+            embed_dim: Positive = 64, depth: Positive = 4, num_heads: Positive = 4,
+            mlp_ratio: Annotated[float, Field(gt=0)] = 4.0, label: Label | None = None,
+            moe_blocks: list[Annotated[int, Field(ge=0)]] | None = None,
+            num_experts: Annotated[int, Field(ge=0)] | None = None, top_k: Positive | None = None,
+            num_shared: Annotated[int, Field(ge=0)] | None = None, router: RouterName | None = None,
+            router_args: dict | None = None, level: Literal["image", "token"] = "image",
+            pool: Literal["mean", "cls"] = "mean", expert_mlp_ratio: Annotated[float, Field(gt=0)] | None = None,
+            expert_lr_mult: Multiplier | list[Multiplier] | None = None,
+            shared_lr_mult: Multiplier | list[Multiplier] | None = None,
+            shared_combine: Literal["mean", "sum"] = "mean", weights_path: str = "",
+            expert_init: Literal["random", "copy"] = "random",
+            drop_path_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0) -> nn.Module:
+    """A timm ViT whose MLPs in ``moe_blocks`` are mixtures of experts (see the module notes).
+
+    Each argument's type and range is declared above and checked before the run builds anything
+    (:mod:`clbench.validation`); what depends on several arguments is checked here, as a
+    one-line :class:`~clbench.errors.UserError` naming the argument.
+    """
     import timm
     from timm.models.vision_transformer import VisionTransformer
 
-    if label is not None and label not in LABELS:
-        raise ValueError(f"unknown label {label!r}; choose one of {sorted(LABELS)}")
-    if expert_init not in ("random", "copy"):
-        raise ValueError(f"expert_init must be 'random' or 'copy', got {expert_init!r}")
     given = {"num_experts": num_experts, "top_k": top_k, "router": router, "num_shared": num_shared,
              "shared_lr_mult": shared_lr_mult, "moe_blocks": moe_blocks}
     preset = LABELS.get(label, {})
     opts = {k: v if v is not None else preset.get(k, DEFAULTS[k]) for k, v in given.items()}
+    experts, shared = opts["num_experts"], opts["num_shared"]
+    dense = label == "ViT" or opts["moe_blocks"] == []
+    if experts + shared == 0 and not dense:
+        raise UserError("an MoE layer needs at least one expert, routed (num_experts) or shared (num_shared)",
+                        where=f"{ARGS}.num_experts", fix="set num_experts >= 1, or use label: ViT for the dense model")
+    if experts and opts["top_k"] > experts and not dense:
+        raise UserError(f"top_k = {opts['top_k']} is more than num_experts = {experts}", where=f"{ARGS}.top_k",
+                        fix=f"choose top_k between 1 and {experts}")
 
     in_ch, h, w = input_shape
     if name is None:
@@ -93,14 +117,44 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
         model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_ch,
                                   img_size=(h, w), drop_path_rate=drop_path_rate)
     if weights_path:
-        load_dense_weights(model, weights_path)
+        from pickle import UnpicklingError
+
+        from safetensors import SafetensorError
+
+        try:
+            load_dense_weights(model, weights_path)
+        except (OSError, ValueError, RuntimeError, EOFError, UnpicklingError, SafetensorError) as err:
+            detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(f"cannot load {weights_path}: {detail}", where=f"{ARGS}.weights_path",
+                            fix="give a dense ViT state dict (.pth, .bin or .safetensors) of this architecture, "
+                                "written completely") from None
 
     blocks = model.blocks
-    chosen = opts["moe_blocks"]
-    chosen = list(range(len(blocks) - len(blocks) // 3, len(blocks))) if chosen is None else list(chosen)
-    for index in chosen:
-        if not 0 <= index < len(blocks):
-            raise ValueError(f"moe_blocks: block {index} is outside 0..{len(blocks) - 1}")
+    chosen = default_moe_blocks(len(blocks)) if opts["moe_blocks"] is None else list(opts["moe_blocks"])
+    outside = [index for index in chosen if not 0 <= index < len(blocks)]
+    if outside:
+        raise UserError(f"block(s) {outside} do not exist: this ViT has {len(blocks)} blocks",
+                        where=f"{ARGS}.moe_blocks", fix=f"list 0-based block indices in 0..{len(blocks) - 1}")
+    if not chosen and label != "ViT":
+        raise UserError("no block is an MoE block, so this is the dense ViT", where=f"{ARGS}.moe_blocks",
+                        fix="list the blocks whose MLP becomes MoE, or use label: ViT for the dense model")
+    try:
+        return _mixture(model, chosen, opts, router_args=router_args, level=level, pool=pool,
+                        expert_mlp_ratio=expert_mlp_ratio, expert_lr_mult=expert_lr_mult,
+                        shared_combine=shared_combine, copy=bool(weights_path) or expert_init == "copy")
+    except ValueError as err:  # the layers' and routers' own checks (router_args, multipliers): all settings
+        raise UserError(str(err), where=ARGS, fix="see docs/moe-vit.md for the arguments and their ranges") from None
+
+
+def default_moe_blocks(depth: int) -> list[int]:
+    """The last third of the blocks, and at least the last one: 8-11 of 12, 4-5 of 6, 1 of 2."""
+    return list(range(depth - max(1, depth // 3), depth))
+
+
+def _mixture(model: nn.Module, chosen: list[int], opts: dict, *, router_args, level, pool, expert_mlp_ratio,
+             expert_lr_mult, shared_combine, copy: bool) -> nn.Module:
+    """Replace the MLPs of the ``chosen`` blocks by MoE layers (or, for the prototype router, wrap the ViT)."""
+    blocks = model.blocks
     if opts["router"] == "prototype":  # paths are always copies of the dense final part
         from clbench.vision import prototype
 
@@ -108,7 +162,6 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
                        "shared_lr_mult": opts["shared_lr_mult"]}
         return prototype.build(model, chosen, opts["num_experts"], opts["top_k"], opts["num_shared"], level,
                                router_args, unsupported)
-    copy = bool(weights_path) or expert_init == "copy"
     for index in chosen:
         dense = blocks[index].mlp
         hidden = None

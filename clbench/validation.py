@@ -1,0 +1,186 @@
+"""Check a value read from YAML against a Python type annotation, with pydantic.
+
+Every component's ``init_args`` (strategies, models, benchmarks, objectives, the optimizer's
+and the scheduler's own signatures, Lightning's Trainer) is checked here, one parameter at a
+time, against the annotation in its signature: containers element by element (``["x", 2.5]``
+is not a ``list[int]``), ``Literal`` and ``Union`` against every allowed form, and constraints
+declared in the signature (``Annotated[int, Field(ge=1)]``). pydantic's ``TypeAdapter`` does
+the checking; this module only chooses the rules and words the first problem as one line.
+
+The rules, for values that come from YAML:
+
+* Strict scalars: no value is converted. ``"0.1"`` is not a float, ``true`` is neither an int nor
+  a float (``lr: true`` would otherwise train with a rate of 1.0); an int is a float.
+* YAML has lists, not tuples: a list is accepted for a ``tuple[...]`` (its items stay strict),
+  and a string for a ``Path``.
+* Floats are finite: ``nan`` and ``inf`` are refused for every float parameter (rates, sizes,
+  coefficients), unless its annotation says ``Annotated[float, AllowInfNan(True)]``.
+* An annotation pydantic cannot build a check for (an unresolvable forward reference) accepts
+  anything, as an unannotated parameter does.
+
+The value passed to the component is the one from the config, unchanged: validation decides,
+it does not convert.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from collections.abc import Callable as AbcCallable
+from pathlib import PurePath
+from typing import Annotated, Any, Literal, Union
+
+# pydantic error types that say "the type is right, the value is out of range"
+_CONSTRAINTS = {
+    "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}", "less_than_equal": "must be <= {le}",
+    "multiple_of": "must be a multiple of {multiple_of}", "finite_number": "must be a finite number",
+    "too_short": "needs at least {min_length} item(s)", "too_long": "takes at most {max_length} item(s)",
+    "string_too_short": "needs at least {min_length} character(s)",
+    "string_too_long": "takes at most {max_length} character(s)",
+    "string_pattern_mismatch": "must match {pattern}",
+}
+# pydantic error type -> the expected form, as a config author reads it
+_EXPECTED = {
+    "int_type": "int", "int_from_float": "int", "int_parsing": "int", "float_type": "float",
+    "float_parsing": "float", "string_type": "str", "bool_type": "bool", "bool_parsing": "bool",
+    "list_type": "list", "tuple_type": "list", "set_type": "list", "frozen_set_type": "list",
+    "sequence_str": "list", "iterable_type": "list", "dict_type": "mapping", "none_required": "null",
+    "path_type": "path", "callable_type": "callable",
+}
+
+
+class Invalid(Exception):
+    """A value that does not fit its annotation: ``path`` (``[0]``, ``.key``) below the field,
+    ``what`` is wrong, in words."""
+
+    def __init__(self, path: str, what: str):
+        super().__init__(f"{path}: {what}")
+        self.path, self.what = path, what
+
+
+def _yaml_form(annotation: Any) -> Any:
+    """``annotation`` with tuples accepting lists and paths accepting strings (YAML has neither)."""
+    from pydantic import Strict
+
+    if annotation is tuple or typing.get_origin(annotation) is tuple:
+        args = typing.get_args(annotation)
+        inner = tuple[tuple(a if a is Ellipsis else _yaml_form(a) for a in args)] if args else tuple
+        return Annotated[inner, Strict(False)]
+    if isinstance(annotation, type) and issubclass(annotation, PurePath):
+        return Annotated[annotation, Strict(False)]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if not args or origin in (Literal, AbcCallable, type):
+        return annotation
+    if origin is Annotated:
+        return Annotated[(_yaml_form(args[0]), *annotation.__metadata__)]
+    if origin is Union or origin is types.UnionType:
+        return Union[tuple(_yaml_form(a) for a in args)]
+    try:
+        return origin[tuple(_yaml_form(a) for a in args)]
+    except TypeError:  # a generic that cannot be re-subscripted this way: checked as written
+        return annotation
+
+
+@functools.lru_cache(maxsize=1024)
+def _adapter(annotation: Any):
+    from pydantic import ConfigDict, TypeAdapter
+
+    config = ConfigDict(strict=True, arbitrary_types_allowed=True, allow_inf_nan=False)
+    try:
+        return TypeAdapter(_yaml_form(annotation), config=config)
+    except Exception:  # noqa: BLE001 - pydantic cannot check it (forward reference...): accept anything
+        return None
+
+
+def _real_path(value: Any, loc: tuple) -> tuple[str, Any, bool]:
+    """The error's place in ``value`` as ``[0].key`` text, the value there, and whether it is a
+    mapping's key. pydantic's location also names union branches (``'float'``,
+    ``'is-instance[Tensor]'``); those are not places in the value and are skipped."""
+    path, current, key = "", value, None
+    for step in loc:
+        if step == "[key]":
+            return path, key, True
+        if isinstance(current, dict) and not isinstance(step, (list, dict)) and step in current:
+            path += f".{step}" if isinstance(step, str) else f"[{step!r}]"
+            key, current = step, current[step]
+        elif isinstance(current, (list, tuple)) and isinstance(step, int) and 0 <= step < len(current):
+            path += f"[{step}]"
+            current = current[step]
+    return path, current, False
+
+
+def _expected(error: dict) -> str:
+    kind = error["type"]
+    if kind == "literal_error":
+        return "one of " + error["ctx"]["expected"].replace(" or ", ", ")
+    if kind == "is_instance_of":
+        return error["ctx"]["class"]
+    return _EXPECTED.get(kind, error["msg"].removeprefix("Input should be ").removeprefix("a valid "))
+
+
+def check_value(value: Any, annotation: Any) -> None:
+    """Raise :class:`Invalid` unless ``value`` fits ``annotation`` (see the module's rules)."""
+    if annotation is Any or annotation is typing.Any:
+        return
+    try:
+        adapter = _adapter(annotation)
+    except TypeError:  # an unhashable annotation: build it uncached
+        adapter = _adapter.__wrapped__(annotation)
+    if adapter is None:
+        return
+    from pydantic import ValidationError
+
+    try:
+        adapter.validate_python(value)
+    except ValidationError as err:
+        errors = err.errors(include_url=False)
+        placed = [(_real_path(value, tuple(e["loc"])), e) for e in errors]
+        # The deepest place wins: in a union, the branch whose container the value matched.
+        deepest = max(placed, key=lambda item: (len(item[0][0]), item[0][2]))[0]
+        group = [e for place, e in placed if place == deepest]
+        path, here, is_key = deepest
+        limits = [e for e in group if e["type"] in _CONSTRAINTS]
+        if limits:
+            error = limits[0]
+            bounds = {k: int(v) if isinstance(v, float) and v.is_integer() else v  # "> 0", not "> 0.0"
+                      for k, v in error.get("ctx", {}).items()}
+            raise Invalid(path, f"{_CONSTRAINTS[error['type']].format(**bounds)}, got {here!r}") from None
+        expected = " or ".join(dict.fromkeys(_expected(e) for e in group))
+        raise Invalid(path, f"expected {expected}{' as a key' if is_key else ''}, got {type(here).__name__} {here!r}") \
+            from None
+
+
+def fix_for(name: str, annotation: Any) -> str:
+    """How to fix a bad value of parameter ``name``: ``give lr a value of type float | Tensor``,
+    ``set policy to one of 'reservoir', 'class_balanced'``."""
+    text = describe(annotation)
+    return f"set {name} to {text}" if text.startswith("one of ") else f"give {name} a value of type {text}"
+
+
+def describe(annotation: Any) -> str:
+    """An annotation as a config author reads it: ``float | Tensor``, ``list[int]``, ``int >= 1``."""
+    if annotation is type(None):
+        return "null"
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        limits = []
+        for meta in annotation.__metadata__:
+            for item in getattr(meta, "metadata", [meta]):  # a pydantic Field holds its constraints
+                for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+                    if getattr(item, attr, None) is not None:
+                        limits.append(f"{sign} {getattr(item, attr)}")
+        return " ".join([describe(args[0]), *limits])
+    if origin is Union or origin is types.UnionType:
+        choices = [a for a in args if typing.get_origin(a) is Literal]
+        if choices and all(a is type(None) or a in choices for a in args):  # names, or null
+            names = ", ".join(repr(v) for a in choices for v in typing.get_args(a))
+            return f"one of {names}" + (", or null" if type(None) in args else "")
+        return " | ".join(describe(a) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if args:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join('...' if a is Ellipsis else describe(a) for a in args)}]"
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")

@@ -1,0 +1,313 @@
+"""Values read the way a person means them, and every value checked against its annotation.
+
+Numbers follow YAML 1.2 (``lr: 1e-3`` is a float), every ``init_args`` value is checked against
+its parameter's annotation by pydantic (containers, ``Literal``, ``Union``, constraints in the
+signature), and a built-in component's bad setting is one line, exit 2, before any training.
+Most cases run the CLI in this process (``clbench.cli.main``): a subprocess would prove nothing
+more, and each case stays well under a second after the first import.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clbench.cli import main
+from clbench.config import load_yaml_text
+from helpers import tiny_config, write_suite, smoke
+
+
+def write(folder: Path, raw: dict, name: str = "cfg.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def refused(capsys, *argv: str) -> str:
+    """Run ``clbench ARGV`` in process; require exit 2 and one line on stderr; return that line."""
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clbench: error: ") and "Traceback" not in err, err
+    return lines[0].removeprefix("clbench: error: ")
+
+
+def run_refused(capsys, tmp_path: Path, raw: dict, *overrides: str) -> str:
+    """``clbench run`` of ``raw`` refused; nothing may be written into the output folder."""
+    path = write(tmp_path, raw)
+    line = refused(capsys, "run", "--config", str(path), "--output", str(tmp_path / "out"), "--no-progress",
+                   *overrides)
+    assert not (tmp_path / "out").exists()
+    return line.replace(str(path), "cfg.yaml")
+
+
+# -- YAML numbers ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, number", [
+    ("1e-3", 1e-3), ("1E3", 1000.0), ("-2.5e-4", -2.5e-4), (".5", 0.5), ("-.5", -0.5), ("1e30", 1e30),
+    ("1.0e-4", 1e-4), ("0.1", 0.1), ("inf", math.inf), (".inf", math.inf), ("-inf", -math.inf),
+    ("-.inf", -math.inf)])
+def test_yaml_reads_numbers_as_a_person_means_them(text, number):
+    value = load_yaml_text(text)
+    assert isinstance(value, float) and value == number
+    assert load_yaml_text(f"{{lr: {text}}}") == {"lr": number}
+
+
+@pytest.mark.parametrize("text", ["nan", ".nan", "NaN"])
+def test_yaml_reads_nan_as_a_float(text):
+    assert math.isnan(load_yaml_text(text))
+
+
+@pytest.mark.parametrize("text, value", [("1", 1), ("0x1f", 31), ("true", True), ("null", None), ("info", "info"),
+                                         ("1e", "1e"), ("e3", "e3"), ("1.2.3", "1.2.3"), ("nancy", "nancy")])
+def test_yaml_other_scalars_are_unchanged(text, value):
+    assert load_yaml_text(text) == value and type(load_yaml_text(text)) is type(value)
+
+
+def test_plain_pyyaml_is_left_as_it_is():
+    """The project's loader has its own resolver table; yaml.safe_load elsewhere is unaffected."""
+    load_yaml_text("1e-3")
+    assert yaml.safe_load("1e-3") == "1e-3"
+
+
+def _record_adam_rates(monkeypatch) -> list:
+    import torch
+
+    rates, original = [], torch.optim.Adam.__init__
+
+    @functools.wraps(original)
+    def init(self, params, *args, **kwargs):
+        rates.append(kwargs.get("lr"))
+        original(self, params, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "__init__", init)
+    return rates
+
+
+@pytest.mark.parametrize("where", ["file", "command line"])
+def test_lr_1e_3_trains_with_0_001_and_is_recorded_as_a_number(tmp_path, capsys, monkeypatch, where):
+    raw = tiny_config(benchmark={"init_args": {"domains": ["rot0", "rot90"]}})
+    path = write(tmp_path, raw)
+    if where == "file":
+        path.write_text(path.read_text().replace("lr: 0.01", "lr: 1e-3"))
+        overrides = []
+    else:
+        overrides = ["train.optimizer.init_args.lr=1e-3"]
+    rates = _record_adam_rates(monkeypatch)
+    code = main(["run", "--config", str(path), "--output", str(tmp_path / "out"), "--no-progress", *overrides])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    lr = result["config"]["train"]["optimizer"]["init_args"]["lr"]
+    assert isinstance(lr, float) and lr == 0.001
+    assert rates and all(rate == 0.001 for rate in rates[1:])  # the first is the trial build's
+
+
+# -- init_args against their annotations ------------------------------------------------------
+
+def _optimizer(lr) -> dict:
+    return {"optimizer": {"class_path": "adam", "init_args": {"lr": lr}}}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.optimizer.init_args.lr=true",
+     "command line: train.optimizer.init_args.lr: expected float or Tensor, got bool True "
+     "(give lr a value of type float | Tensor)"),
+    ("train.optimizer.init_args.lr=abc",
+     "command line: train.optimizer.init_args.lr: expected float or Tensor, got str 'abc' "
+     "(give lr a value of type float | Tensor)"),
+    ("train.optimizer.init_args.lr=nan",
+     "command line: train.optimizer.init_args.lr: must be a finite number, got nan "
+     "(give lr a value of type float | Tensor)"),
+    ("train.optimizer.init_args.betas=[0.9, x]",
+     "command line: train.optimizer.init_args.betas[1]: expected float or Tensor, got str 'x'"),
+    ("strategy.init_args.ewc_lambda=false",
+     "command line: strategy.init_args.ewc_lambda: expected float, got bool False"),
+])
+def test_bad_value_on_the_command_line_is_one_line(tmp_path, capsys, override, message):
+    raw = tiny_config(strategy={"class_path": "ewc"})
+    assert run_refused(capsys, tmp_path, raw, override).startswith(message)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"train": _optimizer(".inf")}, "cfg.yaml: train.optimizer.init_args.lr: must be a finite number, got inf"),
+    ({"train": _optimizer("1e30x")}, "cfg.yaml: train.optimizer.init_args.lr: expected float or Tensor, got str"),
+    ({"strategy": {"class_path": "seq_lora", "init_args": {"layers": ["x", 2.5]}}},
+     "cfg.yaml: strategy.init_args.layers[0]: expected int, got str 'x' (give layers a value of type list[int] | null)"),
+    ({"strategy": {"class_path": "seq_lora", "init_args": {"layers": [1, 2.5]}}},
+     "cfg.yaml: strategy.init_args.layers[1]: expected int, got float 2.5"),
+    ({"strategy": {"class_path": "replay", "init_args": {"policy": "fifo"}}},
+     "cfg.yaml: strategy.init_args.policy: expected one of 'reservoir', 'class_balanced', got str 'fifo'"),
+    ({"strategy": {"class_path": "ewc", "init_args": {"ewc_lambda": "1e3x"}}},
+     "cfg.yaml: strategy.init_args.ewc_lambda: expected float, got str '1e3x'"),
+    ({"pretrain": {"fraction": ".nan"}}, "cfg.yaml: pretrain.fraction: must be a finite number, got nan"),
+])
+def test_bad_value_in_the_file_is_one_line(tmp_path, capsys, changes, message):
+    raw = tiny_config(**changes)
+    path = write(tmp_path, raw)
+    # write numbers as a person would (yaml.safe_dump quotes '.inf' as a string)
+    path.write_text(path.read_text().replace("'.inf'", ".inf").replace("'.nan'", ".nan"))
+    line = refused(capsys, "run", "--config", str(path), "--output", str(tmp_path / "out"))
+    assert line.replace(str(path), "cfg.yaml").startswith(message), line
+    assert not (tmp_path / "out").exists()
+
+
+PLUGIN = '''\
+from clbench.strategy import Strategy
+
+
+class Weighted(Strategy):
+    def __init__(self, weights: dict[str, int] | None = None, sizes: tuple[int, int] = (1, 2)):
+        super().__init__()
+        self.weights, self.sizes = weights, sizes
+'''
+
+
+@pytest.mark.parametrize("init_args, message", [
+    ({"weights": {1: "x"}}, "strategy.init_args.weights[1]: expected str as a key, got int 1"),
+    ({"weights": {"a": "x"}}, "strategy.init_args.weights.a: expected int, got str 'x'"),
+    ({"sizes": [1, 2, 3]}, "strategy.init_args.sizes: takes at most 2 item(s), got [1, 2, 3]"),
+])
+def test_containers_are_checked_item_by_item(tmp_path, capsys, init_args, message):
+    (tmp_path / "weighted.py").write_text(PLUGIN)
+    raw = tiny_config(strategy={"class_path": f"{tmp_path / 'weighted.py'}:Weighted", "init_args": init_args})
+    assert message in run_refused(capsys, tmp_path, raw)
+
+
+def test_a_list_is_accepted_for_a_tuple_and_an_int_for_a_float(tmp_path):
+    from clbench.build import preflight
+    from clbench.config import resolve_config
+
+    (tmp_path / "weighted.py").write_text(PLUGIN)
+    cfg = resolve_config(tiny_config(
+        strategy={"class_path": f"{tmp_path / 'weighted.py'}:Weighted",
+                  "init_args": {"weights": {"a": 1}, "sizes": [3, 4]}},
+        train={"optimizer": {"class_path": "adam", "init_args": {"lr": 1, "betas": [0.9, 0.99]}}}), source="cfg.yaml")
+    preflight(cfg, "cfg.yaml")
+
+
+# -- a suite's orders are checked as a run's order ----------------------------------------------
+
+def test_suite_refuses_a_negative_permutation_at_its_own_field(tmp_path, capsys):
+    path = write_suite(tmp_path, smoke(orders=["default", {"permutation": -1}]))
+    line = refused(capsys, "leaderboard", "run", "--suite", str(path), "--output", str(tmp_path / "board"))
+    assert line == (f"{path}: orders[1]: a permutation's seed must be >= 0, got -1 "
+                    "(give a seed such as {permutation: 3})")
+    assert not (tmp_path / "board").exists()
+
+
+# -- built-in components' bad settings: one line, before any training -----------------------------
+
+VIT = {"class_path": "vit_moe", "init_args": {"patch_size": 4, "embed_dim": 16, "depth": 4, "num_heads": 2,
+                                               "mlp_ratio": 1.0}}
+
+
+def _vit(**init_args) -> dict:
+    return {**VIT, "init_args": {**VIT["init_args"], **init_args}}
+
+
+MOE_THEORY = {"benchmark": {"class_path": "moe-regression", "init_args": {"rounds": 4}},
+              "model": {"class_path": "strategies.moe_theory:moe_theory_model", "init_args": {"num_experts": 3}},
+              "strategy": {"class_path": "moe_theory"}, "train": {"batch_size": 64}}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"model": _vit(num_experts=0)},
+     "cfg.yaml: model.init_args.num_experts: an MoE layer needs at least one expert"),
+    ({"model": _vit(num_experts=4, top_k=5)},
+     "cfg.yaml: model.init_args.top_k: top_k = 5 is more than num_experts = 4 (choose top_k between 1 and 4)"),
+    ({"model": _vit(moe_blocks=[7])},
+     "cfg.yaml: model.init_args.moe_blocks: block(s) [7] do not exist: this ViT has 4 blocks"),
+    ({"model": _vit(moe_blocks=[])},
+     "cfg.yaml: model.init_args.moe_blocks: no block is an MoE block, so this is the dense ViT"),
+    ({"model": _vit(router="topk")},
+     "cfg.yaml: model.init_args.router: expected one of 'switch', 'ema_centroid', 'prototype', got str 'topk'"),
+    ({"model": _vit(top_k=0)}, "cfg.yaml: model.init_args.top_k: must be >= 1, got 0"),
+    ({"model": _vit(router_args={"gate": "hard"})},
+     "cfg.yaml: model.init_args: gate must be one of"),
+    ({**MOE_THEORY, "model": {**MOE_THEORY["model"], "init_args": {"num_experts": 0}}},
+     "cfg.yaml: model.init_args.num_experts: must be >= 1, got 0"),
+    ({**MOE_THEORY, "benchmark": {"class_path": "moe-regression", "init_args": {"sigma0": -1}}},
+     "cfg.yaml: benchmark.init_args.sigma0: must be > 0, got -1"),
+    ({**MOE_THEORY, "strategy": {"class_path": "moe_theory", "init_args": {"eta": -0.5}}},
+     "cfg.yaml: strategy.init_args.eta: must be > 0, got -0.5"),
+    ({**MOE_THEORY, "strategy": {"class_path": "moe_theory", "init_args": {"eta": 0}}},
+     "cfg.yaml: strategy.init_args.eta: must be > 0, got 0"),
+])
+def test_bad_setting_of_a_built_in_component_is_one_line(tmp_path, capsys, changes, message):
+    assert run_refused(capsys, tmp_path, tiny_config(**changes)).startswith(message)
+
+
+def _count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_a_shallow_vit_moe_still_has_an_moe_block_and_its_experts_count():
+    from clbench.vision.moe import MoEMLP
+    from clbench.vision.vit_moe import default_moe_blocks, vit_moe
+
+    assert default_moe_blocks(12) == [8, 9, 10, 11] and default_moe_blocks(6) == [4, 5]
+    assert default_moe_blocks(2) == [1] and default_moe_blocks(1) == [0]
+    tiny = {**VIT["init_args"], "depth": 2}
+    two, eight = vit_moe(10, (1, 8, 8), num_experts=2, **tiny), vit_moe(10, (1, 8, 8), num_experts=8, **tiny)
+    assert [type(b.mlp) for b in two.blocks][-1] is MoEMLP and two.moe_blocks == [1]
+    assert _count(eight) > _count(two)
+    assert not any(isinstance(b.mlp, MoEMLP) for b in vit_moe(10, (1, 8, 8), label="ViT", **tiny).blocks)
+
+
+def test_truncated_vit_weights_are_one_line(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    from clbench.vision.vit_moe import vit_moe
+
+    dense = vit_moe(10, (1, 8, 8), label="ViT", **VIT["init_args"])
+    path = tmp_path / "dense.safetensors"
+    save_file({k: v.contiguous() for k, v in dense.state_dict().items()}, str(path))
+    path.write_bytes(path.read_bytes()[:1000])
+    line = run_refused(capsys, tmp_path, tiny_config(model=_vit(weights_path=str(path))))
+    assert line.startswith(f"cfg.yaml: model.init_args.weights_path: cannot load {path}: ")
+
+
+def test_truncated_pretrained_language_model_is_one_line(tmp_path):
+    from clbench.build import _call
+    from clbench.errors import UserError
+    from clbench.lm.fixtures import sample_texts, write_tiny_model
+    from clbench.lm.models import hf_causal_lm
+    from clbench.lm.tokenizer import train_tiny_tokenizer
+
+    tokenizer = train_tiny_tokenizer(sample_texts(50), tmp_path / "tok", vocab_size=300)
+    folder = tmp_path / "model"
+    write_tiny_model(folder, tokenizer, layers=1, hidden=32, heads=2)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(UserError) as info:
+        _call(hf_causal_lm, {"path": str(folder)}, "cfg.yaml: model.init_args", "cfg.yaml")
+    assert info.value.one_line().startswith(f"cfg.yaml: model.init_args.path: cannot load from {folder}: ")
+
+
+NOT_A_STREAM = '''\
+def listing(n: int = 3):
+    return list(range(n))
+
+
+def empty():
+    from clbench.streams import StreamSpec, build_scenario
+
+    return build_scenario(StreamSpec(name="empty"), [], [], [])
+'''
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("listing", "returned a list, not a stream with train_stream and test_stream"),
+    ("empty", "returned a stream without experiences"),
+])
+def test_benchmark_that_returns_no_stream_is_one_line(tmp_path, capsys, factory, message):
+    (tmp_path / "bench.py").write_text(NOT_A_STREAM)
+    name = f"{tmp_path / 'bench.py'}:{factory}"
+    line = run_refused(capsys, tmp_path, tiny_config(benchmark={"class_path": name, "init_args": {}}))
+    assert line.startswith(f"cfg.yaml: benchmark.class_path: benchmark '{name}' {message}")
