@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
+
+from pydantic import Field
 
 from clbench import registry
 from clbench.errors import UserError, did_you_mean
@@ -229,6 +231,7 @@ def optimizer_factory(cfg: dict, source: str) -> Callable:
 
 # Learning-rate schedules stepped every optimizer step, over one experience's steps.
 SCHEDULERS = ("constant", "linear", "cosine")
+Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 def scheduler_factory(cfg: dict, source: str) -> Callable | None:
@@ -255,18 +258,11 @@ def scheduler_factory(cfg: dict, source: str) -> Callable | None:
         check_init_args(target, args, f"{where}.init_args", provided=("optimizer",))
         return lambda optimizer, total_steps: target(optimizer, **args)
     check_init_args(_warmup_schedule, args, f"{where}.init_args", provided=("optimizer", "total_steps", "kind"))
-    for key in ("warmup_ratio", "min_lr_ratio"):
-        if key in args and not 0.0 <= args[key] <= 1.0:
-            raise UserError(f"{key} must lie in [0, 1], got {args[key]}", where=f"{where}.init_args.{key}",
-                            fix="give a fraction such as 0.1")
-    if args.get("warmup_steps", 0) < 0:
-        raise UserError(f"warmup_steps must be >= 0, got {args['warmup_steps']}",
-                        where=f"{where}.init_args.warmup_steps", fix="give a step count such as 100")
     return lambda optimizer, total_steps: _warmup_schedule(optimizer, total_steps, kind=name, **args)
 
 
-def _warmup_schedule(optimizer, total_steps: int, kind: str, warmup_steps: int = 0, warmup_ratio: float = 0.0,
-                     min_lr_ratio: float = 0.0):
+def _warmup_schedule(optimizer, total_steps: int, kind: str, warmup_steps: Annotated[int, Field(ge=0)] = 0,
+                     warmup_ratio: Fraction = 0.0, min_lr_ratio: Fraction = 0.0):
     from torch.optim import lr_scheduler as S
 
     warmup = min(total_steps, warmup_steps or round(warmup_ratio * total_steps))

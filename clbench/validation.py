@@ -165,13 +165,19 @@ def describe(annotation: Any) -> str:
         return "null"
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is Annotated:
-        limits = []
+        bounds = {}
         for meta in annotation.__metadata__:
             for item in getattr(meta, "metadata", [meta]):  # a pydantic Field holds its constraints
-                for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-                    if getattr(item, attr, None) is not None:
-                        limits.append(f"{sign} {getattr(item, attr)}")
-        return " ".join([describe(args[0]), *limits])
+                bounds.update({attr: getattr(item, attr) for attr in ("ge", "gt", "le", "lt")
+                               if getattr(item, attr, None) is not None})
+        low = [(k, v) for k, v in bounds.items() if k in ("ge", "gt")]
+        high = [(k, v) for k, v in bounds.items() if k in ("le", "lt")]
+        base = describe(args[0])
+        if low and high:
+            (lk, lv), (hk, hv) = low[0], high[0]
+            return f"{base} in {'[' if lk == 'ge' else '('}{lv}, {hv}{']' if hk == 'le' else ')'}"
+        signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+        return " ".join([base, *(f"{signs[k]} {v}" for k, v in low + high)])
     if origin is Union or origin is types.UnionType:
         choices = [a for a in args if typing.get_origin(a) is Literal]
         if choices and all(a is type(None) or a in choices for a in args):  # names, or null

@@ -146,6 +146,11 @@ def test_bad_value_on_the_command_line_is_one_line(tmp_path, capsys, override, m
     ({"strategy": {"class_path": "ewc", "init_args": {"ewc_lambda": "1e3x"}}},
      "cfg.yaml: strategy.init_args.ewc_lambda: expected float, got str '1e3x'"),
     ({"pretrain": {"fraction": ".nan"}}, "cfg.yaml: pretrain.fraction: must be a finite number, got nan"),
+    ({"train": {"scheduler": {"class_path": "cosine", "init_args": {"warmup_ratio": 1.5}}}},
+     "cfg.yaml: train.scheduler.init_args.warmup_ratio: must be <= 1, got 1.5 "
+     "(give warmup_ratio a value of type float in [0, 1])"),
+    ({"train": {"scheduler": {"class_path": "linear", "init_args": {"warmup_steps": -3}}}},
+     "cfg.yaml: train.scheduler.init_args.warmup_steps: must be >= 0, got -3"),
 ])
 def test_bad_value_in_the_file_is_one_line(tmp_path, capsys, changes, message):
     raw = tiny_config(**changes)

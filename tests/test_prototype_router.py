@@ -11,6 +11,7 @@ import torch
 from helpers import crash_at, tiny_config
 
 from clbench.data import ArrayDataset
+from clbench.errors import UserError
 from clbench.vision import vit_moe
 from clbench.vision.prototype import PrototypeRouter, PrototypeViT, patch_stats
 
@@ -157,13 +158,14 @@ def test_a_new_domain_initialises_the_next_expert_from_one_image_per_class():
 
 
 def test_arguments_that_do_not_apply_are_refused():
-    with pytest.raises(ValueError, match="suffix"):
+    """One-line errors at model.init_args (the runner names the config file)."""
+    with pytest.raises(UserError, match="suffix"):
         _tiny(router="prototype", moe_blocks=[1, 2])
-    with pytest.raises(ValueError, match="top_k=1"):
+    with pytest.raises(UserError, match="top_k=1"):
         _tiny(router="prototype", top_k=2)
-    with pytest.raises(ValueError, match="expert_mlp_ratio"):
+    with pytest.raises(UserError, match="expert_mlp_ratio"):
         _tiny(router="prototype", expert_mlp_ratio=0.5)
-    with pytest.raises(ValueError, match="metric"):
+    with pytest.raises(UserError, match="metric"):
         _tiny(router="prototype", router_args={"metric": "l1"})
 
 
