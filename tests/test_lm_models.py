@@ -97,6 +97,7 @@ def test_from_pretrained_folder_trains_and_keeps_plain_state_dict(model_dir):
 
     model = hf_causal_lm(path=str(model_dir))
     assert model.hf.config.model_type == "qwen3" and model.source["path"] == str(model_dir.resolve())
+    assert all(m.training for m in model.modules())  # as a built model: Lightning's fit keeps modes
     saved = load_file(model_dir / "model.safetensors")
     state = model.state_dict()
     assert set(state) == {f"hf.{k}" for k in model.hf.state_dict()}

@@ -142,6 +142,10 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
                             f"{hf.get_input_embeddings().weight.shape[0]} rows", where=f"{WHERE}.tokenizer",
                             fix="use the tokenizer saved with these weights")
         source = {"path": str(location), **(packaged or {})}
+        # from_pretrained returns the model in eval mode, and Lightning's fit does not switch
+        # modes: a loaded model must train in train mode like a built one (dropout, and the
+        # adapters that train differently, e.g. MoSEs' straight-through masks).
+        hf.train()
     else:
         if tokenizer is None:
             raise UserError("a random initialisation needs a tokenizer (its size sets vocab_size)",
