@@ -87,7 +87,49 @@ def arg_docs(doc: str | None) -> dict[str, str]:
     return {name: text.replace("``", "") for name, text in out.items()}
 
 
-def _params_from_ast(func: ast.FunctionDef, docs: dict[str, str], skip: frozenset[str]) -> list[Param]:
+_SIGNS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def _aliases(tree: ast.Module | None) -> dict[str, ast.expr]:
+    """Module-level ``Name = <annotation>`` assignments (``Positive = Annotated[int, Field(ge=1)]``)."""
+    out: dict[str, ast.expr] = {}
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = node.value
+    return out
+
+
+def readable(node: ast.expr, aliases: dict[str, ast.expr] | None = None, depth: int = 0) -> str:
+    """An annotation as a reader wants it: aliases defined in the file expanded, ``Annotated[int,
+    Field(ge=1)]`` as ``int >= 1`` (``float in [0, 1]`` for both bounds); anything else as written."""
+    aliases = aliases or {}
+    again = (lambda n: readable(n, aliases, depth + 1))
+    if depth > 8:
+        return ast.unparse(node)
+    if isinstance(node, ast.Name) and node.id in aliases and isinstance(aliases[node.id], (ast.Subscript, ast.BinOp)):
+        return again(aliases[node.id])
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return f"{again(node.left)} | {again(node.right)}"
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if node.value.id == "Annotated" and len(items) >= 2:
+            bounds = {k.arg: k.value.value for meta in items[1:] if isinstance(meta, ast.Call)
+                      for k in meta.keywords if k.arg in _SIGNS and isinstance(k.value, ast.Constant)}
+            base = again(items[0])
+            low = [k for k in ("ge", "gt") if k in bounds]
+            high = [k for k in ("le", "lt") if k in bounds]
+            if low and high:
+                return (f"{base} in {'[' if low[0] == 'ge' else '('}{bounds[low[0]]}, "
+                        f"{bounds[high[0]]}{']' if high[0] == 'le' else ')'}")
+            return " ".join([base, *(f"{_SIGNS[k]} {bounds[k]}" for k in low + high)])
+        if node.value.id == "Literal":
+            return ast.unparse(node)
+        return f"{node.value.id}[{', '.join(again(i) for i in items)}]"
+    return ast.unparse(node)
+
+
+def _params_from_ast(func: ast.FunctionDef, docs: dict[str, str], skip: frozenset[str],
+                     aliases: dict[str, ast.expr] | None = None) -> list[Param]:
     args = func.args
     positional = args.posonlyargs + args.args
     defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
@@ -96,7 +138,7 @@ def _params_from_ast(func: ast.FunctionDef, docs: dict[str, str], skip: frozense
     for arg, default in pairs:
         if arg.arg in skip:
             continue
-        out.append(Param(arg.arg, ast.unparse(arg.annotation) if arg.annotation is not None else None,
+        out.append(Param(arg.arg, readable(arg.annotation, aliases) if arg.annotation is not None else None,
                          ast.unparse(default) if default is not None else None, docs.get(arg.arg, "")))
     return out
 
@@ -186,13 +228,13 @@ def _from_source(name: str, target: str, verbose: bool, skip: frozenset[str]) ->
     if not verbose:
         return component
     if isinstance(node, ast.FunctionDef):
-        component.params = _params_from_ast(node, arg_docs(doc), skip)
+        component.params = _params_from_ast(node, arg_docs(doc), skip, _aliases(tree))
         return component
     init, init_doc = _init_of(tree, node)
     if init is None:
         return None  # inherited from another module: let inspection find it
     docs = {**arg_docs(init_doc), **arg_docs(ast.get_docstring(init)), **arg_docs(doc)}
-    component.params = _params_from_ast(init, docs, skip)
+    component.params = _params_from_ast(init, docs, skip, _aliases(tree))
     return component
 
 

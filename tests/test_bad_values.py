@@ -316,3 +316,23 @@ def test_benchmark_that_returns_no_stream_is_one_line(tmp_path, capsys, factory,
     name = f"{tmp_path / 'bench.py'}:{factory}"
     line = run_refused(capsys, tmp_path, tiny_config(benchmark={"class_path": name, "init_args": {}}))
     assert line.startswith(f"cfg.yaml: benchmark.class_path: benchmark '{name}' {message}")
+
+
+def test_vit_moe_names_match_its_labels_and_routers():
+    import typing
+
+    from clbench.vision.routers import ROUTERS
+    from clbench.vision.vit_moe import LABELS, Label, RouterName
+
+    assert set(typing.get_args(Label)) == set(LABELS)
+    assert set(typing.get_args(RouterName)) == {*ROUTERS, "prototype"}
+
+
+def test_constraints_in_signatures_are_shown_as_ranges_by_clbench_show(capsys):
+    assert main(["show", "moe_theory"]) == 0
+    out = capsys.readouterr().out
+    assert "eta: float > 0 (default 0.5)" in out and "explore: int >= 0 | None" in out
+    assert main(["show", "vit_moe"]) == 0
+    out = capsys.readouterr().out
+    assert "drop_path_rate: float in [0, 1)" in out and "top_k: int >= 1 | None" in out
+    assert "router: Literal['switch', 'ema_centroid', 'prototype'] | None" in out
