@@ -9,7 +9,7 @@ ones. One verdict per entry:
 
 * ``ok``: every number equal (or within ``tolerance``; the largest difference is still given);
 * ``differs by X at R[i][j]``: the largest difference, where it is, both values, and what
-  differs in how it was made (another commit, another torch or device);
+  differs in how it was made (another commit, device or package version);
 * ``cannot rerun: why``: the run was made from uncommitted code (``env.git_dirty``: that code
   cannot be found again), it is a failed run (nothing to compare), it needs a GPU this machine
   lacks, the rerun stopped on bad input (e.g. a data root that is not here), or, with
@@ -167,8 +167,16 @@ def _shown(value) -> str:
 
 
 def _machine(env: dict) -> str:
-    torch = (env.get("packages") or {}).get("torch")
-    return f"torch {torch} on {env.get('device') or '?'}" + (f" (CUDA {env['cuda']})" if env.get("cuda") else "")
+    device = env.get("device") or "?"
+    return device + (f" (CUDA {env['cuda']})" if env.get("cuda") else "")
+
+
+def _package_changes(old: dict, new: dict) -> str | None:
+    """``"transformers 5.23.0 -> 5.24.0, ..."`` for every recorded package whose version differs."""
+    before, after = old.get("packages") or {}, new.get("packages") or {}
+    changed = [f"{name} {before.get(name)} -> {after.get(name)}" for name in sorted(set(before) | set(after))
+               if name != "clbench" and before.get(name) != after.get(name)]
+    return ", ".join(changed) or None
 
 
 # -- one entry ----------------------------------------------------------------------------------
@@ -240,7 +248,10 @@ class Verifier:
         largest, where, old_value, new_value = compare(entry, new)
         notes = [note] if note else []
         if _machine(env) != _machine(new["env"]):
-            notes.append(f"made with {_machine(env)}, rerun with {_machine(new['env'])}")
+            notes.append(f"made on {_machine(env)}, rerun on {_machine(new['env'])}")
+        packages = _package_changes(env, new["env"])
+        if packages:
+            notes.append(f"packages differ: {packages}")
         if largest <= self.tolerance:
             shown = "exact" if largest == 0 else f"largest difference {largest:.3g} at {where}, within {self.tolerance:g}"
             return Verdict(digest, label, OK, "; ".join([shown, *notes]), largest=largest, where=where)
