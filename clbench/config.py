@@ -79,7 +79,7 @@ _TYPES: dict[str, Any] = {
     },
     "metrics": {"reference_models": (bool,)},
     "trainer": None,  # free-form: Lightning's Trainer checks its own arguments
-    "logging": {"tensorboard": (bool,), "progress": (bool,)},
+    "logging": {"tensorboard": (bool,), "progress": (bool,), "loggers": (list,)},
 }
 _POSITIVE = {"train.epochs", "train.batch_size", "train.eval_batch_size"}
 _NON_NEGATIVE = {"seed", "train.num_workers"}
@@ -361,6 +361,9 @@ def _complete(cfg: dict, source: str) -> None:
                                 fix="name the component, e.g. class_path: cosine")
     _check_names(cfg, source)
     check_order(cfg["order"], f"{source}: order")
+    from clbench.loggers import logger_specs
+
+    logger_specs(cfg["logging"], source)
 
 
 def _check_names(cfg: dict, source: str) -> None:

@@ -167,6 +167,9 @@ class ContinualModule(pl.LightningModule):
             else:
                 loss = self._step(batch, terms)
         self._accumulate(loss, terms)
+        if self._trainer is not None and self._trainer.loggers:
+            # every trainer.log_every_n_steps steps; the value is read (a device sync) only then
+            self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, batch_size=1)
         return loss if self.automatic_optimization else None
 
     def _step(self, batch: Any, terms: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -197,10 +200,11 @@ class ContinualModule(pl.LightningModule):
         if not math.isfinite(mean):
             raise NonFiniteLoss(f"training loss became {mean} in epoch {self.current_epoch} "
                                 f"(experience {self.experience})", value=mean)
-        if self.logger is not None:
-            values = {f"train/loss/exp{self.experience}": mean, "train/loss": mean}
+        if self.loggers:
+            values = {f"train/exp{self.experience}/loss": mean, "train/loss": mean}
             values.update({f"train/aux/{name}": (total / self._steps).item() for name, total in self._aux_sums.items()})
-            self.logger.log_metrics(values, step=self.current_epoch)
+            for logger in self.loggers:
+                logger.log_metrics(values, step=self.current_epoch)
 
     def on_train_end(self) -> None:
         if self.train_routing is not None:

@@ -20,11 +20,12 @@ from clbench.errors import UserError
 RESULT = "result.json"
 CHECKPOINT = "checkpoint.pt"
 TENSORBOARD = "tensorboard"
+LOGS = "logs"  # every other logger's files (clbench.loggers)
 PREDICTIONS = "predictions"
 STAGING = ".staging"
 _REPLACED = ".replaced"
 # What a run owns in its directory (anything else there is the user's and left alone).
-RUN_FILES = (RESULT, CHECKPOINT, TENSORBOARD, PREDICTIONS)
+RUN_FILES = (RESULT, CHECKPOINT, TENSORBOARD, LOGS, PREDICTIONS)
 
 
 def check_output(output: Path | None, *, resume: bool, overwrite: bool) -> None:
@@ -110,5 +111,5 @@ class OutputDir:
             return
         if self.created and self.output.is_dir() and not (self.output / CHECKPOINT).exists():
             leftovers = [p for p in self.output.rglob("*") if p.is_file()]
-            if all(TENSORBOARD in p.relative_to(self.output).parts for p in leftovers):  # nothing but logs
+            if all(p.relative_to(self.output).parts[0] in (TENSORBOARD, LOGS) for p in leftovers):  # only logs
                 shutil.rmtree(self.output, ignore_errors=True)

@@ -10,6 +10,7 @@ CL scores follow that direction. Every other metric of the columns is a matrix o
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,14 +210,9 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
     return finite_or_none(result)
 
 
-def tensorboard_logger(folder: Path, name: str, purge_step: int | None = None):
-    """A Lightning TensorBoard logger that keeps one event stream for the whole run.
-
-    Lightning finalizes its logger after every ``fit``, which closes the writer, so each
-    experience used to open a new event file, and saved an empty ``hparams.yaml``. Here
-    ``finalize`` only flushes; :func:`log_tensorboard` closes the stream once, after writing the
-    hyper-parameters with the final scores as TensorBoard hparams.
-    """
+@functools.lru_cache(maxsize=None)
+def tensorboard_class():
+    """The TensorBoard logger class a run uses (Lightning's, finalized once per run)."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     class RunLogger(TensorBoardLogger):
@@ -230,8 +226,20 @@ def tensorboard_logger(folder: Path, name: str, purge_step: int | None = None):
             Path(self.log_dir, self.NAME_HPARAMS_FILE).unlink(missing_ok=True)
             super().finalize("success")
 
+    return RunLogger
+
+
+def tensorboard_logger(folder: Path, name: str, purge_step: int | None = None, **options: Any):
+    """A Lightning TensorBoard logger that keeps one event stream for the whole run.
+
+    Lightning finalizes its logger after every ``fit``, which closes the writer, so each
+    experience used to open a new event file, and saved an empty ``hparams.yaml``. Here
+    ``finalize`` only flushes; :func:`log_tensorboard` closes the stream once, after writing the
+    hyper-parameters with the final scores as TensorBoard hparams.
+    """
     extra = {"purge_step": purge_step} if purge_step is not None else {}
-    return RunLogger(save_dir=str(folder), name=name, version="", default_hp_metric=False, **extra)
+    settings = {"save_dir": str(folder), "name": name, "version": "", "default_hp_metric": False, **extra, **options}
+    return tensorboard_class()(**settings)
 
 
 def _scalar(value: Any) -> Any:
@@ -261,9 +269,6 @@ def log_tensorboard(logger, result: dict) -> None:
         for name, value in zip(result["experiences"], row):
             if value is not None:
                 writer.add_scalar(f"eval/{metric}/{name}", value, i)
-    for key, value in result["scores"].items():
-        if isinstance(value, (int, float)):
-            writer.add_scalar(f"scores/{key}", value, 0)
     for k, scores in enumerate(result.get("epoch_scores", [])):
         for key, value in scores.items():
             if isinstance(value, (int, float)) and key not in ("epoch", "stage"):
@@ -273,6 +278,7 @@ def log_tensorboard(logger, result: dict) -> None:
     for stage, _ in enumerate(result.get("expert_utilization") or []):
         for layer in routing_layers(result, 12):
             writer.add_figure(f"routing/{layer}", utilization_figure(result, [layer], stage), stage)
-    final = {f"final/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
-    logger.log_hyperparams(hyperparameters(result), metrics=final)
+    # The scores are written once, as scalars under scores/ that the hparams view also reads.
+    scores = {f"scores/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
+    logger.log_hyperparams(hyperparameters(result), metrics=scores)
     logger.close()

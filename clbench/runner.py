@@ -48,7 +48,7 @@ from typing import Any
 
 from clbench.checkpoint import CHECKPOINT
 from clbench.errors import NonFiniteLoss, UserError
-from clbench.outputs import RESULT, TENSORBOARD, OutputDir, check_output
+from clbench.outputs import LOGS, RESULT, TENSORBOARD, OutputDir, check_output
 from clbench.results import RunState, environment  # noqa: F401  (environment: the leaderboard records it)
 from clbench.trainer import RESERVED_TRAINER_ARGS, end_process_group
 
@@ -194,7 +194,7 @@ class ContinualRun:
 
     def _prepare(self, resuming: bool) -> None:
         """Remove what a crashed earlier attempt left in this run's folder (never before the new
-        run is built): half-written files always; without a resume, its TensorBoard events."""
+        run is built): half-written files always; without a resume, its logs."""
         from clbench.io import remove_stale_temporaries
 
         for name in (CHECKPOINT, RESULT):
@@ -203,6 +203,7 @@ class ContinualRun:
             tensorboard = self.path / TENSORBOARD
             for stale in (*tensorboard.glob("events.out.tfevents.*"), tensorboard / "hparams.yaml"):
                 stale.unlink(missing_ok=True)
+            (self.path / LOGS / "csv" / "metrics.csv").unlink(missing_ok=True)  # other loggers keep runs apart
 
     def _execute(self) -> dict:
         from clbench import checkpoint, faults
@@ -235,13 +236,18 @@ class ContinualRun:
             kill = faults.callback(self.kill)
             if kill is not None:
                 callbacks.append(kill)
-        logger = False
-        if self.path is not None and cfg["logging"]["tensorboard"]:
-            from clbench.results import tensorboard_logger
+        loggers = []
+        if self.path is not None:
+            from clbench.loggers import build_loggers, logger_specs
 
             # On resume, TensorBoard hides what the killed process logged after the checkpoint.
-            logger = tensorboard_logger(self.path, TENSORBOARD, purge_step=ckpt["epoch"] if ckpt else None)
-        trainer = make_trainer(cfg, self.source, callbacks=callbacks, logger=logger,
+            loggers = build_loggers(logger_specs(cfg["logging"], self.source), self.path, self.source,
+                                    purge_step=ckpt["epoch"] if ckpt else None)
+        if loggers:
+            from lightning.pytorch.callbacks import LearningRateMonitor
+
+            callbacks.append(LearningRateMonitor(logging_interval="step"))
+        trainer = make_trainer(cfg, self.source, callbacks=callbacks, logger=loggers or False,
                                root=str(self.path) if self.path else None)
         check_parallel_support(trainer, self.strategy, self.module.model, cfg["strategy"]["class_path"], self.source)
         self.world_size, self.rank = trainer.world_size, trainer.global_rank
@@ -294,8 +300,10 @@ class ContinualRun:
         result = results.assemble(self, asdict(state), reference, wall=wall_before + time.perf_counter() - start,
                                   import_seconds=import_seconds)
         pretrain.record(result, state)
-        if logger:
-            results.log_tensorboard(logger, result)
+        if loggers:
+            from clbench.loggers import log_result
+
+            log_result(loggers, result)
         if writes:
             from clbench.io import json_text, write_json
 

@@ -81,6 +81,7 @@ def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logge
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     args = trainer_args(cfg, source)
+    args.setdefault("log_every_n_steps", 1)  # the training loss per step (clbench.loggers)
     if args.get("strategy") == "fsdp":
         from lightning.pytorch.strategies import ModelParallelStrategy
 

@@ -512,8 +512,8 @@ def test_tensorboard_gets_one_event_stream_per_run_with_hparams_and_final_scores
     accumulator = EventAccumulator(str(folder))
     accumulator.Reload()
     scalars = accumulator.Tags()["scalars"]
-    assert "final/acc" in scalars and "train/loss" in scalars
-    assert accumulator.Scalars("final/acc")[0].value == pytest.approx(result["scores"]["acc"])
+    assert "scores/acc" in scalars and "train/loss" in scalars and not any(t.startswith("final/") for t in scalars)
+    assert accumulator.Scalars("scores/acc")[0].value == pytest.approx(result["scores"]["acc"])
 
 
 def test_tensorboard_draws_a_utilization_heatmap_per_moe_layer_and_stage(tmp_path):
