@@ -10,7 +10,8 @@
 - :func:`effective_compositions`: MH-MoE's route-wise N_eff.
 - :class:`ExactMatch`, :class:`AnswerLetterAccuracy`, :class:`RougeL`, :class:`EditSimilarity`,
   :class:`SARI`, :func:`make_text_metric`: TRACE's per-task scores of generated text
-  (:mod:`clbench.metrics.text`).
+  (:mod:`clbench.metrics.text`); :func:`trace_score`: a task's score exactly as TRACE's own
+  evaluation scripts compute it.
 
 Names load on first access, so ``from clbench.metrics import cl_scores`` does not import torch.
 Formulas, sources and sign conventions: ``docs/metrics.md``.
@@ -42,6 +43,9 @@ _EXPORTS = {
     "make_text_metric": "clbench.metrics.text",
     "TEXT_METRICS": "clbench.metrics.text",
     "TRACE_TASK_METRICS": "clbench.metrics.text",
+    "TRACE_SCORED_METRICS": "clbench.metrics.text",
+    "TRACE_SCORINGS": "clbench.metrics.text",
+    "trace_score": "clbench.metrics.text",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,10 +6,16 @@ states are integers summed across processes: ``total`` (the scores in units of 1
 single-process value bit for bit, and casting a module to bf16 cannot round them.
 
 ``update(preds, targets, sources=None)`` takes lists of strings; only SARI reads ``sources``
-(the model's input; TRACE passes the whole prompt). Empty prediction or reference (after
-stripping surrounding whitespace) scores 0 with the divisor unchanged, as TRACE's scorers do,
-except SARI, which TRACE computes on every pair. Formulas, sources and where these differ
-from TRACE's own scripts: the class docstrings.
+(the model's input; TRACE passes the whole prompt).
+
+Two scorings of the TRACE tasks (:data:`TRACE_SCORINGS`):
+
+- ``trace`` (the ``Trace*`` classes, :func:`trace_score`): exactly what the TRACE repository's
+  evaluation scripts compute, so numbers sit next to published ones. Raw strings, nothing
+  stripped; an empty prediction or reference scores 0 with the divisor unchanged (not for SARI).
+- ``normalized`` (the other classes): lenient; surrounding whitespace stripped, an empty
+  (stripped) prediction or reference scores 0 (not for SARI). Where and why they differ from
+  TRACE's scripts: the class docstrings and ``docs/language-models.md``.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ class _MeanTextScore(Metric):
     plot_lower_bound = 0.0
     plot_upper_bound = 1.0
     needs_sources = False
+    #: "trace": scored as TRACE's own scripts score, on the generation as decoded (nothing
+    #: stripped); "normalized": the project's lenient form.
+    scoring = "normalized"
 
     total: Tensor
     count: Tensor
@@ -251,12 +260,131 @@ class SARI(_MeanTextScore):
         return sari_sentence(source or "", pred, refs)
 
 
+# -- TRACE's own scoring ------------------------------------------------------------------
+# The classes below compute each task's primary score as the TRACE repository's evaluation
+# scripts do (BeyonderXX/TRACE: ``metrics.py`` and ``evaluations/eval_<Task>.py``), on the
+# generation as TRACE decodes it (nothing stripped). TRACE's means divide by every sample,
+# skipping (scoring 0) the pairs where the prediction or the reference is the empty string,
+# except SARI, computed on every pair. Where TRACE's script would raise (ScienceQA's first
+# character of an empty string; a ROUGE text that has no sentence) the pair scores 0 here.
+
+
+class TraceExactMatch(_MeanTextScore):
+    """TRACE's ``caculate_accuracy`` (``metrics.py``; ``eval_CStance.py``, ``eval_FOMC.py``,
+    ``eval_NumGLUE_cm.py``, ``eval_NumGLUE_ds.py``): 1 when the raw prediction equals the raw
+    reference and neither is empty. Case, whitespace and punctuation all count."""
+
+    scoring = "trace"
+
+    def score(self, pred: str, target: str, source: str | None = None) -> float:
+        return float(pred != "" and target != "" and pred == target)
+
+
+class TraceFirstCharacter(_MeanTextScore):
+    """TRACE's ScienceQA accuracy (``eval_ScienceQA.py``): ``caculate_accuracy`` on the first
+    character of the prediction and of the reference (the answer letter of "A\nBecause ...").
+    An empty side scores 0 (TRACE's script fails on it)."""
+
+    scoring = "trace"
+
+    def score(self, pred: str, target: str, source: str | None = None) -> float:
+        return float(pred != "" and target != "" and pred[0] == target[0])
+
+
+def trace_rouge_l(prediction: str, reference: str) -> float:
+    """ROUGE-L F of one pair as TRACE's ``score_rouge`` gets it from the ``rouge`` package
+    (1.0.1): ``Rouge(metrics=["rouge-l"]).get_scores(reference, prediction, avg=True)``, the
+    reference in the hypothesis slot as TRACE passes it. The package splits each text into
+    sentences at '.', words at single spaces, and takes the summary-level union LCS over
+    *sets* of words; F = 2PR / (P + R + 1e-8). A text without any sentence (empty, or only
+    periods) scores 0; TRACE's script fails on it."""
+    from rouge import Rouge
+
+    try:
+        scores = Rouge(metrics=["rouge-l"]).get_scores(reference, prediction, avg=True)
+    except ValueError:  # "Collections must contain at least 1 sentence."
+        return 0.0
+    return float(scores["rouge-l"]["f"])
+
+
+class TraceRougeL(_MeanTextScore):
+    """TRACE's MeetingBank score (``eval_MeetingBank.py`` -> ``metrics.caculate_rouge``): the
+    mean of :func:`trace_rouge_l` over every pair, empty prediction or reference scoring 0."""
+
+    scoring = "trace"
+
+    def score(self, pred: str, target: str, source: str | None = None) -> float:
+        if pred == "" or target == "":
+            return 0.0
+        return trace_rouge_l(pred, target)
+
+
+_TRACE_LITERAL = re.compile(r"<(STR|NUM|CHAR)_LIT:(.*?)>", re.S)
+
+
+def trace_py150_postprocess(code: str) -> str:
+    """Py150's literal handling as ``eval_Py150.py`` performs it: bare ``<NUM_LIT>`` becomes
+    ``0``, bare ``<STR_LIT>``/``<CHAR_LIT>`` vanish; then every ``<KIND_LIT:value>`` found (a
+    non-greedy match, across lines) is replaced, one found literal after another, by its value
+    everywhere in the text. Replacing in turn, not in one pass, is what TRACE does: a value that
+    rebuilds an earlier literal's text is replaced again (:func:`py150_postprocess` is the
+    one-pass form of the normalized scoring)."""
+    code = code.replace("<NUM_LIT>", "0").replace("<STR_LIT>", "").replace("<CHAR_LIT>", "")
+    for kind, value in _TRACE_LITERAL.findall(code):
+        code = code.replace(f"<{kind}_LIT:{value}>", value)
+    return code
+
+
+def fuzz_ratio(a: str, b: str) -> int:
+    """fuzzywuzzy's ``fuzz.ratio(a, b)`` as it computes without python-Levenshtein (TRACE's
+    requirements do not install it): 100 for equal strings, 0 when either is empty, else
+    ``int(round(100 * difflib.SequenceMatcher(None, a, b).ratio()))`` (difflib's default
+    autojunk heuristic included; Python's round-half-to-even). Order matters: ``b`` is the
+    sequence difflib indexes."""
+    import difflib
+
+    if a == b:
+        return 100
+    if not a or not b:
+        return 0
+    return int(round(100 * difflib.SequenceMatcher(None, a, b).ratio()))
+
+
+class TraceEditSimilarity(_MeanTextScore):
+    """TRACE's Py150 similarity (``eval_Py150.py`` -> ``metrics.caculate_fuzz``): both sides
+    through :func:`trace_py150_postprocess`, then ``fuzz.ratio(prediction, reference)``
+    (:func:`fuzz_ratio`, whole percents), 0 when either post-processed side is empty; TRACE
+    reports the mean on 0-100, here divided by 100."""
+
+    scoring = "trace"
+
+    def score(self, pred: str, target: str, source: str | None = None) -> float:
+        pred, target = trace_py150_postprocess(pred), trace_py150_postprocess(target)
+        if pred == "" or target == "":
+            return 0.0
+        return fuzz_ratio(pred, target) / 100.0
+
+
+class TraceSARI(SARI):
+    """TRACE's 20Minuten score (``eval_20Minuten.py`` -> ``metrics.caculate_sari``): Hugging
+    Face's ``sari`` metric (``datasets.load_metric("sari")``) with the prompt as source and the
+    reference as the single reference, i.e. :func:`sari_sentence` averaged over every pair (no
+    pair skipped). TRACE reports 100 x the mean (inside a 1-tuple); here the fraction."""
+
+    scoring = "trace"
+
+
 TEXT_METRICS: dict[str, type[_MeanTextScore]] = {
     "exact_match": ExactMatch,
     "answer_letter": AnswerLetterAccuracy,
     "rouge_l": RougeL,
     "edit_similarity": EditSimilarity,
     "sari": SARI,
+    "trace_exact_match": TraceExactMatch,
+    "trace_first_char": TraceFirstCharacter,
+    "trace_rouge_l": TraceRougeL,
+    "trace_edit_similarity": TraceEditSimilarity,
+    "trace_sari": TraceSARI,
 }
 
 #: TRACE's primary metric per task (C-STANCE's answers are letters, scored by TRACE on the
@@ -271,6 +399,37 @@ TRACE_TASK_METRICS: dict[str, str] = {
     "NumGLUE-ds": "exact_match",
     "20Minuten": "sari",
 }
+
+
+#: TRACE's own scoring per task (``scoring: trace``, the default of the TRACE streams).
+TRACE_SCORED_METRICS: dict[str, str] = {
+    "C-STANCE": "trace_exact_match",
+    "FOMC": "trace_exact_match",
+    "MeetingBank": "trace_rouge_l",
+    "Py150": "trace_edit_similarity",
+    "ScienceQA": "trace_first_char",
+    "NumGLUE-cm": "trace_exact_match",
+    "NumGLUE-ds": "trace_exact_match",
+    "20Minuten": "trace_sari",
+}
+
+#: Task metrics of each scoring of the TRACE streams: ``trace`` (TRACE's scripts, comparable
+#: with published numbers) and ``normalized`` (lenient: stripped answers, the first non-blank
+#: character for letter answers, torchmetrics' ROUGE-L, rapidfuzz's ratio).
+TRACE_SCORINGS: dict[str, dict[str, str]] = {"trace": TRACE_SCORED_METRICS, "normalized": TRACE_TASK_METRICS}
+
+
+def trace_score(task: str, predictions: Sequence[str], references: Sequence[str],
+                sources: Sequence[str] | None = None) -> float:
+    """TRACE's primary score of ``task`` as a fraction in [0, 1]: the per-pair scores of
+    :data:`TRACE_SCORED_METRICS` summed and divided by the number of pairs, as TRACE's
+    ``metrics.py`` divides by ``len(results)``. ``sources`` (the prompts) only for 20Minuten.
+    No pairs: NaN."""
+    name = TRACE_SCORED_METRICS.get(task)
+    if name is None:
+        raise UserError(f"unknown TRACE task '{task}'", where="task", fix=did_you_mean(task, TRACE_SCORED_METRICS))
+    scores = TEXT_METRICS[name]().sample_scores(predictions, references, sources)
+    return sum(scores) / len(scores) if scores else float("nan")
 
 
 def make_text_metric(name: str, **kwargs: Any) -> _MeanTextScore:
