@@ -7,8 +7,12 @@ folder just above it). Only ``train.json`` and the test file (``test.json``, or 
 with ``test_split="eval"``) are read.
 
 Every experience is one task; its datasets yield ``{"prompt", "answer"}`` dicts. The stream is
-scored by the ``causal_lm`` objective with TRACE's metric per task
-(:data:`clbench.metrics.text.TRACE_TASK_METRICS`).
+scored by the ``causal_lm`` objective with TRACE's metric per task, in one of two scorings
+(:data:`clbench.metrics.text.TRACE_SCORINGS`): ``scoring="trace"`` (the default) computes each
+task's score exactly as the TRACE repository's evaluation scripts do, on the generation as
+decoded, so numbers compare with published ones; ``scoring="normalized"`` is the project's
+lenient form (stripped answers, the first non-blank character for letter answers, ROUGE-L on
+lower-cased word tokens, the unrounded-input indel ratio). ``docs/language-models.md`` tabulates both.
 
 Scenario type: ``domain-il`` by default. TRACE's protocol (as the MH-MoE paper runs it) gives
 no task id at inference: the task is only implicit in the prompt's instruction, and every task
@@ -44,6 +48,7 @@ ORDERS: dict[str, tuple[str, ...]] = {
 }
 SPLITS = ("train", "eval", "test")
 KEYS = ("prompt", "answer")
+SCORINGS = ("trace", "normalized")
 FIX = 'each file must be a JSON list of {"prompt": "...", "answer": "..."} objects; re-extract the TRACE archive ' \
       "(see docs/datasets.md)"
 
@@ -221,32 +226,45 @@ def subsample(records: list[dict[str, str]], n: int | None, seed: int, task: str
     return [records[i] for i in keep]
 
 
+def check_scoring(scoring: str) -> str:
+    """``scoring`` if it names one of :data:`SCORINGS`, else a one-line error."""
+    if scoring not in SCORINGS:
+        raise UserError(f"unknown scoring {scoring!r}", where="benchmark.init_args.scoring",
+                        fix="trace (TRACE's own evaluation, comparable with papers) or normalized (lenient)")
+    return scoring
+
+
 def scenario_from_records(name: str, data: dict[str, tuple[list[dict], list[dict]]], *,
-                          scenario_type: str = "domain-il", sources: dict[str, tuple[str, str]] | None = None):
+                          scenario_type: str = "domain-il", sources: dict[str, tuple[str, str]] | None = None,
+                          scoring: str = "trace"):
     """The Avalanche scenario of a TRACE-style stream: ``data`` maps each task (in stream
-    order) to its (train, test) records."""
-    from clbench.metrics.text import TRACE_TASK_METRICS
+    order) to its (train, test) records; ``scoring`` picks the task metrics."""
+    from clbench.metrics.text import TRACE_SCORINGS
     from clbench.streams import StreamSpec, build_scenario
 
     if scenario_type not in ("domain-il", "task-il"):
         raise UserError(f"unknown scenario_type '{scenario_type}'", where="benchmark.init_args.scenario_type",
                         fix="domain-il (no task id at inference; TRACE's protocol) or task-il")
+    metrics = TRACE_SCORINGS[check_scoring(scoring)]
     tasks = list(data)
     sources = sources or {}
     train = [TextRecords(data[t][0], sources.get(t, (None, None))[0]) for t in tasks]
     test = [TextRecords(data[t][1], sources.get(t, (None, None))[1]) for t in tasks]
     orders = {k: [t for t in order if t in data] for k, order in ORDERS.items()}
     spec = StreamSpec(name=name, scenario_type=scenario_type, named_orders=orders, objective="causal_lm",
-                      objective_args={"task_metrics": {t: TRACE_TASK_METRICS[t] for t in tasks}})
+                      objective_args={"task_metrics": {t: metrics[t] for t in tasks}})
     return build_scenario(spec, train, test, names=tasks, targets=False,
                           domain_ids=[TASKS.index(t) if t in TASKS else i for i, t in enumerate(tasks)])
 
 
 def trace(root: str, tasks: list[str] | None = None, n_train: int | None = None, n_test: int | None = None,
           subsample_seed: int = 0, test_split: Literal["test", "eval"] = "test",
-          scenario_type: Literal["domain-il", "task-il"] = "domain-il"):
+          scenario_type: Literal["domain-il", "task-il"] = "domain-il",
+          scoring: Literal["trace", "normalized"] = "trace"):
     """TRACE from ``root``: one experience per task (all 8, or ``tasks``), trained on
-    ``train.json`` and tested on ``test.json`` (or ``eval.json``), optionally subsampled."""
+    ``train.json`` and tested on ``test.json`` (or ``eval.json``), optionally subsampled, and
+    scored by ``scoring`` (``trace``: TRACE's own evaluation; ``normalized``: lenient)."""
+    check_scoring(scoring)
     names = check_tasks(tasks)
     _check_count(n_train, "n_train")
     _check_count(n_test, "n_test")
@@ -261,7 +279,7 @@ def trace(root: str, tasks: list[str] | None = None, n_train: int | None = None,
         test = subsample(read_split(test_file), n_test, subsample_seed, task, test_split, str(test_file), "n_test")
         data[task] = (train, test)
         sources[task] = (str(train_file), str(test_file))
-    return scenario_from_records("trace", data, scenario_type=scenario_type, sources=sources)
+    return scenario_from_records("trace", data, scenario_type=scenario_type, sources=sources, scoring=scoring)
 
 
 def write_trace(root: str | Path, data: dict[str, dict[str, list[dict[str, str]]]]) -> Path:

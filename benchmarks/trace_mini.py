@@ -37,7 +37,7 @@ import random
 import sys
 from typing import Callable, Literal
 
-from benchmarks.trace import SPLITS, TASKS, check_tasks, scenario_from_records, write_trace
+from benchmarks.trace import SPLITS, TASKS, check_scoring, check_tasks, scenario_from_records, write_trace
 from clbench.errors import UserError
 
 Record = dict[str, str]
@@ -250,9 +250,11 @@ def generate(tasks: list[str] | None = None, n_train: int = 200, n_eval: int = 2
 
 
 def trace_mini(tasks: list[str] | None = None, n_train: int = 200, n_test: int = 50, seed: int = 0,
-               scenario_type: Literal["domain-il", "task-il"] = "domain-il"):
-    """The generated TRACE look-alike as a stream (built in memory; same orders, metrics and
-    item format as ``trace``)."""
+               scenario_type: Literal["domain-il", "task-il"] = "domain-il",
+               scoring: Literal["trace", "normalized"] = "trace"):
+    """The generated TRACE look-alike as a stream (built in memory; same orders, metrics,
+    scorings and item format as ``trace``)."""
+    check_scoring(scoring)
     if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
         raise UserError(f"n_train must be a positive integer, got {n_train!r}", where="benchmark.init_args.n_train",
                         fix="e.g. 200")
@@ -261,7 +263,7 @@ def trace_mini(tasks: list[str] | None = None, n_train: int = 200, n_test: int =
                         fix="e.g. 50")
     data = generate(tasks, n_train=n_train, n_eval=0, n_test=n_test, seed=seed)
     return scenario_from_records("trace-mini", {t: (d["train"], d["test"]) for t, d in data.items()},
-                                 scenario_type=scenario_type)
+                                 scenario_type=scenario_type, scoring=scoring)
 
 
 TOKENIZER_VOCAB = 1024

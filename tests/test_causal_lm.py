@@ -128,6 +128,30 @@ def test_chat_template_wraps_prompts_and_keeps_the_loss_on_the_answer_and_its_en
         _objective(chat_model, chat_template="yes")
 
 
+def test_trace_scoring_scores_the_generation_as_decoded_and_lenient_scoring_stripped(model):
+    """TRACE's inference neither strips nor cleans up tokenization spaces; its exact match then
+    compares raw strings. The untrained model's generations carry spaces, so the two differ."""
+    from torchmetrics import MetricCollection
+
+    tok = model.tokenizer
+    records = [{"prompt": f"Question {i}: say A. Answer:", "answer": "A"} for i in range(6)]
+    rows = {}
+    for name in ("trace_exact_match", "exact_match"):
+        objective = _objective(model, max_length=64, max_new_tokens=5, default_metric=name)
+        batch = objective.collate(train=False)(records)
+        metrics = MetricCollection(objective.metrics(None))
+        objective.evaluate(model, batch, metrics)
+        rows[name] = objective._generations["all"]
+        out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5,
+                             do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        raw = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True,
+                               clean_up_tokenization_spaces=False)
+        expected = raw if name.startswith("trace") else [t.strip() for t in tok.batch_decode(
+            out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)]
+        assert [r["prediction"] for r in rows[name]] == expected
+    assert any(r["prediction"] != r["prediction"].strip() for r in rows["trace_exact_match"])
+
+
 def _lm_config(**overrides) -> dict:
     from clbench.config import resolve_config
 
@@ -148,7 +172,8 @@ def test_a_trace_format_stream_runs_resumes_and_keeps_its_generations(tmp_path, 
     cfg = _lm_config()
     reference = run(cfg, tmp_path / "reference")
     assert reference["experiences"] == ["FOMC", "NumGLUE-cm"]
-    assert reference["r_metric"] == {"names": ["exact_match", "exact_match"], "higher_is_better": True}
+    assert reference["r_metric"] == {"names": ["trace_exact_match", "trace_exact_match"], "higher_is_better": True}
+    assert reference["objective"]["scoring"] == "trace"
     assert reference["r_matrix"][0][0] > reference["r_init"][0]  # FOMC is learned
     saved = [json.loads(line) for line in (tmp_path / "reference" / "predictions" / "FOMC.jsonl").open()]
     assert len(saved) == 12 and set(saved[0]) == {"prompt", "answer", "prediction", "score"}

@@ -58,7 +58,12 @@ def test_reads_the_official_layout(root, data):
     spec = scenario.clbench
     assert spec.objective == "causal_lm" and spec.scenario_type == "domain-il"
     assert spec.num_classes is None and spec.input_shape is None
-    assert spec.objective_args["task_metrics"] == {
+    assert spec.objective_args["task_metrics"] == {  # TRACE's own scoring by default
+        "C-STANCE": "trace_exact_match", "FOMC": "trace_exact_match", "MeetingBank": "trace_rouge_l",
+        "Py150": "trace_edit_similarity", "ScienceQA": "trace_first_char", "NumGLUE-cm": "trace_exact_match",
+        "NumGLUE-ds": "trace_exact_match", "20Minuten": "trace_sari"}
+    lenient = trace(str(root), scoring="normalized").clbench
+    assert lenient.objective_args["task_metrics"] == {
         "C-STANCE": "answer_letter", "FOMC": "exact_match", "MeetingBank": "rouge_l", "Py150": "edit_similarity",
         "ScienceQA": "answer_letter", "NumGLUE-cm": "exact_match", "NumGLUE-ds": "exact_match", "20Minuten": "sari"}
 
@@ -115,6 +120,10 @@ def test_task_and_argument_errors(root, tmp_path):
     with pytest.raises(UserError, match="scenario_type"):
         trace(str(root), tasks=["FOMC"], scenario_type="class-il")
     assert trace(str(root), tasks=["FOMC"], scenario_type="task-il").clbench.scenario_type == "task-il"
+    with pytest.raises(UserError, match=r"benchmark\.init_args\.scoring: unknown scoring .lenient."):
+        trace(str(root), tasks=["FOMC"], scoring="lenient")
+    with pytest.raises(UserError, match="unknown scoring"):
+        trace_mini(tasks=["FOMC"], n_train=2, n_test=2, scoring="TRACE")
 
 
 def _error(copy, **kw) -> str:
@@ -207,19 +216,21 @@ def test_trace_mini_prompts_are_unique_and_answers_follow_the_rules(data):
         assert len(r["answer"].split()) < len(r["prompt"].split("\n\n")[1].split())
 
 
-def test_trace_mini_references_score_one_by_their_tasks_metric(data):
-    from clbench.metrics.text import TRACE_TASK_METRICS
+@pytest.mark.parametrize("scoring", ["trace", "normalized"])
+def test_trace_mini_references_score_one_by_their_tasks_metric(data, scoring):
+    from clbench.metrics.text import TRACE_SCORINGS
 
     for task, splits in data.items():
         records = splits["test"]
         prompts = [r["prompt"] for r in records]
         answers = [r["answer"] for r in records]
-        metric = make_text_metric(TRACE_TASK_METRICS[task])
+        metric = make_text_metric(TRACE_SCORINGS[scoring][task])
         metric.update(answers, answers, sources=prompts)
         # SARI's deletion precision subtracts reference counts, so a source n-gram that occurs
         # more often in the prompt than in the reference keeps even the reference just below 1.
+        # rouge 1.0.1's F is 2PR / (P + R + 1e-8).
         assert float(metric.compute()) == pytest.approx(1.0, abs=1e-6 if task != "20Minuten" else 0.01), task
-        shifted = make_text_metric(TRACE_TASK_METRICS[task])
+        shifted = make_text_metric(TRACE_SCORINGS[scoring][task])
         shifted.update(answers[1:] + answers[:1], answers, sources=prompts)
         assert float(shifted.compute()) < 0.95, task
 

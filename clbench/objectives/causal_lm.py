@@ -20,10 +20,13 @@ Evaluation decodes from the same rendered prompt. TRACE feeds plain prompts (the
 
 Evaluation: greedy decoding, batched, with the KV cache, from left-padded prompts (every prompt
 then ends where decoding starts), stopping at EOS or after ``max_new_tokens``. The generation
-is decoded without special tokens and stripped, then scored by the column's task metric
+is decoded without special tokens, then scored by the column's task metric
 (:mod:`clbench.metrics.text`; TRACE's per-task choice arrives from the stream as
-``task_metrics``). Greedy decoding has no randomness, so evaluation is deterministic up to the
-hardware's arithmetic. The final stage's generations are written per task to
+``task_metrics``). A metric of TRACE's own scoring (``scoring = "trace"``) gets the text as
+TRACE's inference decodes it (``clean_up_tokenization_spaces=False``, nothing stripped); the
+lenient metrics get it stripped. ``summary()["scoring"]`` records which scoring the task
+metrics use (``trace``, ``normalized``, or ``mixed``). Greedy decoding has no randomness, so
+evaluation is deterministic up to the hardware's arithmetic. The final stage's generations are written per task to
 ``predictions/<task>.jsonl`` with their prompt, reference and score.
 
 The loss is the mean over the batch's answer tokens (as transformers computes it), so a
@@ -263,15 +266,21 @@ class CausalLanguageModeling(Objective):
         self._generations = {}
 
     @torch.no_grad()
-    def generate(self, model, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> list[str]:
-        """Greedy continuations of left-padded prompts, decoded without special tokens. With
-        sharded parameters every rank keeps decoding (``synced_gpus``) until all are done."""
+    def generate(self, model, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int,
+                 raw: bool = False) -> list[str]:
+        """Greedy continuations of left-padded prompts, decoded without special tokens and
+        stripped; ``raw``: decoded as TRACE's inference does (no clean-up of tokenization
+        spaces, nothing stripped). With sharded parameters every rank keeps decoding
+        (``synced_gpus``) until all are done."""
         from clbench.sharding import is_sharded
 
         tok = self.tokenizer
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                              do_sample=False, use_cache=True, pad_token_id=tok.pad_token_id,
                              eos_token_id=tok.eos_token_id, synced_gpus=is_sharded(model))
+        if raw:
+            return tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True,
+                                    clean_up_tokenization_spaces=False)
         return [text.strip() for text in tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)]
 
     def _frequency_buckets(self) -> Tensor:
@@ -310,9 +319,10 @@ class CausalLanguageModeling(Objective):
         self._count("test", batch)
         if routing.is_recording() and "forced_ids" in batch:
             self._record_routing(model, batch)
-        with routing.paused():
-            predictions = self.generate(model, batch["input_ids"], batch["attention_mask"], self.new_tokens(column))
         (metric,) = metrics.values()
+        with routing.paused():
+            predictions = self.generate(model, batch["input_ids"], batch["attention_mask"], self.new_tokens(column),
+                                        raw=getattr(metric, "scoring", None) == "trace")
         scores = metric.sample_scores(predictions, batch["answers"], batch["prompts"])  # kept for save_outputs
         metrics.update(predictions, batch["answers"], sources=batch["prompts"], scores=scores)
         rows = self._generations.setdefault(column.name if column else "all", [])
@@ -353,8 +363,17 @@ class CausalLanguageModeling(Objective):
             text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
             atomic_write(folder / f"{task}.jsonl", lambda handle, t=text: handle.write(t), "w")
 
+    def scoring(self) -> str | None:
+        """``trace`` or ``normalized`` when every task metric is of that scoring, ``mixed``
+        otherwise (None before :meth:`setup`)."""
+        from clbench.metrics.text import TEXT_METRICS
+
+        kinds = {TEXT_METRICS[self.metric_name(e)].scoring for e in getattr(self, "experiences", None) or []}
+        return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
+
     def summary(self) -> dict[str, Any]:
-        out = {"max_length": self.max_length, "chat_template": self.chat_template, "truncated_samples": {k: int(v) for k, v in self._truncated.items()}}
+        out = {"max_length": self.max_length, "chat_template": self.chat_template,
+               "truncated_samples": {k: int(v) for k, v in self._truncated.items()}, "scoring": self.scoring()}
         if self._generations:  # where the final stage's generations are, beside result.json
             out["predictions"] = {task: f"predictions/{task}.jsonl" for task in self._generations}
         return out
