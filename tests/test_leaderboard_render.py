@@ -187,3 +187,18 @@ def test_moe_runs_show_n_eff_and_utilization_heatmaps(tmp_path, write_yaml):
     assert row["N_eff"] == f"{mean:.2f} ± {std:.2f}"  # not a percentage
     page = (out / "index.html").read_text()
     assert page.count('<figure class="routing"') == 2 and "N_eff (MoE methods)" in page
+
+
+def test_header_says_which_scoring_made_a_text_benchmarks_numbers():
+    from clbench.leaderboard.render import _meta_line
+    from clbench.leaderboard.table import scoring
+
+    assert scoring({"objective": {"name": "CausalLanguageModeling", "scoring": "trace"}}) == "trace"
+    assert scoring({"objective": {"name": "CausalLanguageModeling"}}) == "normalized"  # recorded before scorings
+    assert scoring({"objective": {"name": "Classification"}}) is None
+    meta = {"scenario_type": "domain-il", "experiences": ["FOMC"], "num_classes": None, "orders": ["standard"],
+            "seeds": [0], "models": ["hf_causal_lm"], "r_names": ["trace_exact_match"], "r_higher": True}
+    assert _meta_line({**meta, "scorings": ["trace"]}).endswith(
+        "· scoring: trace (TRACE's own evaluation scripts, comparable with papers)")
+    assert "scoring: normalized (lenient" in _meta_line({**meta, "scorings": ["normalized"]})
+    assert "scoring" not in _meta_line({**meta, "scorings": []})

@@ -23,7 +23,7 @@ from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
 from clbench.leaderboard.table import (RANK_BY, TITLES, BenchmarkTable, arrow, build_tables, fmt, made_dirty,
-                                      runs_cell)
+                                      runs_cell, scoring)
 
 README = "README.md"
 INDEX = "index.html"
@@ -68,7 +68,12 @@ def _bench_meta(table: BenchmarkTable) -> dict:
     return {"scenario_type": bench.get("scenario_type"), "num_classes": bench.get("num_classes"),
             "experiences": list(first.get("experiences") or []), "orders": table.orders, "seeds": seeds,
             "models": models, "init_args": bench.get("init_args") or {}, "r_names": table.r_names,
-            "r_higher": table.r_higher}
+            "r_higher": table.r_higher, "scorings": sorted({s for s in map(scoring, ok or entries) if s})}
+
+
+SCORING_NOTES = {"trace": "TRACE's own evaluation scripts, comparable with papers",
+                 "normalized": "lenient, not comparable with papers",
+                 "mixed": "tasks scored both ways"}
 
 
 def _meta_line(meta: dict) -> str:
@@ -84,6 +89,9 @@ def _meta_line(meta: dict) -> str:
     parts.append(f"model: {', '.join(meta['models'])}")
     if meta["r_names"] and meta["r_names"] != ["acc"]:
         parts.append(f"R: {', '.join(meta['r_names'])} ({'higher' if meta['r_higher'] else 'lower'} is better)")
+    if meta["scorings"]:
+        parts.append("scoring: " + ", ".join(f"{s} ({SCORING_NOTES.get(s, 'see docs/language-models.md')})"
+                                             for s in meta["scorings"]))
     return " · ".join(parts)
 
 

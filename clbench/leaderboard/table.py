@@ -53,6 +53,16 @@ def r_metric(entry: dict) -> tuple[list[str] | None, bool]:
     return spec.get("names"), bool(spec.get("higher_is_better", True))
 
 
+def scoring(entry: dict) -> str | None:
+    """Which scoring made a generated-text entry's R (``trace``: TRACE's own evaluation;
+    ``normalized``: the lenient metrics; ``mixed``), None for other objectives. Entries from
+    before the causal-LM objective recorded it were all scored ``normalized``."""
+    objective = entry.get("objective") or {}
+    if objective.get("scoring"):
+        return objective["scoring"]
+    return "normalized" if objective.get("name") == "CausalLanguageModeling" else None
+
+
 def score_direction(key: str, entry: dict) -> bool:
     """Whether a larger value of score ``key`` is better in ``entry``.
 
