@@ -250,3 +250,29 @@ def test_committed_entries_are_rescored_bit_identically():
                 assert entry["scores"][key] == value, (path.name, key)
                 checked += 1
     assert checked > 100
+
+
+def test_trace_op_and_bwt_per_task_on_a_hand_worked_r():
+    """OP and BWT as the MH-MoE and MoSEs tables report them, per task and overall.
+
+    R (rows: after training task 1, 2, 3; columns: tasks a, b, c):
+        a    b    c
+       .8   .1   .0
+       .6   .9   .2
+       .5   .7   .6
+    Final scores (per-task columns): a .5, b .7, c .6; OP = 1.8 / 3 = .6.
+    BWT terms R[T, i] - R[i, i]: a .5 - .8 = -.3, b .7 - .9 = -.2, c none (trained last);
+    BWT = (-.3 - .2) / 2 = -.25; MH-MoE's printed 1/T: -.5 / 3.
+    """
+    from clbench.metrics.scores import trace_task_scores
+
+    r = [[0.8, 0.1, 0.0], [0.6, 0.9, 0.2], [0.5, 0.7, 0.6]]
+    out = trace_task_scores(r, ["a", "b", "c"])
+    assert out["op"] == pytest.approx(0.6) and out["bwt"] == pytest.approx(-0.25)
+    assert out["bwt_trace"] == pytest.approx(-0.5 / 3)
+    assert {k: v["final"] for k, v in out["tasks"].items()} == pytest.approx({"a": 0.5, "b": 0.7, "c": 0.6})
+    assert out["tasks"]["a"]["bwt"] == pytest.approx(-0.3) and out["tasks"]["b"]["bwt"] == pytest.approx(-0.2)
+    assert out["tasks"]["c"]["bwt"] is None
+    assert list(trace_task_scores(r)["tasks"]) == ["0", "1", "2"]
+    with pytest.raises(ValueError, match="2 names for 3 tasks"):
+        trace_task_scores(r, ["a", "b"])

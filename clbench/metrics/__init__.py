@@ -4,7 +4,8 @@
   (DDP-safe ``torchmetrics.Metric`` subclasses, functional twins in
   :mod:`clbench.metrics.functional`).
 - :func:`make_eval_metrics`: the per-test-experience ``MetricCollection`` the harness uses.
-- :func:`cl_scores`: every CL score of an R matrix (NumPy only).
+- :func:`cl_scores`: every CL score of an R matrix (NumPy only); :func:`trace_task_scores`:
+  OP and BWT with their per-task terms, as TRACE papers report them.
 - :class:`ExpertUtilization` and :mod:`clbench.metrics.routing` (:func:`record`,
   :class:`RoutingRecorder`): per-domain expert utilization fed by MoE layers.
 - :func:`effective_compositions`: MH-MoE's route-wise N_eff.
@@ -33,6 +34,7 @@ _EXPORTS = {
     "CL_SCORE_CRITERIA": "clbench.metrics.scores",
     "DEFAULT_CL_SCORE_WEIGHTS": "clbench.metrics.scores",
     "SCORE_KEYS": "clbench.metrics.scores",
+    "trace_task_scores": "clbench.metrics.scores",
     "effective_compositions": "clbench.metrics.compositions",
     "Compositions": "clbench.metrics.compositions",
     "ExactMatch": "clbench.metrics.text",

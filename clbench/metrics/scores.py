@@ -176,6 +176,31 @@ def cl_scores(r_matrix: Any, r_init: Any = None, reference: Any = None, *,
     return {key: _value(s[key]) for key in SCORE_KEYS}
 
 
+def trace_task_scores(r_matrix: Any, names: list[str] | None = None) -> dict[str, Any]:
+    """OP and BWT as the MH-MoE and MoSEs papers report them on TRACE, overall and per task.
+
+    - ``op`` = (1/T) sum_i R[T, i] (TRACE's OP_T; MH-MoE Eq. 20); per task its term, the final
+      score R[T, i] (the papers' per-task columns).
+    - ``bwt`` = (1/(T-1)) sum_{i<T} (R[T, i] - R[i, i]), < 0 = forgetting (the sign of their
+      tables); per task its term R[T, i] - R[i, i], None for the last task (nothing trained
+      after it). ``bwt_trace`` divides the same sum by T, as MH-MoE's Eq. 21 is printed.
+
+    The overall values are those of :func:`cl_scores` (``op``, ``bwt``, ``bwt_trace``); this
+    adds the per-task terms, keyed by ``names`` (default "0", "1", ...) in R's column order.
+    """
+    r = _as_array(r_matrix, "r_matrix", 2)
+    if r.shape[0] != r.shape[1] or r.shape[0] == 0:
+        raise ValueError(f"r_matrix must be square T x T with T >= 1, got shape {r.shape}")
+    t = r.shape[0]
+    names = [str(i) for i in range(t)] if names is None else list(names)
+    if len(names) != t:
+        raise ValueError(f"{len(names)} names for {t} tasks")
+    overall = cl_scores(r)
+    tasks = {name: {"final": _value(r[-1, i]), "bwt": _value(r[-1, i] - r[i, i]) if i < t - 1 else None}
+             for i, name in enumerate(names)}
+    return {"op": overall["op"], "bwt": overall["bwt"], "bwt_trace": overall["bwt_trace"], "tasks": tasks}
+
+
 def _check_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
     if weights is None:
         return dict(DEFAULT_CL_SCORE_WEIGHTS)
