@@ -151,6 +151,9 @@ def test_bad_value_on_the_command_line_is_one_line(tmp_path, capsys, override, m
      "(give warmup_ratio a value of type float in [0, 1])"),
     ({"train": {"scheduler": {"class_path": "linear", "init_args": {"warmup_steps": -3}}}},
      "cfg.yaml: train.scheduler.init_args.warmup_steps: must be >= 0, got -3"),
+    ({"benchmark": {"class_path": "trace-mini", "init_args": {"scoring": "lenient"}}},
+     "cfg.yaml: benchmark.init_args.scoring: expected one of 'trace', 'normalized', got str 'lenient' "
+     "(set scoring to one of 'trace', 'normalized')"),
 ])
 def test_bad_value_in_the_file_is_one_line(tmp_path, capsys, changes, message):
     raw = tiny_config(**changes)
