@@ -13,8 +13,9 @@ only part of the model trains:
   projection trains; the down projection and everything else stay frozen.
 
 In a stream the first experience trains the model as configured (it plays the pretrained
-model M_0); growth happens before each later experience (``when: each``) or only before the
-second (``when: once``). With ``each``, the model as it is at that point is grown, so the
+model M_0); growth happens once, before the second experience (``when: once``, the default: the
+paper grows a pretrained model once, before fine-tuning it), or before each later experience
+(``when: each``). With ``each``, the model as it is at that point is grown, so the
 frozen part is everything trained so far and grown widths go p, k·p, k²·p, …: the paper's
 equation applied to the current model. Parameter counts before and after every growth are kept
 (``hparams()["growth"]``), the paper's cost axis.
@@ -81,8 +82,9 @@ class Grow(Strategy):
         k: the expansion factor (hidden width p -> k·p). The paper uses 2 throughout.
         variant: ``freeze`` (G-Freeze, only new copies train) or ``train`` (G-Train, whole up
             projections train, down projections frozen).
-        when: ``each`` (grow before every experience after the first) or ``once`` (before the
-            second only; later experiences keep training the same new copies).
+        when: ``once`` (before the second experience only, as the paper grows once; later
+            experiences keep training the same new copies) or ``each`` (before every experience
+            after the first; widths compound, p, k·p, k²·p, ...).
         layers: ``all`` or a list of MLPs, each an index into the model's MLPs in module order
             or an MLP name (``blocks.3.mlp``); with ``top_n``, the candidates ranked.
         top_n: grow the N candidates whose weights moved most in a preliminary run (0: off).
@@ -98,7 +100,7 @@ class Grow(Strategy):
     supports_sharded = False  # copies and masks whole weight matrices
 
     def __init__(self, k: int = 2, variant: Literal["freeze", "train"] = "freeze",
-                 when: Literal["each", "once"] = "each", layers: list | str = "all", top_n: int = 0,
+                 when: Literal["each", "once"] = "once", layers: list | str = "all", top_n: int = 0,
                  probe_steps: int = 20, probe_batch_size: int = 32,
                  probe_norm: Literal["fro", "l1", "max"] = "fro", probe_relative: bool = False,
                  also_train: list | None = None):
