@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
 import subprocess
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +57,124 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# Python's own warning filters in a new process (``python -m clbench.cli`` with no -W options),
+# oldest last, as ``warnings.filters`` lists them: what a user's terminal shows.
+_FRESH_PROCESS_FILTERS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                          ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                          ("ignore", ResourceWarning, ""))
+
+
+@contextlib.contextmanager
+def process_state_kept(*folders: Path):
+    """Undo what a command run inside the test process changes in it: warning filters and
+    handlers, logger levels and handlers, torch threads, random generators, the environment, the
+    working folder, and modules imported from files under ``folders`` (a user's plugin files)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    logger_state = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers]
+    known_loggers = set(logging.Logger.manager.loggerDict)
+    threads, interop = torch.get_num_threads(), torch.get_num_interop_threads()
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    environ, cwd, path = dict(os.environ), os.getcwd(), list(sys.path)
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        for lg, level, handlers, propagate, disabled in logger_state:
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, disabled
+        for name in set(logging.Logger.manager.loggerDict) - known_loggers:
+            new = logging.Logger.manager.loggerDict[name]
+            if isinstance(new, logging.Logger):
+                new.handlers.clear()
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        assert torch.get_num_interop_threads() == interop, "the command changed torch's inter-op threads"
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        sys.path[:] = path
+        roots = [Path(folder).resolve() for folder in folders]
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None)
+            if file and any(Path(file).resolve().is_relative_to(root) for root in roots):
+                del sys.modules[name]
+
+
+def _stream_handlers() -> list[logging.StreamHandler]:
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    return [h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler]
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a command did, in the shape of ``subprocess.CompletedProcess``."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli_in_process(capfd, *args: str, folders: tuple[Path, ...] = ()) -> Outcome:
+    """``clbench ARGS`` through the console script's own function, :func:`clbench.cli.main`, in
+    this process: the exit status it returns or exits with, and everything written to file
+    descriptors 1 and 2 meanwhile (``capfd``, a pytest fixture). The warnings a new process would
+    print are added to stderr as Python prints them; an exception that escapes ``main`` is
+    status 1 and its traceback, as the interpreter would report it. Run from the repository
+    root, with the process state restored afterwards (:func:`process_state_kept`).
+
+    What only a new process shows (warnings at import, exit through the interpreter) needs
+    :func:`run_cli`."""
+    from clbench.cli import main
+
+    capfd.readouterr()  # drop whatever came before
+    with process_state_kept(*folders), warnings.catch_warnings(record=True) as shown:
+        warnings.resetwarnings()
+        for action, category, module in reversed(_FRESH_PROCESS_FILTERS):
+            warnings.filterwarnings(action, category=category, module=module)
+        os.environ.pop("CLBENCH_SHOW_WARNINGS", None)
+        saved_options, sys.warnoptions[:] = list(sys.warnoptions), []
+        os.chdir(REPO)
+        # A handler made when its library was imported holds the sys.stderr of that moment (a
+        # capture of pytest's by now): point it at this command's stderr, as in a new process.
+        # (Assigned, not setStream: that flushes the old stream, which may be closed.)
+        moved = [(handler, handler.stream) for handler in _stream_handlers()
+                 if handler.stream not in (sys.stdout, sys.stderr)]
+        for handler, _ in moved:
+            handler.stream = sys.stderr
+        # pytest's log capture on the root logger would swallow what reaches Python's last-resort
+        # handler (stderr) in a new process.
+        root = logging.getLogger()
+        root.handlers[:] = [h for h in root.handlers if not type(h).__module__.startswith("_pytest")]
+        root.setLevel(logging.WARNING)
+        try:
+            status = main(list(args))
+        except SystemExit as exit_:
+            status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            if exit_.code is not None and not isinstance(exit_.code, int):
+                print(exit_.code, file=sys.stderr)
+        except Exception:  # noqa: BLE001  (what the interpreter would print)
+            traceback.print_exc()
+            status = 1
+        finally:
+            sys.warnoptions[:] = saved_options
+            for handler, stream in moved:
+                handler.stream = stream
+    captured = capfd.readouterr()
+    printed = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in shown)
+    return Outcome(status, captured.out, captured.err + printed)
 
 
 class Crash(Exception):

@@ -1,4 +1,4 @@
-"""The catalogue of bad inputs, each through the real CLI in its own process.
+"""The catalogue of bad inputs, each through the real CLI.
 
 Every case must end with exit status 2 and exactly one line on stderr, ``clbench: error: ...``,
 naming the file or field and the fix, with no traceback, and must leave the disk exactly as
@@ -6,18 +6,23 @@ it found it: by default the output folder holds a previous finished run and ``--
 passed, so a bad config must not destroy the run it would replace. The table is mirrored in
 ``docs/reliability.md``.
 
-The cases run concurrently in one module fixture (each is a separate ``python -m clbench.cli``
-process), then every case is asserted on its own.
+Each case is its own test. It calls the console script's function, ``clbench.cli.main``, in the
+test process (:func:`helpers.cli_in_process`: the status it returns or exits with, everything
+written to stdout and stderr, the warnings a new process would print). A representative few
+(``process=True``: one per layer of checks) also run as a separate ``python -m clbench.cli``
+process with its own time limit, for what only a new process shows: warnings printed while
+importing, and the status the interpreter exits with.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +31,8 @@ import pytest
 import yaml
 
 from clbench.config import deep_merge
-from helpers import REPO, tiny_config
+from clbench.errors import UserError
+from helpers import REPO, cli_in_process, run_cli, tiny_config
 
 BASE = tiny_config()
 
@@ -63,6 +69,7 @@ class Case:
     setup: Callable[[Path], None] | None = None
     config_name: str = "config.yaml"
     skip: str | None = None
+    process: bool = False         # also run as a separate process
 
 
 def _write_file(name: str, text: str) -> Callable[[Path], None]:
@@ -113,7 +120,7 @@ CORE50 = {"class_path": "benchmarks.core50:core50",
 
 CASES = [
     # -- the config file itself
-    Case("missing config file", config=None, message=("{cfg}", "does not exist", "--config")),
+    Case("missing config file", config=None, message=("{cfg}", "does not exist", "--config"), process=True),
     Case("config is a directory", config=None, setup=lambda d: (d / "config.yaml").mkdir(),
          message=("{cfg}", "is a directory", "give a .yaml file")),
     Case("malformed YAML", config="seed: [1, 2\ntrain: {epochs: 1}\n", message=("{cfg}", "malformed YAML", "line")),
@@ -158,7 +165,8 @@ CASES = [
     Case("import path to a missing module", config={**BASE, "strategy": "no_such_pkg.strats:Thing"},
          message=("{cfg}: strategy.class_path", "cannot import module 'no_such_pkg.strats'")),
     Case("strategy does not support the stream", config={**BASE, "strategy": "{dir}/mine.py:ClassILOnly"},
-         setup=_write_file("mine.py", CLASS_IL_ONLY), message=("{cfg}: strategy", "does not support domain-il")),
+         setup=_write_file("mine.py", CLASS_IL_ONLY), message=("{cfg}: strategy", "does not support domain-il"),
+         process=True),
     # -- init_args
     Case("unknown strategy init_args key", config={**BASE, "strategy": {"class_path": "replay",
                                                                      "init_args": {"mem_sise": 10}}},
@@ -198,13 +206,13 @@ CASES = [
     Case("data root missing", config={**BASE, "benchmark": {**CORE50, "init_args": {"root": "{dir}/nowhere"}}},
          message=("{dir}/nowhere", "does not exist")),
     Case("malformed image", config={**BASE, "benchmark": CORE50}, setup=_core50_corrupt, output="empty",
-         message=("C_02_01_001.png", "cannot decode image", "delete the corrupt file")),
+         message=("C_02_01_001.png", "cannot decode image", "delete the corrupt file"), process=True),
     # -- trainer
     Case("reserved trainer key", config=cfg(trainer={"max_epochs": 5}),
          message=("{cfg}: trainer.max_epochs", "set by the runner", "train.epochs")),
     Case("unknown trainer argument", config=cfg(trainer={"acelerator": "cpu"}),
          message=("{cfg}: trainer.acelerator", "unknown Trainer argument", "did you mean 'accelerator'"),
-         absent=("max_epochs", "callbacks")),  # reserved arguments are not suggested
+         absent=("max_epochs", "callbacks"), process=True),  # reserved arguments are not suggested
     Case("trainer strategy that starts processes at every fit", config=cfg(trainer={"strategy": "ddp_spawn"}),
          message=("{cfg}: trainer.strategy", "starts new processes at every fit", "trainer.strategy: ddp")),
     # -- command line
@@ -215,7 +223,7 @@ CASES = [
     Case("override of the wrong type", config=BASE, args=("train.epochs=abc",),
          message=("command line: train.epochs", "expected int")),
     Case("unknown command-line option", config=BASE, args=("--no-such-flag",),
-         message=("unrecognized arguments: --no-such-flag", "--help")),
+         message=("unrecognized arguments: --no-such-flag", "--help"), process=True),
     # -- the output folder
     Case("output path is a file", config=BASE, output="none", setup=_output_is_file,
          message=("--output", "is a file", "directory")),
@@ -243,7 +251,8 @@ CASES = [
     Case("resume from an older checkpoint format", config=BASE, output="checkpoint", args=("--resume",),
          setup=_older_checkpoint, message=("--resume", "has format 1", "with --overwrite")),
     Case("resume from a damaged checkpoint", config=BASE, output="checkpoint", args=("--resume",),
-         setup=_truncate_checkpoint, message=("--resume", "cannot read checkpoint", "rerun without --resume")),
+         setup=_truncate_checkpoint, message=("--resume", "cannot read checkpoint", "rerun without --resume"),
+         process=True),
     Case("GGUF file missing", config=GGUF_RUN, message=("model.init_args.path", "model.gguf does not exist")),
     Case("GGUF file truncated", config=GGUF_RUN, setup=_write_file("model.gguf", "GGUF\x03\x00\x00\x00\x14"),
          message=("model.init_args.path", "model.gguf is not a complete GGUF file", "download it again")),
@@ -277,13 +286,13 @@ def interrupted_run(tmp_path_factory) -> Path:
     env = {**os.environ, "CLBENCH_TEST_KILL_AT": "stage:1:step:0"}
     proc = subprocess.run([sys.executable, "-m", "clbench.cli", "run", "--config", str(config), "--output",
                            str(d / "out"), "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=300)
     assert proc.returncode == -9, proc.stderr
     assert (d / "out" / "checkpoint.pt").is_file()
     return d / "out"
 
 
-def _prepare(case: Case, d: Path, interrupted: Path) -> tuple[list[str], Path]:
+def _prepare(case: Case, d: Path, interrupted: Path | None) -> tuple[list[str], Path]:
     out = d / "out"
     config = d / case.config_name
     if case.output == "previous":
@@ -314,47 +323,32 @@ def _prepare(case: Case, d: Path, interrupted: Path) -> tuple[list[str], Path]:
     return argv, out
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory, interrupted_run) -> dict[str, dict]:
-    """Run every case (concurrently, one process each); return what each did."""
-    jobs = {}
-    for case in CASES:
-        if case.skip:
-            continue
-        d = tmp_path_factory.mktemp("case")
-        argv, out = _prepare(case, d, interrupted_run)
-        jobs[case.id] = (d, argv, out, _snapshot(d))
-
-    def run(item):
-        name, (d, argv, out, before) = item
-        proc = subprocess.run([sys.executable, "-m", "clbench.cli", *argv], cwd=REPO, capture_output=True, text=True,
-                              timeout=600)
-        return name, {"proc": proc, "dir": d, "out": out, "config": d / "config.yaml", "before": before,
-                      "after": _snapshot(d)}
-
-    with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
-        results = dict(pool.map(run, jobs.items()))
-    for d, *_ in jobs.values():  # let pytest clean up read-only folders
-        for path in d.rglob("*"):
-            if path.is_dir():
-                path.chmod(0o755)
-    return results
-
-
 def test_the_catalogue_is_large_enough_and_documented():
     assert len(CASES) >= 22
     assert len({c.id for c in CASES}) == len(CASES)
     docs = (REPO / "docs" / "reliability.md").read_text()
     rows = {line.split("|")[2].strip() for line in docs.splitlines() if line.startswith("| ") and line.count("|") >= 5}
     assert {c.id for c in CASES} <= rows, sorted({c.id for c in CASES} - rows)
+    flat = " ".join(docs.split())
+    named = flat[flat.index("One case per layer of checks"):flat.index("also runs as a separate")]
+    assert all(c.id in named for c in PROCESS_CASES), "docs/reliability.md must name the cases run as processes"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_clean_line_and_exit_2(case: Case, outcomes):
+@pytest.fixture
+def prepared(request, tmp_path):
+    """The case's folder as the case wants it; read-only folders are made writable again after."""
+    case = request.param
     if case.skip:
         pytest.skip(case.skip)
-    got = outcomes[case.id]
-    proc = got["proc"]
+    interrupted = request.getfixturevalue("interrupted_run") if case.output == "checkpoint" else None
+    argv, out = _prepare(case, tmp_path, interrupted)
+    yield case, argv, out
+    for path in tmp_path.rglob("*"):
+        if path.is_dir():
+            path.chmod(0o755)
+
+
+def _check(case: Case, proc, d: Path, out: Path, before: dict) -> None:
     assert proc.returncode == 2, f"exit {proc.returncode}\nstderr:\n{proc.stderr}"
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     lines = proc.stderr.splitlines()
@@ -363,10 +357,59 @@ def test_bad_input_is_one_clean_line_and_exit_2(case: Case, outcomes):
     assert line.startswith("clbench: error: ")
     assert "(" in line and line.endswith(")"), f"no fix given: {line}"
     for needle in case.message:
-        needle = needle.replace("{cfg}", str(got["config"])).replace("{out}", str(got["out"])) \
-            .replace("{dir}", str(got["dir"]))
+        needle = needle.replace("{cfg}", str(d / case.config_name)).replace("{out}", str(out)) \
+            .replace("{dir}", str(d))
         assert needle in line, f"{needle!r} not in:\n{line}"
     for needle in case.absent:
         assert needle not in line, f"{needle!r} in:\n{line}"
     # nothing written, nothing removed, nothing changed
-    assert got["after"] == got["before"]
+    assert _snapshot(d) == before
+
+
+@pytest.mark.parametrize("prepared", CASES, ids=[c.id for c in CASES], indirect=True)
+def test_bad_input_is_one_clean_line_and_exit_2(prepared, tmp_path, capfd):
+    case, argv, out = prepared
+    before = _snapshot(tmp_path)
+    _check(case, cli_in_process(capfd, *argv, folders=(tmp_path,)), tmp_path, out, before)
+
+
+PROCESS_CASES = [c for c in CASES if c.process]
+
+
+@pytest.mark.parametrize("prepared", PROCESS_CASES, ids=[c.id for c in PROCESS_CASES], indirect=True)
+def test_bad_input_in_a_new_process(prepared, tmp_path):
+    case, argv, out = prepared
+    before = _snapshot(tmp_path)
+    _check(case, run_cli(*argv, timeout=300), tmp_path, out, before)
+
+
+def _misbehaving_handler(how: str):
+    def handle(args) -> int:
+        if how == "traceback":
+            raise ValueError("a bug")
+        if how == "warning":
+            warnings.warn("clbench's own warning", UserWarning, stacklevel=1)
+        if how == "library log":
+            logging.getLogger("lightning.pytorch").error("a library's error line")
+        if how == "C-level write":
+            os.write(2, b"written below Python\n")
+        if how == "disk":
+            Path(args.output).mkdir()
+        raise UserError("the bad input", where="--config", fix="fix it")
+    return handle
+
+
+@pytest.mark.parametrize("how", ["traceback", "warning", "library log", "C-level write", "disk"])
+def test_a_command_that_misbehaves_fails_the_check(how, tmp_path, capfd, monkeypatch):
+    """The in-process run sees what a user would: each misbehaviour makes a case fail."""
+    from clbench.commands import run
+
+    case = Case("missing config file", config=BASE, message=("the bad input",), output="none")
+    argv, out = _prepare(case, tmp_path, None)
+    before = _snapshot(tmp_path)
+    monkeypatch.setattr(run, "handle", _misbehaving_handler(how))
+    got = cli_in_process(capfd, *argv, folders=(tmp_path,))
+    with pytest.raises(AssertionError):
+        _check(case, got, tmp_path, out, before)
+    monkeypatch.setattr(run, "handle", _misbehaving_handler("nothing"))
+    _check(case, cli_in_process(capfd, *argv, folders=(tmp_path,)), tmp_path, out, _snapshot(tmp_path))
