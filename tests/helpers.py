@@ -76,10 +76,7 @@ def process_state_kept(*folders: Path):
     import numpy as np
     import torch
 
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
-    logger_state = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers]
-    known_loggers = set(logging.Logger.manager.loggerDict)
+    logger_state = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in _loggers()]
     threads, interop = torch.get_num_threads(), torch.get_num_interop_threads()
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     environ, cwd, path = dict(os.environ), os.getcwd(), list(sys.path)
@@ -91,10 +88,6 @@ def process_state_kept(*folders: Path):
             lg.setLevel(level)
             lg.handlers[:] = handlers
             lg.propagate, lg.disabled = propagate, disabled
-        for name in set(logging.Logger.manager.loggerDict) - known_loggers:
-            new = logging.Logger.manager.loggerDict[name]
-            if isinstance(new, logging.Logger):
-                new.handlers.clear()
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         assert torch.get_num_interop_threads() == interop, "the command changed torch's inter-op threads"
@@ -112,10 +105,13 @@ def process_state_kept(*folders: Path):
                 del sys.modules[name]
 
 
+def _loggers() -> list[logging.Logger]:
+    return [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                    if isinstance(lg, logging.Logger)]
+
+
 def _stream_handlers() -> list[logging.StreamHandler]:
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
-    return [h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler]
+    return [h for lg in _loggers() for h in lg.handlers if type(h) is logging.StreamHandler]
 
 
 @dataclasses.dataclass
@@ -154,11 +150,12 @@ def cli_in_process(capfd, *args: str, folders: tuple[Path, ...] = ()) -> Outcome
                  if handler.stream not in (sys.stdout, sys.stderr)]
         for handler, _ in moved:
             handler.stream = sys.stderr
-        # pytest's log capture on the root logger would swallow what reaches Python's last-resort
-        # handler (stderr) in a new process.
-        root = logging.getLogger()
-        root.handlers[:] = [h for h in root.handlers if not type(h).__module__.startswith("_pytest")]
-        root.setLevel(logging.WARNING)
+        # pytest's log capture (on the root logger and every non-propagating one) would swallow
+        # what a new process prints through a library's handler or Python's last resort.
+        for logger in _loggers():
+            logger.handlers[:] = [h for h in logger.handlers if not type(h).__module__.startswith("_pytest")]
+        logging.getLogger().setLevel(logging.WARNING)
+        call_streams = {id(sys.stdout): sys.__stdout__, id(sys.stderr): sys.__stderr__}
         try:
             status = main(list(args))
         except SystemExit as exit_:
@@ -172,6 +169,9 @@ def cli_in_process(capfd, *args: str, folders: tuple[Path, ...] = ()) -> Outcome
             sys.warnoptions[:] = saved_options
             for handler, stream in moved:
                 handler.stream = stream
+            # A handler a library made during the command stays, writing where it would outside.
+            for handler in _stream_handlers():
+                handler.stream = call_streams.get(id(handler.stream), handler.stream)
     captured = capfd.readouterr()
     printed = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in shown)
     return Outcome(status, captured.out, captured.err + printed)
