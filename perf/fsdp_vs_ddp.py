@@ -24,6 +24,8 @@ GPUs (``torchrun --nproc-per-node N``) each rank holds 1/N of the weights::
     python perf/fsdp_vs_ddp.py --size qwen3-0.6b --device cuda --dtype bfloat16 \\
         --seq-len 1024 --batch-size 4 --steps 30 --rounds 5
     torchrun --nproc-per-node 8 perf/fsdp_vs_ddp.py --size qwen3-0.6b --device cuda --dtype bfloat16 ...
+
+``--json PATH`` also writes the figures to a file (``perf/gpu_report.py`` reads it).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None, help="also write the figures to this file (rank 0)")
     args = parser.parse_args()
 
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -160,6 +163,15 @@ def main() -> None:
         resident, step = memory[kind]
         peak = f", step peak {step / 2**20:.1f} MiB, total {(resident + step) / 2**20:.1f} MiB" if cuda else ""
         print(f"{kind:>4}: {tokens / med[kind]:10.1f} tokens/s per process; resident {resident / 2**20:.1f} MiB{peak}")
+    if args.json:
+        import json
+
+        figures = {"world": world, "tokens": tokens, "device": torch.cuda.get_device_name() if cuda else "cpu",
+                   "rounds": rounds, "ratios": [t["fsdp"] / t["ddp"] for t in rounds],
+                   **{kind: {"tokens_per_s": tokens / med[kind], "resident_bytes": memory[kind][0],
+                             "step_peak_bytes": memory[kind][1] if cuda else None} for kind in names}}
+        with open(args.json, "w") as handle:
+            json.dump(figures, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,19 @@ def long_records(records: list[dict], tokenizer, seq_len: int, count: int) -> li
     return out
 
 
+def train_flops_per_token(hf, seq_len: int, frozen_base: bool = False) -> float:
+    """Training FLOPs per token of a transformers causal LM: PaLM's count, 6 x (non-embedding
+    parameters + vocab x hidden: the LM head's matmul, tied or not) + 12 x layers x heads x
+    head_dim x seq_len (attention over the full square). With ``frozen_base`` the weights get no
+    gradients: 4 x instead of 6 x (forward, and the backward through the activations only)."""
+    c = hf.config
+    embeddings = {id(m.weight): m.weight.numel() for m in (hf.get_input_embeddings(), hf.get_output_embeddings())}
+    non_embedding = sum(p.numel() for p in hf.parameters()) - sum(embeddings.values())
+    attention_width = c.num_attention_heads * getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)
+    head = c.vocab_size * c.hidden_size
+    return (4 if frozen_base else 6) * (non_embedding + head) + 12 * c.num_hidden_layers * attention_width * seq_len
+
+
 def plain_train(model, loader, lr: float, device):
     import torch
     import torch.nn.functional as F
@@ -250,9 +263,7 @@ def main() -> None:
         name = torch.cuda.get_device_name()
         peak = (args.peak_tflops * 1e12 if args.peak_tflops
                 else next((v for k, v in PEAK_BF16.items() if k in name), None))
-        attention_width = c.num_attention_heads * getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)
-        head = c.vocab_size * c.hidden_size  # the logits matmul, tied to the embedding or not
-        flops = 6 * (non_embedding + head) + 12 * c.num_hidden_layers * attention_width * args.seq_len
+        flops = train_flops_per_token(plain, args.seq_len)
         if peak is None:
             print(f"MFU: unknown peak for {name}; give --peak-tflops")
         else:

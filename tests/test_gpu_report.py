@@ -1,0 +1,96 @@
+"""perf/gpu_report.py's CPU mode: every measurement gives a number (only the two-GPU part may be
+skipped, with its reason), and the markdown report says what the JSON says."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "perf" / "gpu_report.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_report", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("gpu_report", module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def report(out: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(out), *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def rows(markdown: str) -> dict[tuple[str, str], list[str]]:
+    """(section, measurement) -> the table row's cells."""
+    found, section = {}, None
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+        elif line.startswith("| ") and section and not line.startswith(("| measurement", "| ---")):
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            found[(section, cells[0])] = cells
+    return found
+
+
+def test_cpu_mode_measures_everything_and_the_two_reports_agree(tmp_path):
+    gpu_report = load_script()
+    done = report(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert str(tmp_path / "gpu_report.md") in done.stdout and str(tmp_path / "gpu_report.json") in done.stdout
+    data = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert list(data["parts"]) == list(gpu_report.PARTS)
+    assert not any(info["error"] for info in data["parts"].values())
+    records = data["records"]
+    assert {r["part"] for r in records} == set(gpu_report.PARTS)
+    for r in records:
+        if r["part"] in gpu_report.TWO_GPU_PARTS:
+            assert r["value"] is None and "two GPUs" in r["skip"], r
+            continue
+        assert r["skip"] is None, r
+        assert isinstance(r["value"], (int, float)) and math.isfinite(r["value"]) and r["value"] > 0, r
+        if r["goal"]:  # judged: met, or the shortfall named
+            assert r["met"] is not None and (r["met"] or r["shortfall"]), r
+        if r["baseline_name"]:
+            assert r["baseline"] > 0, r
+    names = {r["name"] for r in records}
+    for kind in ("full", "lora", "mh_moe", "loramoe"):
+        assert {f"train tokens/s {kind}", f"MFU {kind}"} <= names
+    assert {"step time mh_moe / loramoe", "greedy generation tokens/s", "model/optimizer moves per stage",
+            "step time vit_moe (image) / dense", "step time vit_moe (token) / dense",
+            "full TRACE grid on one GPU (estimate)"} <= names
+    assert {f"run {m}" for m in gpu_report.GRID} <= names
+
+    table = rows((tmp_path / "gpu_report.md").read_text())
+    assert len(table) == len(records)
+    fmt = gpu_report.format_value
+    for r in records:
+        cells = table[(r["part"], r["name"])]
+        assert cells[1:7] == [fmt(r["value"]), r["unit"], fmt(r["baseline"]), r["baseline_name"] or "-",
+                              fmt(r["ratio"]), r["goal"] or "-"], (cells, r)
+        assert cells[7] == ("skipped: " + r["skip"] if r["skip"] else "met" if r["met"] else
+                            f"not met ({r['shortfall']})" if r["met"] is False else "-")
+
+    # One part again: its records are replaced, the others' kept.
+    again = report(tmp_path, "--only", "fsdp")
+    assert again.returncode == 0, again.stderr[-3000:]
+    merged = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert merged["records"] == records and list(merged["parts"]) == list(gpu_report.PARTS)
+
+
+def test_out_must_be_a_folder(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("keep")
+    done = report(target)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"clbench: error: --out: {target} is a file; give a folder (it is "
+                                                f"created if missing)"]
+    assert target.read_text() == "keep"
