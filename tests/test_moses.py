@@ -85,6 +85,26 @@ def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
     assert figures["units"] == 7 and figures["compositions"] == 3 and "unlabelled" not in figures
 
 
+def test_stored_masks_apply_under_bf16_autocast():
+    """precision: bf16-mixed (the TRACE configs' GPU setting) evaluates the fp32 adapter under
+    autocast: the mixture comes out in bf16 and must still land in the per-sample delta."""
+    torch.manual_seed(1)
+    state = TaskState()
+    layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=1, r=2, density=0.4).eval()
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    for slot in (0, 1):
+        layer.reset_scores()
+        layer.store_mask(slot)
+    x = torch.randn(2, 4, 6)
+    state.slots = torch.tensor([0, 1])
+    full = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = layer(x)
+    assert mixed.dtype == torch.bfloat16
+    torch.testing.assert_close(mixed.float(), full, atol=0.05, rtol=0.05)
+
+
 def test_pull_loss_on_a_hand_built_case():
     queries = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     key = torch.tensor([3.0, 3.0])

@@ -169,7 +169,7 @@ class MoSELinear(AdaptedLinear):
             rows = (slots == slot).nonzero().squeeze(1)
             xs = x[rows]
             d, c, p = self.mixture(xs.reshape(-1, x.shape[-1]).to(delta.dtype), slot)
-            delta[rows] = d.view(*xs.shape[:-1], -1)
+            delta[rows] = d.view(*xs.shape[:-1], -1).to(delta.dtype)  # bf16 under autocast
             chosen[rows], probs[rows] = c.view(*xs.shape[:-1], -1), p.view(*xs.shape[:-1], -1).to(probs.dtype)
         self._record(chosen.reshape(-1, self.top_k), probs.reshape(-1, self.num_experts))
         return out + delta.to(out.dtype)
