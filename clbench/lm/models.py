@@ -3,8 +3,9 @@
 ``hf_causal_lm`` is the model builder (``model.class_path: hf_causal_lm``). It builds either
 
 - a pretrained model from ``path``: a local folder written by ``save_pretrained`` (or by
-  ``hf download``), or a hub id already in the local Hugging Face cache. clbench downloads
-  nothing, so a run never stalls on, or silently depends on, the network; or
+  ``hf download``), a hub id already in the local Hugging Face cache, or a GGUF file or preset
+  name, converted once into such a folder (:mod:`clbench.lm.gguf_checkpoints`). A run
+  downloads nothing, so it never stalls on, or silently depends on, the network; or
 - a random initialisation of a named ``architecture`` (``qwen3``, ``llama``, any model type
   transformers has a causal LM for) with ``config`` overrides, for tests and speed work, with
   the tokenizer from the folder ``tokenizer``.
