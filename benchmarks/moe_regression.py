@@ -95,10 +95,16 @@ def round_inputs(x: torch.Tensor, xbar: torch.Tensor, t: int) -> torch.Tensor:
 
 def moe_regression(rounds: Count = 40, num_tasks: Count = 6, num_clusters: Count = 3, dim: Count = 10,
                    samples: Count = 6, sigma0: Scale = 0.4, sigma_t: Scale = 0.1, signal_scale: Scale | None = None,
-                   seed: Annotated[int, Field(ge=0)] = 0):
+                   seed: Annotated[int, Field(ge=0)] | None = 0):
     """One experience per round: ``s`` training samples, and the ``d`` basis test samples that
     score the model error of Eq. 14 (see the module docstring). Counts are >= 1 and scales > 0
-    (``sigma0 ** 1.5`` of a negative ``sigma0`` is complex), checked from the signature."""
+    (``sigma0 ** 1.5`` of a negative ``sigma0`` is complex), checked from the signature.
+
+    ``seed`` draws the ground truths and the data; ``None`` takes it from the run's seed (drawn
+    from the generator the harness seeds from the run seed before it builds the stream), so the
+    seeds of a suite are independent data streams, not one stream with other routing noise."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())
     stream = make_stream(seed, rounds, num_tasks, num_clusters, dim, samples, sigma0, sigma_t, signal_scale)
     basis = math.sqrt(dim) * torch.eye(dim, dtype=torch.float64)
     train, test, names = [], [], []
