@@ -4,7 +4,10 @@
         strategy.class_path=examples/my_strategy.py:L2Anchor strategy.init_args={strength: 1.0}
 """
 
+from typing import Annotated
+
 import torch
+from pydantic import Field
 
 from clbench.strategy import Strategy
 
@@ -15,7 +18,7 @@ class L2Anchor(Strategy):
     The simplest regulariser against forgetting (an isotropic EWC): ``strength/2 * ||w - w*||^2``.
     """
 
-    def __init__(self, strength: float = 1.0):
+    def __init__(self, strength: Annotated[float, Field(ge=0)] = 1.0):  # checked from the config, range included
         super().__init__()
         self.strength = strength
         self.anchor: list[torch.Tensor] = []

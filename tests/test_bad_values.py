@@ -339,3 +339,38 @@ def test_constraints_in_signatures_are_shown_as_ranges_by_clbench_show(capsys):
     out = capsys.readouterr().out
     assert "drop_path_rate: float in [0, 1)" in out and "top_k: int >= 1 | None" in out
     assert "router: Literal['switch', 'ema_centroid', 'prototype'] | None" in out
+
+
+UNANNOTATED_OPTIMIZER = '''\
+import torch
+
+
+class Plain(torch.optim.SGD):
+    def __init__(self, params, lr=0.1):
+        if lr < 0:
+            raise ValueError("negative rate")
+        super().__init__(params, lr=lr)
+'''
+
+
+def test_optimizer_trial_build_reports_a_type_error_instead_of_swallowing_it(tmp_path):
+    """Without annotations only the optimizer itself can refuse a value; its TypeError is one line too."""
+    from clbench.build import optimizer_factory
+    from clbench.config import resolve_config
+    from clbench.errors import UserError
+
+    (tmp_path / "plain_opt.py").write_text(UNANNOTATED_OPTIMIZER)
+    cfg = resolve_config(tiny_config(train={"optimizer": {"class_path": f"{tmp_path / 'plain_opt.py'}:Plain",
+                                                          "init_args": {"lr": "fast"}}}), source="cfg.yaml")
+    with pytest.raises(UserError, match=r"^cfg.yaml: train.optimizer.init_args: the optimizer refuses its "
+                                        r"arguments: '<' not supported"):
+        optimizer_factory(cfg, "cfg.yaml")
+
+
+def test_the_example_plugin_declares_its_range(tmp_path, capsys):
+    from helpers import REPO
+
+    raw = tiny_config(strategy={"class_path": f"{REPO / 'examples' / 'my_strategy.py'}:L2Anchor",
+                                "init_args": {"strength": -1}})
+    assert run_refused(capsys, tmp_path, raw).startswith(
+        "cfg.yaml: strategy.init_args.strength: must be >= 0, got -1 (give strength a value of type float >= 0)")
