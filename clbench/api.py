@@ -1,0 +1,157 @@
+"""The Python API: what the command line does, from a script or a notebook.
+
+    import clbench
+
+    cfg = clbench.load_config("configs/examples/digits-domains-replay.yaml", ["train.epochs=1"])
+    result = clbench.run(cfg, "runs/replay")          # a RunResult
+    result.scores["acc"], result.r_matrix, result.path
+
+    board = clbench.run_leaderboard("configs/suites/quickstart.yaml", "runs/quickstart")
+    board.table()                                      # the leaderboard as rows of dicts
+    clbench.compare("runs/quickstart", a="replay", b="naive")
+
+A config is the same mapping a YAML file holds (``load_config`` accepts a path or a dict, plus
+command-line style overrides) and is checked the same way: bad input raises
+:class:`clbench.errors.UserError` with the one-line message the CLI would print. Results are
+the same files the CLI writes; :class:`RunResult` is a typed view of ``result.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["RunResult", "Leaderboard", "load_config", "run", "run_leaderboard", "load_leaderboard", "compare"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run's outcome. ``r_matrix[i][j]``: score on test experience ``j`` after training
+    experience ``i`` (run order); ``r_init``: the untrained model's row; ``scores``: ACC, BWT, ...
+    as fractions (docs/metrics.md); ``record``: the whole ``result.json``."""
+
+    experiences: list[str]
+    r_matrix: list[list[float | None]]
+    r_init: list[float | None]
+    scores: dict[str, Any]
+    config: dict
+    config_hash: str
+    path: Path | None
+    record: dict = field(repr=False)
+
+    @classmethod
+    def from_record(cls, record: dict, path: str | Path | None = None) -> RunResult:
+        return cls(experiences=list(record["experiences"]), r_matrix=record["r_matrix"], r_init=record["r_init"],
+                   scores=dict(record["scores"]), config=record["config"], config_hash=record["config_hash"],
+                   path=Path(path) if path is not None else None, record=record)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> RunResult:
+        """A finished run's folder (its ``result.json``)."""
+        import json
+
+        from clbench.errors import UserError
+        from clbench.outputs import RESULT
+
+        path = Path(folder) / RESULT
+        if not path.is_file():
+            raise UserError(f"{path} does not exist", where=str(folder), fix="give the --output folder of a finished run")
+        return cls.from_record(json.loads(path.read_text()), folder)
+
+
+def load_config(config: str | Path | dict, overrides: Iterable[str] = ()) -> dict:
+    """A resolved, checked config from a YAML file or a mapping, with ``key.path=value`` overrides."""
+    from clbench.config import load_config as load_file
+    from clbench.config import resolve_config
+
+    overrides = list(overrides)
+    if isinstance(config, dict):
+        return resolve_config(config, source="config", overrides=overrides)
+    return load_file(config, overrides)
+
+
+def run(config: str | Path | dict, output: str | Path | None = None, *, overrides: Iterable[str] = (),
+        resume: bool = False, overwrite: bool = False, progress: bool = False, threads: int | None = None) -> RunResult:
+    """Run one config (a path, a mapping or a resolved config) and return its result.
+
+    ``output`` receives ``result.json``, the checkpoint and logs, as ``clbench run --output``
+    does (``None``: nothing is written). ``threads`` sets torch's intra-op threads first (the
+    CLI's ``--threads``; CPU results can depend on it), otherwise they are left as they are.
+    """
+    cfg = load_config(config, overrides)
+    source = str(config) if not isinstance(config, dict) else "config"
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    from clbench.runner import run as run_config
+
+    record = run_config(cfg, output, source=source, resume=resume, overwrite=overwrite, progress=progress)
+    return RunResult.from_record(record, output)
+
+
+@dataclass(frozen=True)
+class Leaderboard:
+    """A leaderboard folder's entries (verified when read) and its tables."""
+
+    path: Path
+    entries: list[dict] = field(repr=False)
+
+    def table(self) -> list[dict[str, Any]]:
+        """One dict per table row: benchmark, strategy label, rank, runs, and each score's mean
+        and sample std over task orders and seeds (fractions)."""
+        from clbench.leaderboard.table import build_tables
+
+        rows = []
+        for table in build_tables(self.entries, source=str(self.path)):
+            for row in table.rows:
+                stats = {key: {"mean": s.mean, "std": s.std, "n": s.n} for key, s in row.stats.items()}
+                rows.append({"benchmark": table.name, "strategy": row.label, "rank": row.rank,
+                             "runs": len(row.entries), "scores": stats})
+        return rows
+
+    def results(self) -> list[RunResult]:
+        return [RunResult.from_record(e) for e in self.entries if e.get("status") == "ok"]
+
+
+def load_leaderboard(folder: str | Path) -> Leaderboard:
+    """The entries of a leaderboard folder (a suite's grid only, when it has a manifest)."""
+    from clbench.leaderboard.entries import load_entries
+    from clbench.leaderboard.execute import manifest_hashes
+
+    return Leaderboard(Path(folder), load_entries(folder, manifest_hashes(folder)))
+
+
+def run_leaderboard(suite: str | Path | None = None, output: str | Path = "leaderboard", *, jobs: int | None = None,
+                    force: bool = False, retry_failed: bool = False, allow_dirty: bool = False,
+                    progress: bool = False) -> Leaderboard:
+    """Run a suite's missing grid points into ``output`` (``clbench leaderboard run``), serially
+    in this process, or in ``jobs`` worker processes; return the leaderboard. ``allow_dirty``:
+    as ``--allow-dirty`` (docs/leaderboard.md)."""
+    from clbench.leaderboard.suite import default_suite_path, load_suite
+
+    loaded = load_suite(suite or default_suite_path())
+    common = dict(progress=progress, retry_failed=retry_failed, force=force, allow_dirty=allow_dirty)
+    if jobs is not None:
+        from clbench.leaderboard.launch import run_local
+
+        run_local(loaded, output, jobs=jobs, **common)
+    else:
+        from clbench.leaderboard.execute import run_suite
+
+        run_suite(loaded, output, **common)
+    return load_leaderboard(output)
+
+
+def compare(folder: str | Path, *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
+            b: str | None = None) -> dict[str, Any]:
+    """``clbench compare``'s report as a dict: per benchmark, each strategy's score per task
+    order, worst order and range, Kendall's tau between orders, a paired test of ``a`` and ``b``."""
+    from clbench.leaderboard.compare import compare as compare_entries
+    from clbench.leaderboard.entries import load_entries
+    from clbench.leaderboard.execute import manifest_hashes
+
+    hashes = manifest_hashes(folder)
+    return compare_entries(load_entries(folder, hashes), metric=metric, benchmark=benchmark, a=a, b=b,
+                           sequence=hashes, source=str(folder))
