@@ -79,11 +79,18 @@ def test_cpu_mode_measures_everything_and_the_two_reports_agree(tmp_path):
         assert cells[7] == ("skipped: " + r["skip"] if r["skip"] else "met" if r["met"] else
                             f"not met ({r['shortfall']})" if r["met"] is False else "-")
 
-    # One part again: its records are replaced, the others' kept.
-    again = report(tmp_path, "--only", "fsdp")
+    # One part again, with no time for it: it measures the warm-up round and says so; its
+    # records are replaced, the other parts' kept.
+    again = report(tmp_path, "--only", "vit", "--budget-s", "0.01")
     assert again.returncode == 0, again.stderr[-3000:]
     merged = json.loads((tmp_path / "gpu_report.json").read_text())
-    assert merged["records"] == records and list(merged["parts"]) == list(gpu_report.PARTS)
+    assert list(merged["parts"]) == list(gpu_report.PARTS) and merged["parts"]["vit"]["out_of_budget"]
+    assert [r for r in merged["records"] if r["part"] != "vit"] == [r for r in records if r["part"] != "vit"]
+    vit = [r for r in merged["records"] if r["part"] == "vit"]
+    assert [r["name"] for r in vit] == [r["name"] for r in records if r["part"] == "vit"]
+    assert all(isinstance(r["value"], float) for r in vit)
+    assert all("only the warm-up round" in r["note"] for r in vit if r["ratio_rounds"])
+    assert "the budget ran out" in (tmp_path / "gpu_report.md").read_text()
 
 
 def test_out_must_be_a_folder(tmp_path):
