@@ -4,8 +4,9 @@ The R matrix holds each test column's primary score (the objective's first metri
 for classification, an error for regression); ``r_metric`` names it and its direction, and the
 CL scores follow that direction. Every other metric of the columns is a matrix of its own under
 ``matrices``, with its final-row mean as ``scores["<name>_final"]``. A single-stage strategy
-(joint training) has one row and reports only ``acc`` (its final mean), as
-:mod:`clbench.leaderboard.rescore` recomputes it.
+(joint training) has one row and reports only ``acc`` (its final mean). Every score comes from
+:func:`clbench.metrics.derive.derive_scores`, the function :mod:`clbench.leaderboard.rescore`
+re-scores entries with.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.config import SCHEMA_VERSION, canonical_json, config_hash, order_label
+from clbench.metrics.derive import derive_scores
 
 
 @dataclass
@@ -100,17 +102,6 @@ def _column_matrices(rows: list[dict[str, list]]) -> dict[str, list[list]]:
     return {name: [row[name] for row in rows] for name in names}
 
 
-def scores_of(r: list[list[float]], r_init: list[float] | None, reference: list[float] | None, *,
-              single_stage: bool, higher_is_better: bool) -> dict[str, float | None]:
-    from clbench.metrics import cl_scores
-
-    if single_stage:
-        scores: dict[str, float | None] = {"acc": sum(r[-1]) / len(r[-1])}
-        scores.update({k: None for k in ("aia", "bwt", "fwt", "forgetting")})
-        return scores
-    return cl_scores(r, r_init=r_init, reference=reference, higher_is_better=higher_is_better)
-
-
 def epoch_scores(r_epochs, epoch_stage, r_init, reference, *, higher_is_better: bool) -> list[dict]:
     """Scores on the intermediate R matrix after every epoch (thesis appendix A.11).
 
@@ -140,15 +131,14 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
     higher = run.objective.higher_is_better
     r = [row["primary"] for row in state["rows"]]
     r_init = state["r_init"]["primary"]
-    scores = scores_of(r, r_init, reference, single_stage=run.strategy.single_stage, higher_is_better=higher)
-    matrices = _column_matrices(state["rows"])
     column_names = [run.module.primary[i] for i in run.column_of]  # R's metric, per experience column
     primary_names = set(column_names)
-    for name, matrix in matrices.items():
-        if name in primary_names:
-            continue  # that is R itself
-        final = [v for v in matrix[-1] if v is not None]
-        scores[f"{name}_final"] = sum(final) / len(final) if final else None
+    matrices = {k: v for k, v in _column_matrices(state["rows"]).items() if k not in primary_names}
+    global_test = {name: [row[name] for row in state["global_rows"]] for name in state["global_rows"][-1]
+                   if name != "primary"} if state["global_rows"] and state["global_rows"][-1] else None
+    compositions = state["compositions"] if any(state.get("compositions") or []) else None
+    scores = derive_scores(r, r_init, reference, single_stage=run.strategy.single_stage, higher_is_better=higher,
+                           matrices=matrices, global_test=global_test, compositions=compositions)
     model = run.module.model
     result: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
@@ -171,27 +161,22 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
         "r_metric": {"names": column_names, "higher_is_better": higher},
         "r_matrix": r,
         "r_init": r_init,
-        "matrices": {k: v for k, v in matrices.items() if k not in primary_names},
+        "matrices": matrices,
         "scores": scores,
     }
-    if state["global_rows"] and state["global_rows"][-1]:
-        result["global_test"] = {name: [row[name] for row in state["global_rows"]]
-                                 for name in state["global_rows"][-1] if name != "primary"}
+    if global_test is not None:
+        result["global_test"] = global_test
         result["global_test_init"] = {k: v for k, v in state["global_init"].items() if k != "primary"}
-        for name, values in result["global_test"].items():
-            scores[f"global_{name}"] = values[-1]
     if reference is not None:
         result["reference"] = reference
     if state.get("routing"):
         # per stage, per MoE layer: utilization[d][e] (fraction of domain d's units routed to
         # expert e), routing entropy and load imbalance (clbench.metrics.ExpertUtilization)
         result["expert_utilization"] = state["routing"]
-    if any(state.get("compositions") or []):
+    if compositions is not None:
         # per stage, per MoE layer: route-wise N_eff over the test units of the domains trained
         # so far (clbench.metrics.compositions); the score is the final stage's mean over layers
-        result["route_compositions"] = state["compositions"]
-        final = [layer["n_eff"] for layer in state["compositions"][-1].values()]
-        scores["n_eff"] = sum(final) / len(final) if final else None
+        result["route_compositions"] = compositions
     if any(state.get("train_routing") or []):
         result["train_expert_utilization"] = state["train_routing"]  # the same, while each experience trained
     if state["epoch_rows"]:

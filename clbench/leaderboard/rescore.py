@@ -2,14 +2,18 @@
 
 ``content_hash`` catches accidental damage, not an edit: whoever changes a score can recompute
 the hash too. So every reader that shows scores (render, compare, and run's check of what is
-done) recomputes them from what the entry measured and refuses a mismatch:
+done) recomputes them from what the entry measured, with the function the run scored itself
+with (:func:`clbench.metrics.derive.derive_scores`), and refuses a mismatch:
 
 * the CL scores (``acc``, ``bwt``, ``forgetting``, ... see :func:`clbench.metrics.cl_scores`)
   from ``r_matrix``, ``r_init`` and ``reference``, in the direction ``r_metric`` gives (no
   ``r_metric``: accuracy, higher is better). A single-stage run (joint: one row of R) has only
   ``acc``, the mean of that row; its stage-comparing scores are null;
 * ``<metric>_final`` from the last row of ``matrices[<metric>]``;
-* ``global_<metric>`` from the last value of ``global_test[<metric>]``.
+* ``global_<metric>`` from the last value of ``global_test[<metric>]``;
+* ``n_eff`` from the final stage of ``route_compositions``.
+
+A missing value (null) in a mean's row makes that mean null (see :mod:`clbench.metrics.derive`).
 
 Every score key must be one of these, and each one these give must be there, so a score can be
 neither added nor hidden. Values match to 1e-9 (relative), far below the 0.1 points a table
@@ -73,14 +77,11 @@ def _r_matrix(entry: dict, where: str) -> list[list[float]]:
     return matrix
 
 
-def _mean(values: list[float]) -> float | None:
-    total = sum(values) / len(values)  # the runner's own summation, so the value is bit-identical
-    return total if math.isfinite(total) else None
-
-
 def expected_scores(entry: dict, where: str) -> tuple[dict[str, float | None], frozenset[str]]:
-    """The scores the entry's stored matrices give, and which of them a single-stage run may omit."""
-    from clbench.metrics.scores import SCORE_KEYS, cl_scores
+    """The scores the entry's stored matrices give (:func:`clbench.metrics.derive.derive_scores`, as
+    the run computed them), and which of them a single-stage run may omit."""
+    from clbench.metrics.derive import derive_scores
+    from clbench.metrics.scores import SCORE_KEYS
 
     _, higher = r_direction(entry, where)
     r = _r_matrix(entry, where)
@@ -91,28 +92,19 @@ def expected_scores(entry: dict, where: str) -> tuple[dict[str, float | None], f
         reference = _vector(reference, "reference", t, where)
     scores = entry["scores"]
     single = len(r) == 1 and (t > 1 or not set(SCORE_KEYS) <= set(scores))
-    optional: frozenset[str] = frozenset()
-    if single:  # one training stage: only the final mean is defined
-        expected: dict[str, float | None] = {key: None for key in SCORE_KEYS}
-        expected["acc"] = _mean(r[0])
-        optional = frozenset(SCORE_KEYS) - {"acc"}
-    else:
-        expected = cl_scores(r, r_init=r_init, reference=reference, higher_is_better=higher)
     matrices = entry.get("matrices") or {}
     if not isinstance(matrices, dict):
         raise UserError("matrices is not a mapping of metric name to matrix", where=where, fix=RERUN)
     for name, matrix in matrices.items():
         if not isinstance(matrix, list) or not matrix:
             raise UserError(f"matrices.{name} is not a matrix", where=where, fix=RERUN)
-        expected[f"{name}_final"] = _mean(_vector(matrix[-1], f"matrices.{name}", t, where))
+        _vector(matrix[-1], f"matrices.{name}", t, where)
     global_test = entry.get("global_test") or {}
     if not isinstance(global_test, dict):
         raise UserError("global_test is not a mapping of metric name to values", where=where, fix=RERUN)
     for name, values in global_test.items():
-        values = _vector(values, f"global_test.{name}", None, where)
-        if not values:
+        if not _vector(values, f"global_test.{name}", None, where):
             raise UserError(f"global_test.{name} is empty", where=where, fix=RERUN)
-        expected[f"global_{name}"] = values[-1] if math.isfinite(values[-1]) else None
     compositions = entry.get("route_compositions")
     if compositions:  # the final stage's route-wise N_eff, averaged over MoE layers
         final = compositions[-1] if isinstance(compositions, list) else None
@@ -120,7 +112,12 @@ def expected_scores(entry: dict, where: str) -> tuple[dict[str, float | None], f
                                                   for v in final.values()):
             raise UserError("route_compositions is not a list of {layer: {n_eff: ...}} per stage", where=where,
                             fix=RERUN)
-        expected["n_eff"] = _mean([float(v["n_eff"]) for v in final.values()]) if final else None
+    expected = derive_scores(r, r_init, reference, single_stage=single, higher_is_better=higher, matrices=matrices,
+                             global_test=global_test, compositions=compositions or None)
+    optional: frozenset[str] = frozenset()
+    if single:  # one training stage: only the final mean is defined; older entries list fewer nulls
+        expected = {**{key: None for key in SCORE_KEYS}, **expected}
+        optional = frozenset(SCORE_KEYS) - {"acc"}
     return expected, optional
 
 

@@ -1,0 +1,65 @@
+"""One derivation of scores: what a run stores is what re-scoring an entry expects."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from clbench.config import resolve_config
+from clbench.leaderboard import entries as E
+from clbench.leaderboard.rescore import expected_scores
+from clbench.metrics.derive import derive_scores
+from clbench.results import assemble
+
+
+def fake_run(strategy: str, *, single_stage: bool, columns: int = 2):
+    """The parts of a ContinualRun that :func:`assemble` reads."""
+    import torch
+
+    cfg = resolve_config({"seed": 0, "strategy": strategy, "benchmark": "digits-domains",
+                          "logging": {"tensorboard": False}})
+    return SimpleNamespace(
+        cfg=cfg,
+        objective=SimpleNamespace(higher_is_better=True, summary=lambda: {}),
+        strategy=SimpleNamespace(single_stage=single_stage, hparams=lambda: {}, diagnostics=lambda: None),
+        module=SimpleNamespace(primary=["acc"] * columns, model=torch.nn.Linear(2, 2)),
+        column_of=list(range(columns)),
+        spec=SimpleNamespace(scenario_type="domain-il", num_classes=10),
+        experiences=[SimpleNamespace(name=f"d{i}") for i in range(columns)])
+
+
+def state(rows: list[dict]) -> dict:
+    return {"rows": rows, "global_rows": [], "epoch_rows": [], "epoch_stage": [],
+            "r_init": {"primary": [0.1, 0.1], "gmean": [0.0, 0.0]}, "global_init": None, "train_seconds": 0.0,
+            "eval_seconds": 0.0, "resumes": 0}
+
+
+@pytest.mark.parametrize("single_stage, rows", [
+    # a final row [0.5, None] of a secondary metric (G-mean undefined on one test set)
+    (False, [{"primary": [0.9, 0.2], "gmean": [0.8, 0.1]}, {"primary": [0.6, 0.7], "gmean": [0.5, None]}]),
+    # joint training's one row, with a missing R entry: ACC over both experiences is undefined
+    (True, [{"primary": [0.5, None], "gmean": [0.5, None]}]),
+])
+def test_a_final_row_with_a_missing_entry_is_scored_and_rescored_the_same(single_stage, rows):
+    run = fake_run("joint" if single_stage else "naive", single_stage=single_stage)
+    result = assemble(run, state(rows), None, wall=1.0, import_seconds=0.0)
+    assert result["scores"]["gmean_final"] is None  # a mean over both experiences, one of them missing
+    if single_stage:
+        assert result["scores"]["acc"] is None
+    entry = E.entry_from_result(result)
+    expected, _ = expected_scores(entry, "entry")
+    assert {k: expected[k] for k in result["scores"]} == result["scores"]
+    assert E.verify_entry(entry, "entry") is entry  # read back, not refused as edited
+
+
+def test_derive_scores_means_over_every_experience():
+    r = [[0.9, 0.2], [0.6, 0.7]]
+    scores = derive_scores(r, [0.1, 0.1], single_stage=False, matrices={"gmean": [[1, 1], [0.5, 0.25]]},
+                           global_test={"acc": [0.3, float("nan")]}, compositions=[{"l": {"n_eff": 2.0}},
+                                                                                    {"l": {"n_eff": 3.0}}])
+    assert scores["acc"] == pytest.approx(0.65) and scores["bwt"] == pytest.approx(-0.3)
+    assert scores["gmean_final"] == pytest.approx(0.375)
+    assert scores["global_acc"] is None and scores["n_eff"] == 3.0
+    joint = derive_scores([[0.5, 0.7]], None, single_stage=True)
+    assert joint == {"acc": pytest.approx(0.6), "aia": None, "bwt": None, "fwt": None, "forgetting": None}
