@@ -1,6 +1,6 @@
 """GPU figures in one command: every GPU target measured beside its baseline, written as a report.
 
-    python perf/gpu_report.py --out perf/reports/h100              # CUDA: about 18 minutes on one H100
+    python perf/gpu_report.py --out perf/reports/h100              # CUDA: at most about 18 minutes on one H100
     OMP_NUM_THREADS=1 python perf/gpu_report.py --out /tmp/r --device cpu   # the same paths, tiny: < 1 min
 
 Writes ``DIR/gpu_report.md`` and ``DIR/gpu_report.json`` (one record per measurement: name,
