@@ -53,11 +53,11 @@ _EXPECTED = {
 
 class Invalid(Exception):
     """A value that does not fit its annotation: ``path`` (``[0]``, ``.key``) below the field,
-    ``what`` is wrong, in words."""
+    ``what`` is wrong, in words; ``limit`` when the type is right and the value out of range."""
 
-    def __init__(self, path: str, what: str):
+    def __init__(self, path: str, what: str, limit: bool = False):
         super().__init__(f"{path}: {what}")
-        self.path, self.what = path, what
+        self.path, self.what, self.limit = path, what, limit  # limit: of the right type, out of range
 
 
 def _yaml_form(annotation: Any) -> Any:
@@ -146,7 +146,7 @@ def check_value(value: Any, annotation: Any) -> None:
             error = limits[0]
             bounds = {k: int(v) if isinstance(v, float) and v.is_integer() else v  # "> 0", not "> 0.0"
                       for k, v in error.get("ctx", {}).items()}
-            raise Invalid(path, f"{_CONSTRAINTS[error['type']].format(**bounds)}, got {here!r}") from None
+            raise Invalid(path, f"{_CONSTRAINTS[error['type']].format(**bounds)}, got {here!r}", limit=True) from None
         expected = " or ".join(dict.fromkeys(_expected(e) for e in group))
         raise Invalid(path, f"expected {expected}{' as a key' if is_key else ''}, got {type(here).__name__} {here!r}") \
             from None
@@ -156,7 +156,8 @@ def fix_for(name: str, annotation: Any) -> str:
     """How to fix a bad value of parameter ``name``: ``give lr a value of type float | Tensor``,
     ``set policy to one of 'reservoir', 'class_balanced'``."""
     text = describe(annotation)
-    return f"set {name} to {text}" if text.startswith("one of ") else f"give {name} a value of type {text}"
+    named = any(typing.get_origin(a) is Literal for a in (typing.get_args(annotation) or (annotation,)))
+    return f"set {name} to {text}" if named or text.startswith("one of ") else f"give {name} a value of type {text}"
 
 
 def describe(annotation: Any) -> str:
@@ -183,7 +184,8 @@ def describe(annotation: Any) -> str:
         if choices and all(a is type(None) or a in choices for a in args):  # names, or null
             names = ", ".join(repr(v) for a in choices for v in typing.get_args(a))
             return f"one of {names}" + (", or null" if type(None) in args else "")
-        return " | ".join(describe(a) for a in args)
+        return " | ".join(", ".join(repr(v) for v in typing.get_args(a)) if typing.get_origin(a) is Literal
+                          else describe(a) for a in args)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if args:

@@ -31,9 +31,11 @@ Choices:
 
 from __future__ import annotations
 
-import torch
+from typing import Annotated
 
-from clbench.errors import UserError
+import torch
+from pydantic import Field
+
 from clbench.strategy import Strategy
 from strategies.replay import memory_dataset, seeded_generator, with_memory
 
@@ -63,15 +65,9 @@ class AGEM(Strategy):
 
     supports_distributed = True  # same memory batch on every rank; g_ref all-reduced before the projection
 
-    def __init__(self, patterns_per_experience: int = 250, sample_size: int = 256):
+    def __init__(self, patterns_per_experience: Annotated[int, Field(ge=0)] = 250,
+                 sample_size: Annotated[int, Field(ge=1)] = 256):
         super().__init__()
-        if patterns_per_experience < 0:
-            raise UserError(f"patterns_per_experience must be >= 0, got {patterns_per_experience}",
-                            where="strategy.init_args.patterns_per_experience",
-                            fix="give the samples to store per experience, e.g. 250")
-        if sample_size < 1:
-            raise UserError(f"sample_size must be >= 1, got {sample_size}", where="strategy.init_args.sample_size",
-                            fix="give the memory batch size, e.g. 256")
         self.patterns_per_experience = patterns_per_experience
         self.sample_size = sample_size
         self.memory = torch.zeros((0, 2), dtype=torch.long)  # (experience position, sample index)

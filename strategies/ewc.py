@@ -29,9 +29,10 @@ per-sample gradients are well defined.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_leaves, tree_map
@@ -140,24 +141,11 @@ class EWC(Strategy):
 
     supports_distributed = True  # DDP: every rank estimates the same Fisher on the same samples
 
-    def __init__(self, ewc_lambda: float = 100.0, mode: Literal["separate", "online"] = "separate",
-                 gamma: float = 1.0, fisher_samples: int | None = None, fisher_batch_size: int | None = None):
+    def __init__(self, ewc_lambda: Annotated[float, Field(ge=0)] = 100.0,
+                 mode: Literal["separate", "online"] = "separate", gamma: Annotated[float, Field(ge=0, le=1)] = 1.0,
+                 fisher_samples: Annotated[int, Field(ge=1)] | None = None,
+                 fisher_batch_size: Annotated[int, Field(ge=1)] | None = None):
         super().__init__()
-        where = "strategy.init_args"
-        if ewc_lambda < 0:
-            raise UserError(f"ewc_lambda must be >= 0, got {ewc_lambda}", where=f"{where}.ewc_lambda",
-                            fix="give a non-negative penalty strength, e.g. 100")
-        if mode not in ("separate", "online"):
-            raise UserError(f"unknown mode '{mode}'", where=f"{where}.mode", fix="use separate or online")
-        if not 0.0 <= gamma <= 1.0:
-            raise UserError(f"gamma must be in [0, 1], got {gamma}", where=f"{where}.gamma",
-                            fix="give a decay factor such as 1.0 or 0.9")
-        if fisher_samples is not None and fisher_samples < 1:
-            raise UserError(f"fisher_samples must be >= 1, got {fisher_samples}", where=f"{where}.fisher_samples",
-                            fix="leave it unset to use every training sample")
-        if fisher_batch_size is not None and fisher_batch_size < 1:
-            raise UserError(f"fisher_batch_size must be >= 1, got {fisher_batch_size}",
-                            where=f"{where}.fisher_batch_size", fix="give e.g. 64, or leave it unset")
         self.ewc_lambda = ewc_lambda
         self.mode = mode
         self.gamma = gamma

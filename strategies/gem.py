@@ -43,13 +43,15 @@ Choices:
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import quadprog
 import torch
+from pydantic import Field
 from torch.utils._pytree import tree_leaves, tree_map
 
 from clbench.data import make_loader
-from clbench.errors import UserError
 from clbench.strategy import Strategy
 from strategies.replay import loader_batch_size, memory_dataset, seeded_generator
 
@@ -101,19 +103,10 @@ class GEM(Strategy):
 
     supports_distributed = True  # every rank reads the whole memory; memory gradients all-reduced before the QP
 
-    def __init__(self, patterns_per_experience: int = 256, memory_strength: float = 0.5,
-                 memory_batch_size: int | None = None):
+    def __init__(self, patterns_per_experience: Annotated[int, Field(ge=0)] = 256,
+                 memory_strength: Annotated[float, Field(ge=0)] = 0.5,
+                 memory_batch_size: Annotated[int, Field(ge=1)] | None = None):
         super().__init__()
-        where = "strategy.init_args"
-        if patterns_per_experience < 0:
-            raise UserError(f"patterns_per_experience must be >= 0, got {patterns_per_experience}",
-                            where=f"{where}.patterns_per_experience", fix="give the samples per experience, e.g. 256")
-        if memory_strength < 0:
-            raise UserError(f"memory_strength must be >= 0, got {memory_strength}",
-                            where=f"{where}.memory_strength", fix="give a margin such as 0.5, or 0")
-        if memory_batch_size is not None and memory_batch_size < 1:
-            raise UserError(f"memory_batch_size must be >= 1, got {memory_batch_size}",
-                            where=f"{where}.memory_batch_size", fix="leave it unset or give e.g. 64")
         self.patterns_per_experience = patterns_per_experience
         self.memory_strength = memory_strength
         self.memory_batch_size = memory_batch_size

@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 from torch.utils._pytree import tree_map
 
@@ -99,20 +100,14 @@ class Grow(Strategy):
     supports_distributed = True  # every rank probes the same data; rank 0's scores decide for all
     supports_sharded = False  # copies and masks whole weight matrices
 
-    def __init__(self, k: int = 2, variant: Literal["freeze", "train"] = "freeze",
-                 when: Literal["each", "once"] = "once", layers: list | str = "all", top_n: int = 0,
-                 probe_steps: int = 20, probe_batch_size: int = 32,
+    def __init__(self, k: Annotated[int, Field(ge=2)] = 2, variant: Literal["freeze", "train"] = "freeze",
+                 when: Literal["each", "once"] = "once",
+                 layers: Literal["all"] | Annotated[list[int | str], Field(min_length=1)] = "all",
+                 top_n: Annotated[int, Field(ge=0)] = 0, probe_steps: Annotated[int, Field(ge=1)] = 20,
+                 probe_batch_size: Annotated[int, Field(ge=1)] = 32,
                  probe_norm: Literal["fro", "l1", "max"] = "fro", probe_relative: bool = False,
                  also_train: list | None = None):
         super().__init__()
-        if not isinstance(k, int) or k < 2:
-            raise UserError(f"k must be an integer of at least 2, got {k!r}", where=f"{WHERE}.k", fix="k: 2")
-        if layers != "all" and not (isinstance(layers, list) and layers
-                                    and all(isinstance(x, (int, str)) for x in layers)):
-            raise UserError(f"layers must be 'all' or a non-empty list of MLP indices or names, got {layers!r}",
-                            where=f"{WHERE}.layers", fix="layers: all, or e.g. layers: [0, 2]")
-        if top_n < 0 or probe_steps < 1 or probe_batch_size < 1:
-            raise UserError("top_n must be >= 0 and probe_steps, probe_batch_size >= 1", where=WHERE)
         self.k, self.variant, self.when = k, variant, when
         self.layers, self.top_n = layers, top_n
         self.probe_steps, self.probe_batch_size = probe_steps, probe_batch_size

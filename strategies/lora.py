@@ -24,9 +24,10 @@ adapts. Every other weight, embeddings and head included, is frozen.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from clbench.errors import UserError
@@ -38,22 +39,6 @@ ADAPTER = "default"
 def lora_target(model: nn.Module) -> nn.Module:
     """The module adapters go into: the transformers model of a ``CausalLM``, else the model."""
     return getattr(model, "hf", model)
-
-
-def check_lora_args(r: int, alpha: float, dropout: float, target_modules, layers) -> None:
-    where = "strategy.init_args"
-    if not isinstance(r, int) or r < 1:
-        raise UserError(f"r must be an integer >= 1, got {r!r}", where=f"{where}.r", fix="give a rank such as 8")
-    if alpha <= 0:
-        raise UserError(f"alpha must be > 0, got {alpha}", where=f"{where}.alpha", fix="give e.g. 32 (scale α/r)")
-    if not 0.0 <= dropout < 1.0:
-        raise UserError(f"dropout must be in [0, 1), got {dropout}", where=f"{where}.dropout", fix="give e.g. 0.1")
-    if target_modules is not None and (isinstance(target_modules, str) or not target_modules):
-        raise UserError(f"target_modules must be a non-empty list of module names, got {target_modules!r}",
-                        where=f"{where}.target_modules", fix="e.g. [q_proj, v_proj], or leave it unset")
-    if layers is not None and (not layers or not all(isinstance(i, int) and i >= 0 for i in layers)):
-        raise UserError(f"layers must be a non-empty list of layer indices, got {layers!r}",
-                        where=f"{where}.layers", fix="e.g. [0, 1, 2], or leave it unset for every layer")
 
 
 def lora_config(r: int, alpha: float, dropout: float, target_modules: list[str] | None,
@@ -137,10 +122,11 @@ class SeqLoRA(Strategy):
     supports_distributed = True  # the adapter is created from the same seeded RNG on every rank
     supports_sharded = True      # the adapter is injected in setup, before the model is sharded
 
-    def __init__(self, r: int = 8, alpha: float = 32.0, dropout: float = 0.1,
-                 target_modules: list[str] | None = None, layers: list[int] | None = None):
+    def __init__(self, r: Annotated[int, Field(ge=1)] = 8, alpha: Annotated[float, Field(gt=0)] = 32.0,
+                 dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1,
+                 target_modules: Annotated[list[str], Field(min_length=1)] | None = None,
+                 layers: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None):
         super().__init__()
-        check_lora_args(r, alpha, dropout, target_modules, layers)
         self.r = r
         self.alpha = alpha
         self.dropout = dropout

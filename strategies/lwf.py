@@ -25,11 +25,12 @@ Choices where the harness differs from the paper's setting:
 from __future__ import annotations
 
 import copy
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
-from clbench.errors import UserError
 from clbench.strategy import Strategy
 
 
@@ -50,14 +51,8 @@ class LwF(Strategy):
 
     supports_distributed = True  # DDP: each rank distils its own batch from an identical teacher
 
-    def __init__(self, alpha: float = 1.0, temperature: float = 2.0):
+    def __init__(self, alpha: Annotated[float, Field(ge=0)] = 1.0, temperature: Annotated[float, Field(gt=0)] = 2.0):
         super().__init__()
-        if alpha < 0:
-            raise UserError(f"alpha must be >= 0, got {alpha}", where="strategy.init_args.alpha",
-                            fix="give a non-negative weight, e.g. 1.0")
-        if temperature <= 0:
-            raise UserError(f"temperature must be > 0, got {temperature}", where="strategy.init_args.temperature",
-                            fix="give a positive temperature, e.g. 2.0")
         self.alpha = alpha
         self.temperature = temperature
         self.teacher: torch.nn.Module | None = None

@@ -28,6 +28,10 @@ then set on the strategy (and recorded through :meth:`hparams`).
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
+from pydantic import Field
+
 from clbench.errors import UserError
 from clbench.lm import moe_adapters
 from clbench.strategy import Strategy
@@ -35,36 +39,35 @@ from strategies.lora import lora_target, refuse_other_adapters
 
 MLP = ["gate_proj", "up_proj", "down_proj"]
 
+# The arguments' types and ranges, shared by both methods' signatures and checked from the config.
+Count = Annotated[int, Field(ge=1)]
+Scale = Annotated[float, Field(gt=0)]
+Weight = Annotated[float, Field(ge=0)]
+Rate = Annotated[float, Field(ge=0, lt=1)]
+ModuleNames = Annotated[list[str], Field(min_length=1)]
+LayerIndices = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Top1Gate = Literal["probability", "renormalized"]  # moe_adapters.TOP1_GATES (a test keeps them equal)
+
 
 class _MoELoRA(Strategy):
     kind = "loramoe"
     supports_distributed = True  # experts and routers are created from the same seeded RNG on every rank
     supports_sharded = True  # layers are injected in setup, before the model is sharded
 
-    def __init__(self, num_experts: int = 4, top_k: int | None = 1, r: int = 4, alpha: float = 16.0,
-                 heads: int = 1, match_lora_rank: int | None = None, top1_gate: str = "probability",
-                 dropout: float = 0.0, balance_weight: float = 0.0, target_modules: list[str] | None = None,
-                 layers: list[int] | None = None):
+    def __init__(self, num_experts: Count = 4, top_k: Count | None = 1, r: Count = 4, alpha: Scale = 16.0,
+                 heads: Count = 1, match_lora_rank: Count | None = None, top1_gate: Top1Gate = "probability",
+                 dropout: Rate = 0.0, balance_weight: Weight = 0.0, target_modules: ModuleNames | None = None,
+                 layers: LayerIndices | None = None):
         super().__init__()
+        # Each argument's type and range is declared above and checked from the config
+        # (clbench.validation); what depends on two arguments or on the method is checked here.
         where = "strategy.init_args"
         checks = [
-            ("num_experts", isinstance(num_experts, int) and num_experts >= 1, "an integer >= 1, e.g. 4"),
-            ("top_k", top_k is None or (isinstance(top_k, int) and 1 <= top_k <= num_experts),
+            ("top_k", top_k is None or top_k <= num_experts,
              f"an integer in [1, num_experts = {num_experts}]" + (", or null for dense gating"
                                                                   if self.kind == "loramoe" else "")),
-            ("r", isinstance(r, int) and r >= 1, "an integer rank >= 1"),
-            ("alpha", alpha > 0, "a positive α, e.g. 16 (scale α/r)"),
-            ("heads", isinstance(heads, int) and heads >= 1 and (self.kind == "mh_moe" or heads == 1),
+            ("heads", self.kind == "mh_moe" or heads == 1,
              "1 for loramoe; for mh_moe a divisor of the adapted modules' input widths"),
-            ("match_lora_rank", match_lora_rank is None or (isinstance(match_lora_rank, int) and match_lora_rank >= 1),
-             "the rank of the plain LoRA to match, or null"),
-            ("top1_gate", top1_gate in moe_adapters.TOP1_GATES, f"one of {list(moe_adapters.TOP1_GATES)}"),
-            ("dropout", 0.0 <= dropout < 1.0, "a rate in [0, 1)"),
-            ("balance_weight", balance_weight >= 0, "a non-negative weight"),
-            ("target_modules", target_modules is None or (isinstance(target_modules, list) and target_modules),
-             "a non-empty list of module names, e.g. [gate_proj, up_proj, down_proj]"),
-            ("layers", layers is None or (layers and all(isinstance(i, int) and i >= 0 for i in layers)),
-             "a non-empty list of layer indices, or null for every layer"),
         ]
         if self.kind == "mh_moe" and top_k is None:
             checks.append(("top_k", False, "an integer: MH-MoE routes top-k within each head"))
@@ -155,9 +158,9 @@ class MHMoE(_MoELoRA):
 
     kind = "mh_moe"
 
-    def __init__(self, num_experts: int = 4, top_k: int | None = 1, r: int = 4, alpha: float = 16.0,
-                 heads: int = 4, match_lora_rank: int | None = None, top1_gate: str = "probability",
-                 dropout: float = 0.0, balance_weight: float = 0.0, target_modules: list[str] | None = None,
-                 layers: list[int] | None = None):
+    def __init__(self, num_experts: Count = 4, top_k: Count | None = 1, r: Count = 4, alpha: Scale = 16.0,
+                 heads: Count = 4, match_lora_rank: Count | None = None, top1_gate: Top1Gate = "probability",
+                 dropout: Rate = 0.0, balance_weight: Weight = 0.0, target_modules: ModuleNames | None = None,
+                 layers: LayerIndices | None = None):
         super().__init__(num_experts, top_k, r, alpha, heads, match_lora_rank, top1_gate, dropout,
                          balance_weight, target_modules, layers)

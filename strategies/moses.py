@@ -62,10 +62,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 
 from clbench.errors import UserError
@@ -148,29 +149,18 @@ class MoSEs(Strategy):
     supports_distributed = True  # layers, prompts, keys and per-task resets use the same seeded RNG on every rank
     supports_sharded = False  # its per-task resets and masks address whole weight tensors
 
-    def __init__(self, num_experts: int = 2, top_k: int = 2, r: int = 2, alpha: float = 8.0, density: float = 0.3,
-                 prompt_length: int = 1, pull_weight: float = 0.1, task_inference: str = "keys",
-                 protect: bool = True, target_modules: list[str] | None = None, layers: list[int] | None = None,
+    def __init__(self, num_experts: Annotated[int, Field(ge=1)] = 2, top_k: Annotated[int, Field(ge=1)] = 2,
+                 r: Annotated[int, Field(ge=1)] = 2, alpha: Annotated[float, Field(gt=0)] = 8.0,
+                 density: Annotated[float, Field(gt=0, le=1)] = 0.3, prompt_length: Annotated[int, Field(ge=0)] = 1,
+                 pull_weight: Annotated[float, Field(ge=0)] = 0.1, task_inference: Literal["keys", "oracle"] = "keys",
+                 protect: bool = True, target_modules: Annotated[list[str], Field(min_length=1)] | None = None,
+                 layers: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None,
                  deep_prompts: bool = True):
         super().__init__()
-        checks = [
-            ("num_experts", isinstance(num_experts, int) and num_experts >= 1, "an integer >= 1, e.g. 2"),
-            ("top_k", isinstance(top_k, int) and 1 <= top_k <= num_experts, f"an integer in [1, {num_experts}]"),
-            ("r", isinstance(r, int) and r >= 1, "an integer rank >= 1, e.g. 2"),
-            ("alpha", alpha > 0, "a positive α, e.g. 8"),
-            ("density", 0 < density <= 1, "the kept fraction c in (0, 1], e.g. 0.3"),
-            ("prompt_length", isinstance(prompt_length, int) and prompt_length >= 0, "an integer >= 0, e.g. 1"),
-            ("pull_weight", pull_weight >= 0, "a non-negative λ_pull, e.g. 0.1"),
-            ("task_inference", task_inference in INFERENCE, f"one of {list(INFERENCE)}"),
-            ("target_modules", target_modules is None or (isinstance(target_modules, list) and target_modules),
-             "a non-empty list of module names, e.g. [q_proj, v_proj]"),
-            ("layers", layers is None or (layers and all(isinstance(i, int) and i >= 0 for i in layers)),
-             "a non-empty list of layer indices, or null for every layer"),
-        ]
-        for name, ok, fix in checks:
-            if not ok:
-                raise UserError(f"{name} = {locals()[name]!r} is not valid for moses",
-                                where=f"strategy.init_args.{name}", fix=f"give {fix}")
+        # Types and ranges are declared above and checked from the config (clbench.validation).
+        if top_k > num_experts:
+            raise UserError(f"top_k = {top_k} is more than num_experts = {num_experts}",
+                            where="strategy.init_args.top_k", fix=f"give an integer in [1, {num_experts}]")
         self.num_experts, self.top_k, self.r, self.alpha, self.density = num_experts, top_k, r, alpha, density
         self.prompt_length, self.pull_weight, self.task_inference = prompt_length, pull_weight, task_inference
         self.protect, self.target_modules, self.layers = protect, target_modules, layers

@@ -35,15 +35,15 @@ Choices:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from clbench.errors import UserError
 from clbench.sharding import full
 from clbench.strategy import Strategy
-from strategies.lora import (activate, adapter_names, add_adapter, check_lora_args, lora_config, lora_layers,
+from strategies.lora import (activate, adapter_names, add_adapter, lora_config, lora_layers,
                              refuse_other_adapters)
 
 
@@ -89,15 +89,12 @@ class OLoRA(Strategy):
     supports_distributed = True  # each task's adapter is created from the same seed on every rank
     supports_sharded = True  # every task's adapter is made before sharding (before_sharding)
 
-    def __init__(self, r: int = 8, alpha: float = 32.0, dropout: float = 0.1,
-                 target_modules: list[str] | None = None, layers: list[int] | None = None,
-                 lambda_1: float = 0.5, lambda_2: float = 0.0):
+    def __init__(self, r: Annotated[int, Field(ge=1)] = 8, alpha: Annotated[float, Field(gt=0)] = 32.0,
+                 dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1,
+                 target_modules: Annotated[list[str], Field(min_length=1)] | None = None,
+                 layers: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None,
+                 lambda_1: Annotated[float, Field(ge=0)] = 0.5, lambda_2: Annotated[float, Field(ge=0)] = 0.0):
         super().__init__()
-        check_lora_args(r, alpha, dropout, target_modules, layers)
-        for name, value in (("lambda_1", lambda_1), ("lambda_2", lambda_2)):
-            if value < 0:
-                raise UserError(f"{name} must be >= 0, got {value}", where=f"strategy.init_args.{name}",
-                                fix="give a non-negative weight, e.g. 0.5")
         self.r = r
         self.alpha = alpha
         self.dropout = dropout

@@ -34,9 +34,10 @@ like ``train.batch_size``.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Annotated, Callable, Literal
 
 import torch
+from pydantic import Field
 from torch.utils.data import WeightedRandomSampler
 
 from clbench.data import ShardedSampler, concat, shard_of, subset, targets_of
@@ -150,18 +151,10 @@ class Replay(Strategy):
 
     supports_distributed = True  # one global memory on every rank; its draws are sharded like the data
 
-    def __init__(self, mem_size: int = 200, policy: Literal["reservoir", "class_balanced"] = "reservoir",
-                 replay_batch_size: int | None = None):
+    def __init__(self, mem_size: Annotated[int, Field(ge=0)] = 200,
+                 policy: Literal["reservoir", "class_balanced"] = "reservoir",
+                 replay_batch_size: Annotated[int, Field(ge=1)] | None = None):
         super().__init__()
-        if mem_size < 0:
-            raise UserError(f"mem_size must be >= 0, got {mem_size}", where="strategy.init_args.mem_size",
-                            fix="give the number of memory slots, e.g. 200")
-        if policy not in ("reservoir", "class_balanced"):
-            raise UserError(f"unknown policy '{policy}'", where="strategy.init_args.policy",
-                            fix="use reservoir or class_balanced")
-        if replay_batch_size is not None and replay_batch_size < 1:
-            raise UserError(f"replay_batch_size must be >= 1, got {replay_batch_size}",
-                            where="strategy.init_args.replay_batch_size", fix="leave it unset or give e.g. 64")
         self.mem_size = mem_size
         self.policy = policy
         self.replay_batch_size = replay_batch_size

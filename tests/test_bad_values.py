@@ -122,7 +122,7 @@ def _optimizer(lr) -> dict:
      "command line: train.optimizer.init_args.lr: expected float or Tensor, got str 'abc' "
      "(give lr a value of type float | Tensor)"),
     ("train.optimizer.init_args.lr=nan",
-     "command line: train.optimizer.init_args.lr: must be a finite number, got nan "
+     "command line: train.optimizer.init_args.lr: lr must be a finite number, got nan "
      "(give lr a value of type float | Tensor)"),
     ("train.optimizer.init_args.betas=[0.9, x]",
      "command line: train.optimizer.init_args.betas[1]: expected float or Tensor, got str 'x'"),
@@ -135,10 +135,10 @@ def test_bad_value_on_the_command_line_is_one_line(tmp_path, capsys, override, m
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"train": _optimizer(".inf")}, "cfg.yaml: train.optimizer.init_args.lr: must be a finite number, got inf"),
+    ({"train": _optimizer(".inf")}, "cfg.yaml: train.optimizer.init_args.lr: lr must be a finite number, got inf"),
     ({"train": _optimizer("1e30x")}, "cfg.yaml: train.optimizer.init_args.lr: expected float or Tensor, got str"),
     ({"strategy": {"class_path": "seq_lora", "init_args": {"layers": ["x", 2.5]}}},
-     "cfg.yaml: strategy.init_args.layers[0]: expected int, got str 'x' (give layers a value of type list[int] | null)"),
+     "cfg.yaml: strategy.init_args.layers[0]: expected int, got str 'x' (give layers a value of type list[int >= 0] | null)"),
     ({"strategy": {"class_path": "seq_lora", "init_args": {"layers": [1, 2.5]}}},
      "cfg.yaml: strategy.init_args.layers[1]: expected int, got float 2.5"),
     ({"strategy": {"class_path": "replay", "init_args": {"policy": "fifo"}}},
@@ -147,10 +147,10 @@ def test_bad_value_on_the_command_line_is_one_line(tmp_path, capsys, override, m
      "cfg.yaml: strategy.init_args.ewc_lambda: expected float, got str '1e3x'"),
     ({"pretrain": {"fraction": ".nan"}}, "cfg.yaml: pretrain.fraction: must be a finite number, got nan"),
     ({"train": {"scheduler": {"class_path": "cosine", "init_args": {"warmup_ratio": 1.5}}}},
-     "cfg.yaml: train.scheduler.init_args.warmup_ratio: must be <= 1, got 1.5 "
+     "cfg.yaml: train.scheduler.init_args.warmup_ratio: warmup_ratio must be <= 1, got 1.5 "
      "(give warmup_ratio a value of type float in [0, 1])"),
     ({"train": {"scheduler": {"class_path": "linear", "init_args": {"warmup_steps": -3}}}},
-     "cfg.yaml: train.scheduler.init_args.warmup_steps: must be >= 0, got -3"),
+     "cfg.yaml: train.scheduler.init_args.warmup_steps: warmup_steps must be >= 0, got -3"),
     ({"benchmark": {"class_path": "trace-mini", "init_args": {"scoring": "lenient"}}},
      "cfg.yaml: benchmark.init_args.scoring: expected one of 'trace', 'normalized', got str 'lenient' "
      "(set scoring to one of 'trace', 'normalized')"),
@@ -179,7 +179,7 @@ class Weighted(Strategy):
 @pytest.mark.parametrize("init_args, message", [
     ({"weights": {1: "x"}}, "strategy.init_args.weights[1]: expected str as a key, got int 1"),
     ({"weights": {"a": "x"}}, "strategy.init_args.weights.a: expected int, got str 'x'"),
-    ({"sizes": [1, 2, 3]}, "strategy.init_args.sizes: takes at most 2 item(s), got [1, 2, 3]"),
+    ({"sizes": [1, 2, 3]}, "strategy.init_args.sizes: sizes takes at most 2 item(s), got [1, 2, 3]"),
 ])
 def test_containers_are_checked_item_by_item(tmp_path, capsys, init_args, message):
     (tmp_path / "weighted.py").write_text(PLUGIN)
@@ -235,17 +235,17 @@ MOE_THEORY = {"benchmark": {"class_path": "moe-regression", "init_args": {"round
      "cfg.yaml: model.init_args.moe_blocks: no block is an MoE block, so this is the dense ViT"),
     ({"model": _vit(router="topk")},
      "cfg.yaml: model.init_args.router: expected one of 'switch', 'ema_centroid', 'prototype', got str 'topk'"),
-    ({"model": _vit(top_k=0)}, "cfg.yaml: model.init_args.top_k: must be >= 1, got 0"),
+    ({"model": _vit(top_k=0)}, "cfg.yaml: model.init_args.top_k: top_k must be >= 1, got 0"),
     ({"model": _vit(router_args={"gate": "hard"})},
      "cfg.yaml: model.init_args: gate must be one of"),
     ({**MOE_THEORY, "model": {**MOE_THEORY["model"], "init_args": {"num_experts": 0}}},
-     "cfg.yaml: model.init_args.num_experts: must be >= 1, got 0"),
+     "cfg.yaml: model.init_args.num_experts: num_experts must be >= 1, got 0"),
     ({**MOE_THEORY, "benchmark": {"class_path": "moe-regression", "init_args": {"sigma0": -1}}},
-     "cfg.yaml: benchmark.init_args.sigma0: must be > 0, got -1"),
+     "cfg.yaml: benchmark.init_args.sigma0: sigma0 must be > 0, got -1"),
     ({**MOE_THEORY, "strategy": {"class_path": "moe_theory", "init_args": {"eta": -0.5}}},
-     "cfg.yaml: strategy.init_args.eta: must be > 0, got -0.5"),
+     "cfg.yaml: strategy.init_args.eta: eta must be > 0, got -0.5"),
     ({**MOE_THEORY, "strategy": {"class_path": "moe_theory", "init_args": {"eta": 0}}},
-     "cfg.yaml: strategy.init_args.eta: must be > 0, got 0"),
+     "cfg.yaml: strategy.init_args.eta: eta must be > 0, got 0"),
 ])
 def test_bad_setting_of_a_built_in_component_is_one_line(tmp_path, capsys, changes, message):
     assert run_refused(capsys, tmp_path, tiny_config(**changes)).startswith(message)
@@ -373,4 +373,37 @@ def test_the_example_plugin_declares_its_range(tmp_path, capsys):
     raw = tiny_config(strategy={"class_path": f"{REPO / 'examples' / 'my_strategy.py'}:L2Anchor",
                                 "init_args": {"strength": -1}})
     assert run_refused(capsys, tmp_path, raw).startswith(
-        "cfg.yaml: strategy.init_args.strength: must be >= 0, got -1 (give strength a value of type float >= 0)")
+        "cfg.yaml: strategy.init_args.strength: strength must be >= 0, got -1 (give strength a value of type float >= 0)")
+
+
+def test_strategy_literals_match_the_names_their_code_knows():
+    import inspect
+    import typing
+
+    from clbench.lm.moe_adapters import TOP1_GATES
+    from strategies.moe_lora import LoRAMoE
+    from strategies.moses import INFERENCE, MoSEs
+
+    def choices(cls, name):
+        return set(typing.get_args(typing.get_type_hints(cls.__init__)[name]))
+
+    assert choices(LoRAMoE, "top1_gate") == set(TOP1_GATES)
+    assert choices(MoSEs, "task_inference") == set(INFERENCE)
+    assert "raise UserError" not in inspect.getsource(LoRAMoE.__init__).split("checks = [")[0]
+
+
+@pytest.mark.parametrize("strategy, init_args, message", [
+    ("replay", {"mem_size": -5}, "strategy.init_args.mem_size: mem_size must be >= 0, got -5"),
+    ("ewc", {"gamma": 1.5}, "strategy.init_args.gamma: gamma must be <= 1, got 1.5 (give gamma a value of type float in [0, 1])"),
+    ("lwf", {"temperature": 0}, "strategy.init_args.temperature: temperature must be > 0, got 0"),
+    ("agem", {"sample_size": 0}, "strategy.init_args.sample_size: sample_size must be >= 1, got 0"),
+    ("grow", {"k": 1}, "strategy.init_args.k: k must be >= 2, got 1"),
+    ("grow", {"layers": []}, "strategy.init_args.layers: layers needs at least 1 item(s), got [] "
+                             "(set layers to 'all' | list[int | str])"),
+    ("grow", {"layers": "some"}, "strategy.init_args.layers: expected one of 'all' or list, got str 'some'"),
+    ("seq_lora", {"dropout": 1.0}, "strategy.init_args.dropout: dropout must be < 1, got 1.0"),
+    ("moses", {"density": 0}, "strategy.init_args.density: density must be > 0, got 0"),
+])
+def test_strategy_ranges_come_from_their_signatures(tmp_path, capsys, strategy, init_args, message):
+    raw = tiny_config(strategy={"class_path": strategy, "init_args": init_args})
+    assert run_refused(capsys, tmp_path, raw).startswith(f"cfg.yaml: {message}")

@@ -50,7 +50,7 @@ def test_every_builtin_has_a_description():
 def test_list_verbose_shows_types_and_defaults(wide, capsys):
     assert main(["list", "strategies", "-v"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"ewc_lambda: float = 100\.0", out)
+    assert re.search(r"ewc_lambda: float >= 0 = 100\.0", out)  # the range declared in the signature
     assert "mode: Literal['separate', 'online'] = 'separate'" in out
     assert "Elastic Weight Consolidation" in out
     assert "digits-domains" not in out  # one kind only

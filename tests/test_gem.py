@@ -14,6 +14,7 @@ from helpers import crash_at, tiny_config
 from torch import nn
 
 from clbench.data import ArrayDataset, make_loader
+from clbench.build import check_init_args
 from clbench.errors import UserError
 from clbench.module import ContinualModule
 from clbench.streams import Experience
@@ -160,7 +161,7 @@ def test_gem_rejects_bad_settings():
     for kwargs, field in [({"patterns_per_experience": -1}, "patterns_per_experience"),
                           ({"memory_strength": -0.1}, "memory_strength"), ({"memory_batch_size": 0}, "memory_batch_size")]:
         with pytest.raises(UserError) as err:
-            GEM(**kwargs)
+            check_init_args(GEM, kwargs, "strategy.init_args")
         assert err.value.where == f"strategy.init_args.{field}"
 
 

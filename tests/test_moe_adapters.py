@@ -145,10 +145,17 @@ def test_balance_term_reaches_the_loss_and_bad_options_are_refused():
     with auxiliary.collect() as terms:
         m(torch.randn(10, 12))
     assert terms["balance"] > 0 and terms["balance"].requires_grad
+    from clbench.build import check_init_args
+
     for cls, kwargs, field in [(MHMoE, {"top_k": None}, "top_k"), (LoRAMoE, {"heads": 2}, "heads"),
-                               (LoRAMoE, {"top_k": 5}, "top_k"), (MHMoE, {"top1_gate": "x"}, "top1_gate")]:
+                               (LoRAMoE, {"top_k": 5}, "top_k")]:  # checks across arguments: in the strategy
         with pytest.raises(UserError) as err:
             cls(**kwargs)
+        assert err.value.where == f"strategy.init_args.{field}"
+    for cls, kwargs, field in [(MHMoE, {"top1_gate": "x"}, "top1_gate"), (LoRAMoE, {"num_experts": 0}, "num_experts"),
+                               (LoRAMoE, {"dropout": 1.0}, "dropout")]:  # one argument's range: its signature
+        with pytest.raises(UserError) as err:
+            check_init_args(cls, kwargs, "strategy.init_args")
         assert err.value.where == f"strategy.init_args.{field}"
     with pytest.raises(UserError, match="does not divide"):
         build(MHMoE(heads=5), stream(4))

@@ -190,10 +190,13 @@ def test_class_balanced_keeps_a_uniform_sample_within_a_class():
 
 
 def test_replay_rejects_bad_settings():
-    with pytest.raises(UserError, match="mem_size"):
-        Replay(mem_size=-1)
-    with pytest.raises(UserError, match="policy"):
-        Replay(policy="fifo")
+    """Ranges are declared in the signature and checked from the config (clbench.validation)."""
+    from clbench.build import check_init_args
+
+    with pytest.raises(UserError, match=r"strategy.init_args.mem_size: mem_size must be >= 0, got -1"):
+        check_init_args(Replay, {"mem_size": -1}, "strategy.init_args")
+    with pytest.raises(UserError, match="strategy.init_args.policy: expected one of 'reservoir', 'class_balanced'"):
+        check_init_args(Replay, {"policy": "fifo"}, "strategy.init_args")
 
 
 # -- replay: training ------------------------------------------------------------------------
@@ -434,12 +437,13 @@ def test_ewc_state_round_trips():
 
 
 def test_ewc_rejects_bad_settings():
-    with pytest.raises(UserError, match="mode"):
-        EWC(mode="both")
-    with pytest.raises(UserError, match="gamma"):
-        EWC(gamma=1.5)
-    with pytest.raises(UserError, match="ewc_lambda"):
-        EWC(ewc_lambda=-1.0)
+    from clbench.build import check_init_args
+
+    for args, field in [({"mode": "both"}, "mode"), ({"gamma": 1.5}, "gamma"), ({"ewc_lambda": -1.0}, "ewc_lambda"),
+                        ({"fisher_samples": 0}, "fisher_samples")]:
+        with pytest.raises(UserError) as err:
+            check_init_args(EWC, args, "strategy.init_args")
+        assert err.value.where == f"strategy.init_args.{field}"
 
 
 # -- LwF -------------------------------------------------------------------------------------

@@ -128,11 +128,15 @@ def test_seq_lora_options_reach_peft_and_bad_ones_are_refused():
     layers = lora_layers(module.model)
     assert len(layers) == 1 and layers[0] is module.model.hf.model.layers[1].self_attn.k_proj
     assert layers[0].scaling["default"] == 3.0 and layers[0].r["default"] == 2
+    from clbench.build import check_init_args
+
     for kwargs, field in [({"r": 0}, "r"), ({"alpha": 0}, "alpha"), ({"dropout": 1.0}, "dropout"),
-                          ({"target_modules": "q_proj"}, "target_modules"), ({"layers": [-1]}, "layers")]:
-        with pytest.raises(UserError) as err:
-            SeqLoRA(**kwargs)
-        assert err.value.where == f"strategy.init_args.{field}"
+                          ({"target_modules": "q_proj"}, "target_modules"), ({"target_modules": []}, "target_modules"),
+                          ({"layers": [-1]}, "layers[0]"), ({"layers": []}, "layers")]:
+        for cls in (SeqLoRA, OLoRA):
+            with pytest.raises(UserError) as err:
+                check_init_args(cls, kwargs, "strategy.init_args")
+            assert err.value.where == f"strategy.init_args.{field}"
     with pytest.raises(UserError, match="cannot add LoRA adapters"):
         build(SeqLoRA(target_modules=["no_such_proj"]), stream())
     model = lm()  # a builder's adapter already there: two adapters would silently run one
