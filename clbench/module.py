@@ -83,6 +83,8 @@ class ContinualModule(pl.LightningModule):
         self.domain: int | None = None  # its domain id, for routing records in training
         self.stage_steps: int | None = None  # optimizer steps this experience will take (schedulers)
         self.last_eval: dict[str, list[float]] = {}
+        # per column: each class's recall (None: class absent) where G-mean is evaluated, else None
+        self.last_recalls: list[list[float | None] | None] = []
         self.epoch_evals: list[dict[str, list[float]]] = []  # per-epoch evaluation during fit
         # Routing records (clbench.metrics.routing): per domain in evaluation, and per experience in
         # training. Recorders are created when routing layers first appear (possibly injected by a
@@ -271,8 +273,10 @@ class ContinualModule(pl.LightningModule):
         # name -> one value per column (None where a column has no such metric), and
         # "primary" -> each column's R-matrix entry.
         computed = []
+        self.last_recalls = []
         for column in self.eval_metrics:
             computed.append({name: float(value) for name, value in column.compute().items()})
+            self.last_recalls.append(_class_recalls(column))
             column.reset()
         for scratch in self._scratch.values():
             scratch.reset()
@@ -292,3 +296,15 @@ class ContinualModule(pl.LightningModule):
             from clbench.sharding import reshard
 
             reshard(self.model)  # evaluation leaves the root unit unsharded
+
+
+def _class_recalls(column) -> list[float | None] | None:
+    """Per-class recall of a column's G-mean metric over every process (None for classes the
+    column has no sample of), rounded to 4 digits; None when G-mean is not evaluated. Kept for
+    the final stage so that a G-mean of 0 can be traced to the classes never predicted."""
+    if "gmean" not in column.keys():
+        return None
+    metric = column["gmean"]
+    with metric.sync_context(should_unsync=True):
+        recalls = metric.recalls().tolist()
+    return [None if value != value else round(value, 4) for value in recalls]

@@ -37,7 +37,12 @@ def r_matrix_figure(result: dict, key: str = "r_matrix"):
     ax.set_xlabel("test experience")
     ax.set_title(f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')})",
                  fontsize=9)
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if unit:  # the bar in the cells' unit: percent
+        from matplotlib.ticker import FuncFormatter
+
+        bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{100 * value:.0f}"))
+        bar.set_label("%", fontsize=8)
     fig.tight_layout()
     return fig
 

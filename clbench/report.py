@@ -32,10 +32,12 @@ def print_result(result: dict, output: Path | None = None, console=None) -> None
     for stage, row in zip(stage_names, result["r_matrix"]):
         table.add_row(stage, *map(_pct, row))
     scores = result["scores"]
-    keys = [k for k in SCORE_ORDER if k in scores]  # the rest are in result.json
+    # undefined scores (IM and FWT (ref) without reference models) are left out; the rest are in result.json
+    keys = [k for k in SCORE_ORDER if scores.get(k) is not None]
     summary = Table(title="scores (%, BWT < 0 means forgetting)", title_justify="left", show_edge=False)
+    trace = (result.get("objective") or {}).get("scoring") == "trace"
     for key in keys:
-        summary.add_column(key, justify="right")
+        summary.add_column("OP (TRACE)" if key == "acc" and trace else key, justify="right")
     summary.add_row(*[_pct(scores[k]) for k in keys])
     console = console or _console_for(table, summary)
     console.print(table)

@@ -43,6 +43,8 @@ class RunState:
     train_routing: list[dict] = field(default_factory=list)
     pretrain: dict | None = None  # clbench.pretrain's record, once the held-out subset has trained
     compositions: list[dict] = field(default_factory=list)
+    # the last stage's per-class recall: {"columns": [per experience], "global": [...] or None}
+    recall: dict | None = None
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunState":
@@ -167,6 +169,10 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
     if global_test is not None:
         result["global_test"] = global_test
         result["global_test_init"] = {k: v for k, v in state["global_init"].items() if k != "primary"}
+    if state.get("recall"):
+        # after the last stage, each class's recall (None: absent) per test experience and on the
+        # stream-wide test set: which classes make a G-mean 0 (one never predicted is enough)
+        result["recall_final"] = state["recall"]
     if reference is not None:
         result["reference"] = reference
     if state.get("routing"):

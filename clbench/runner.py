@@ -366,6 +366,10 @@ class ContinualRun:
         self._check_finite(columns, stage, len(stages), label)
         state.rows.append(columns)
         state.global_rows.append(global_)
+        recalls = self.module.last_recalls
+        if any(r is not None for r in recalls):
+            state.recall = {"columns": [recalls[i] for i in self.column_of],
+                            "global": recalls[len(self.test_sets)] if self.has_global_test else None}
         if self.module.routing is not None:
             state.routing.append(self.module.last_routing)
             state.compositions.append(self.module.last_compositions)

@@ -1,6 +1,7 @@
 """The continual loop: R matrix layout, determinism, strategies by import path, per-epoch eval."""
 
 import json
+import math
 import textwrap
 
 import pytest
@@ -147,6 +148,15 @@ def test_imbalanced_stream_reports_gmean_mauc_matrices_and_global_test_set():
         assert len(result["global_test"][name]) == 3
         assert result["scores"][f"global_{name}"] == result["global_test"][name][-1]
     assert 0.5 < result["scores"]["global_mauc"] <= 1.0
+    # the final per-class recall is recorded, and its geometric mean over present classes is G-mean
+    recall = result["recall_final"]
+    assert len(recall["columns"]) == 3 and len(recall["global"]) == 10
+    for values, gmean in [*zip(recall["columns"], result["matrices"]["gmean"][-1]),
+                          (recall["global"], result["scores"]["global_gmean"])]:
+        present = [v for v in values if v is not None]
+        assert all(0.0 <= v <= 1.0 for v in present)
+        expected = 0.0 if min(present) == 0 else math.exp(sum(math.log(v) for v in present) / len(present))
+        assert gmean == pytest.approx(expected, abs=1e-3)
 
 
 def test_moe_layers_report_per_domain_expert_utilization(tmp_path):

@@ -144,6 +144,7 @@ class BenchmarkTable:
     # score -> whether higher is better, for every score of the table's entries
     higher: dict[str, bool] = field(default_factory=dict)
     r_names: list[str] = field(default_factory=list)  # R's metric names (empty: accuracy, no r_metric)
+    scorings: list[str] = field(default_factory=list)  # how generated text was scored (see scoring)
 
     @property
     def r_higher(self) -> bool:
@@ -154,12 +155,18 @@ class BenchmarkTable:
         """Whether columns carry direction arrows: for a lower-is-better R (accuracy tables stay as they were)."""
         return not self.r_higher
 
+    @property
+    def trace_op(self) -> bool:
+        """Whether ACC is TRACE's OP: every run scored by TRACE's own evaluation, so the final mean
+        is over each task's own metric (accuracy, ROUGE-L, SARI, edit similarity), not an accuracy."""
+        return self.scorings == ["trace"]
+
     def title(self, score: str) -> str:
-        title = TITLES.get(score, score)
+        title = "OP (TRACE)" if score == RANK_BY and self.trace_op else TITLES.get(score, score)
         return f"{title} {arrow(self.higher.get(score, True))}" if self.marked and score not in PLAIN_SCORES else title
 
     def ranked_by(self) -> str:
-        return "ranked by ACC" + ("" if self.r_higher else " (lower is better)")
+        return f"ranked by {self.title(RANK_BY).removesuffix(' ↓').removesuffix(' ↑')}" + ("" if self.r_higher else " (lower is better)")
 
     @property
     def orders(self) -> list[str]:
@@ -308,8 +315,9 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
             for name in (r_metric(e)[0] or []) if e["status"] == "ok" else []:
                 if name not in names:
                     names.append(name)
+        scorings = sorted({s for e in benches[key] if e["status"] == "ok" and (s := scoring(e))})
         tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
-                                     scores=scores, rows=rows, higher=higher, r_names=names))
+                                     scores=scores, rows=rows, higher=higher, r_names=names, scorings=scorings))
     return tables
 
 
