@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import math
 import re
@@ -62,23 +63,43 @@ def test_readme_has_one_row_per_strategy_with_mean_and_std(rendered):
     assert "clbench leaderboard run --suite" in readme and "index.html" in readme
 
 
-def test_page_is_self_contained_and_has_every_heatmap(rendered):
+def _run_pages(root: Path, page: str) -> dict[str, str]:
+    """Each table row's page, by strategy, as linked from the row of ``page``."""
+    links = re.findall(r'<tr data-strategy="([^"]+)">.*?<a href="(pages/[^"]+\.html)"', page, re.S)
+    return {strategy: (root / href).read_text() for strategy, href in links}
+
+
+def test_page_is_self_contained_and_links_each_row_to_its_runs_heatmaps(rendered):
     page = (rendered / "index.html").read_text()
-    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
-    assert "Content-Security-Policy" in page and "default-src 'none'" in page
-    entries = E.load_entries(rendered)
-    assert page.count('<figure class="heatmap"') == len(entries) == 4
-    for e in entries:
-        assert f'data-hash="{e["config_hash"]}"' in page
+    runs = _run_pages(rendered, page)
+    assert sorted(runs) == ["joint", "naive"] and len(list((rendered / "pages").iterdir())) == 2
+    for text in (page, *runs.values()):
+        assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
+        assert "Content-Security-Policy" in text and "default-src 'none'" in text
+    # the page itself holds no heatmap, only the per-order chart; each run's R matrix is on its row's page
+    assert '<figure class="heatmap"' not in page and page.count("data:image/png;base64,") == 1
     assert page.count('<img class="orders"') == 1
-    assert page.count("data:image/png;base64,") == 5
+    entries = E.load_entries(rendered)
+    for e in entries:
+        mine = runs[e["strategy"]["name"]]
+        assert mine.count('<figure class="heatmap"') == 2 and f'data-hash="{e["config_hash"]}"' in mine
+        assert 'href="../index.html#digits-domains"' in mine
+        # the final per-class recall behind G-mean, one table per run, in percent, zeros marked
+        table = re.search(rf'<table class="recall" data-hash="{e["config_hash"]}">(.*?)</table>', mine, re.S).group(1)
+        first = re.findall(r"<td(?: class=\"zero\")?>([^<]*)</td>", table.split("</tr>")[1])
+        recall = e["recall_final"]["columns"][0]
+        assert first[:-1] == ["·" if v is None else f"{100 * v:.0f}" for v in recall]
+        assert table.count('class="zero"') == sum(v == 0 for row in e["recall_final"]["columns"] +
+                                                  [e["recall_final"]["global"] or []] for v in row if v is not None)
 
 
 def test_render_is_deterministic(rendered, tmp_path):
     copy = tmp_path / "again"
     shutil.copytree(rendered, copy)
     assert main(["leaderboard", "render", str(copy)]) == 0
-    for name in ("index.html", "README.md"):  # identical but for the directory named in "Regenerate:"
+    pages = sorted(p.relative_to(rendered) for p in (rendered / "pages").iterdir())
+    assert pages == sorted(p.relative_to(copy) for p in (copy / "pages").iterdir())
+    for name in ("index.html", "README.md", *pages):  # identical but for the directory named in "Regenerate:"
         assert (copy / name).read_text() == (rendered / name).read_text().replace(str(rendered), str(copy))
 
 
@@ -147,7 +168,60 @@ def test_page_loads_in_headless_chromium_without_console_errors(rendered, tmp_pa
     assert _console_messages(dom.stderr) == []
     assert 'data-ready="1"' in dom.stdout  # the inline script ran to its end
     assert 'data-sortable-ready="1"' in dom.stdout
-    assert dom.stdout.count('<figure class="heatmap"') == 4
+    run_page = next((rendered / "pages").glob("*naive*.html")).resolve().as_uri()
+    dom = _chromium_run(tmp_path, run_page, "--dump-dom")
+    assert _console_messages(dom.stderr) == []
+    assert dom.stdout.count('<figure class="heatmap"') == 2
+
+
+# Added to a copy of a page: where each table and its last header cell lie once laid out.
+GEOMETRY = """<script>
+window.addEventListener("load", function () {
+  var out = {width: window.innerWidth, height: window.innerHeight,
+             scrollWidth: document.documentElement.scrollWidth, tables: []};
+  document.querySelectorAll("table.sortable").forEach(function (t) {
+    var box = t.getBoundingClientRect(), heads = t.tHead.rows[0].cells, last = heads[heads.length - 1];
+    out.tables.push({top: box.top, bottom: box.bottom, right: box.right, lastRight: last.getBoundingClientRect().right,
+                     lastText: last.textContent, clipped: t.parentNode.scrollWidth > t.parentNode.clientWidth});
+  });
+  var pre = document.createElement("pre");
+  pre.id = "geometry";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+@needs_chromium
+@pytest.mark.skipif(not (COMMITTED / "entries").is_dir(), reason="no committed leaderboard/")
+def test_quickstart_page_is_small_and_its_tables_fit_a_1400px_window(tmp_path):
+    """The committed quickstart leaderboard's page, before any run page is opened, is under 300 KB,
+    and at 1400 x 900 px every column of every table is in view and the first table on the first screen."""
+    import json
+
+    from clbench.leaderboard.manifest import manifest_hashes, read_manifest
+    from clbench.leaderboard.render import _provenance, render_html
+    from clbench.leaderboard.table import build_tables
+
+    copy = tmp_path / "leaderboard"
+    shutil.copytree(COMMITTED, copy)
+    hashes = manifest_hashes(copy)
+    entries = E.load_entries(copy, hashes)
+    tables = build_tables(entries, hashes)
+    page = render_html(tables, entries, _provenance(entries, copy, read_manifest(copy)), "leaderboard")
+    assert len(page.encode()) < 300_000
+    assert len(tables) == 2 and all(len(t.scores) >= 7 for t in tables)
+    (copy / "index.html").write_text(page.replace("</body>", GEOMETRY + "</body>"))
+    dom = _chromium_run(tmp_path, (copy / "index.html").resolve().as_uri(), "--window-size=1400,900", "--dump-dom")
+    assert _console_messages(dom.stderr) == []
+    found = re.search(r'<pre id="geometry">(.*?)</pre>', dom.stdout, re.S)
+    assert found, dom.stderr[-2000:]
+    geometry = json.loads(html.unescape(found.group(1)))
+    assert geometry["width"] == 1400 and geometry["scrollWidth"] <= 1400  # nothing to scroll sideways
+    for table in geometry["tables"]:
+        assert table["lastText"] == "Wall s" and not table["clipped"]
+        assert table["right"] <= 1400 and table["lastRight"] <= 1400
+    assert geometry["tables"][0]["bottom"] <= geometry["height"]  # the first screen holds the first table
 
 
 @needs_chromium
@@ -186,7 +260,9 @@ def test_moe_runs_show_n_eff_and_utilization_heatmaps(tmp_path, write_yaml):
     std = math.sqrt(sum((v - mean) ** 2 for v in values))
     assert row["N_eff"] == f"{mean:.2f} ± {std:.2f}"  # not a percentage
     page = (out / "index.html").read_text()
-    assert page.count('<figure class="routing"') == 2 and "N_eff (MoE methods)" in page
+    assert "N_eff (MoE methods)" in page
+    (run_page,) = _run_pages(out, page).values()
+    assert run_page.count('<figure class="routing"') == 2
 
 
 def test_header_says_which_scoring_made_a_text_benchmarks_numbers():
@@ -202,3 +278,19 @@ def test_header_says_which_scoring_made_a_text_benchmarks_numbers():
         "· scoring: trace (TRACE's own evaluation scripts, comparable with papers)")
     assert "scoring: normalized (lenient" in _meta_line({**meta, "scorings": ["normalized"]})
     assert "scoring" not in _meta_line({**meta, "scorings": []})
+
+
+def test_acc_is_labelled_op_on_trace_scored_tables():
+    """Where every run was scored by TRACE's scripts, R's final mean is TRACE's OP (a mean over
+    each task's own metric), not an accuracy, and the tables say so."""
+    from clbench.leaderboard.render import trace_note
+    from clbench.leaderboard.table import BenchmarkTable
+
+    def table(scorings):
+        return BenchmarkTable(key="k", name="trace", label="trace", scores=["acc", "bwt"], rows=[],
+                              higher={"acc": True, "bwt": True}, scorings=scorings)
+
+    assert table(["trace"]).title("acc") == "OP (TRACE)" and table(["trace"]).title("bwt") == "BWT"
+    assert "ranked by OP (TRACE)" == table(["trace"]).ranked_by() and trace_note(table(["trace"]))
+    for other in ([], ["normalized"], ["mixed"], ["normalized", "trace"]):
+        assert table(other).title("acc") == "ACC" and trace_note(table(other)) is None

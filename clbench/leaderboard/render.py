@@ -1,10 +1,14 @@
-"""Render a leaderboard directory: ``README.md`` (tables) and a self-contained ``index.html``.
+"""Render a leaderboard directory: ``README.md`` (tables), ``index.html`` and one page per table row.
 
-The page needs nothing but a browser: figures are matplotlib PNGs embedded as ``data:`` URIs,
-the sortable table is a few lines of inline script, and a Content-Security-Policy forbids
-every network fetch, so it opens from disk or a CI artifact as it is. Output is a pure
-function of the entries (no timestamps, PNGs without software metadata), so re-rendering
-unchanged entries gives identical files.
+The pages need nothing but a browser: they are rendered from the jinja2 templates in
+``clbench/leaderboard/templates``, figures are matplotlib PNGs embedded as ``data:`` URIs, the
+sortable table is a few lines of inline script, and a Content-Security-Policy forbids every
+network fetch, so they open from disk or a CI artifact as they are. ``index.html`` holds the
+tables and per-order charts only, so it stays small; each strategy's name links to its row's
+page under ``pages/`` (R-matrix heatmaps of every run, the final per-class recall, expert
+utilization), which the browser loads only when it is opened. Output is a pure function of the
+entries (no timestamps, PNGs without software metadata), so re-rendering unchanged entries
+gives identical files.
 
 Sorting: click (or Enter on) a column header; the first click sorts the way "better" points
 (descending for higher-is-better scores, ascending for rank, forgetting and the levels of an R
@@ -15,18 +19,20 @@ opens the page sorted, which is also how the tests drive the sorter in headless 
 from __future__ import annotations
 
 import base64
-import html
+import hashlib
 import io
+import re
 from pathlib import Path
 
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
 from clbench.leaderboard.table import (RANK_BY, TITLES, BenchmarkTable, arrow, build_tables, fmt, made_dirty,
-                                      runs_cell, scoring)
+                                      number, runs_cell, scoring)
 
 README = "README.md"
 INDEX = "index.html"
+DETAILS = "pages"  # one page per table row, beside index.html (runs/ holds working folders)
 BAR_METRIC = "acc"
 
 
@@ -113,6 +119,31 @@ NOTES = ("Scores are percentages: mean ± sample standard deviation over task or
          "Forgetting are undefined (—).")
 
 
+TRACE_NOTE = ("OP (TRACE) is TRACE's overall performance: the final mean over tasks of each task's own metric "
+              "(accuracy, ROUGE-L, SARI or edit similarity, as TRACE's scripts score it), shown where ACC is for "
+              "other streams; AIA, BWT, FWT and Forgetting are computed from the same R.")
+
+
+def trace_note(table: BenchmarkTable) -> str | None:
+    return TRACE_NOTE if table.trace_op else None
+
+
+GMEAN_SCORES = ("gmean_final", "global_gmean")
+
+
+def gmean_note(table: BenchmarkTable, page: bool = False) -> str | None:
+    """Why a G-mean column reads 0 (one class never predicted is enough), or None where none does."""
+    runs = [e for row in table.rows for e in row.ok if any(s in table.scores for s in GMEAN_SCORES)]
+    zero = [e for e in runs if any(e["scores"].get(s) == 0 for s in GMEAN_SCORES)]
+    if not zero:
+        return None
+    where = ("a strategy's page (click its name) shows the per-class recall after the last stage" if page else
+             f"each strategy's page, linked from {INDEX}, shows the per-class recall after the last stage")
+    return (f"G-mean is the geometric mean of per-class recalls, so it is 0 as soon as one class is never predicted "
+            f"correctly (recall 0), as happens to the classes of earlier experiences once a model forgets them: "
+            f"{len(zero)} of {len(runs)} runs here score a G-mean of 0 on some test set; {where}.")
+
+
 DIRTY_MARK = "†"
 
 
@@ -143,27 +174,6 @@ def routing_note(table: BenchmarkTable) -> str | None:
     return ROUTING_NOTE if "n_eff" in table.scores else None
 
 
-def _routing_section(table: BenchmarkTable) -> list[str]:
-    """Per-run heatmaps of the final stage's per-domain expert utilization, folded away."""
-    from clbench.plots import routing_layers, utilization_figure
-
-    parts = []
-    for row in table.rows:
-        runs = [e for e in sorted(row.ok, key=lambda e: (table.orders.index(e["order_label"]), e["seed"]))
-                if e.get("expert_utilization")]
-        for e in runs:
-            layers = routing_layers(e, ROUTING_LAYERS)
-            total = len(routing_layers(e))
-            caption = (f"{row.label} · order {e['order_label']} · seed {e['seed']}: expert utilization per test "
-                       f"experience after the last stage ({len(layers)} of {total} MoE layers)")
-            parts.append(f'<figure class="routing" data-hash="{_e(e["config_hash"])}"><img alt="{_e(caption)}" '
-                         f'src="{_png(utilization_figure(e, layers))}"><figcaption>{_e(caption)}</figcaption></figure>')
-    if not parts:
-        return []
-    return ["<details><summary>Expert utilization (rows: test experience; columns: expert)</summary>",
-            '<div class="grid">', *parts, "</div></details>"]
-
-
 # -- README ---------------------------------------------------------------------------------
 def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
@@ -187,11 +197,11 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
                  f"device {', '.join(info['devices']) or 'unknown'} · torch {', '.join(info['torch']) or 'unknown'}")
     lines += ["", f"Regenerate: `{_regenerate(root_arg, manifest)}` (runs only what is missing; add `--force` "
                   "to rerun every entry after a code change)", "",
-              f"{NOTES} Open [`index.html`]({INDEX}) for the sortable table, R-matrix heatmaps of every run "
-              "and per-order charts; `clbench compare` gives the comparison across task orders.", ""]
+              f"{NOTES} Open [`index.html`]({INDEX}) for the sortable table and per-order charts (each strategy "
+              "links to its runs' R-matrix heatmaps); `clbench compare` gives the comparison across task orders.", ""]
     for table in tables:
         lines += [f"## {table.label}", "", _meta_line(_bench_meta(table)), ""]
-        for note in (direction_note(table), routing_note(table)):
+        for note in (direction_note(table), trace_note(table), routing_note(table)):
             if note:
                 lines += [note, ""]
         head = ["Rank", "Strategy", "Runs", *[_md(table.title(s)) for s in table.scores], "Wall s"]
@@ -203,8 +213,9 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
                      *[fmt(row.stats.get(s), score=s) for s in table.scores], f"{wall:.1f}" if wall is not None else "—"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-        if dirty_note(table):
-            lines += [dirty_note(table), ""]
+        for note in (dirty_note(table), gmean_note(table)):
+            if note:
+                lines += [note, ""]
     failed = [e for e in entries if e["status"] == "failed"]
     if failed:
         lines += ["## Failed runs", ""]
@@ -225,7 +236,7 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def order_bar_figure(comparison: dict, metric: str = BAR_METRIC):
+def order_bar_figure(comparison: dict, metric: str = BAR_METRIC, title: str | None = None):
     """Grouped bars: one group per strategy, one bar per task order (mean over seeds)."""
     import matplotlib
 
@@ -243,7 +254,7 @@ def order_bar_figure(comparison: dict, metric: str = BAR_METRIC):
         ax.bar(x - 0.4 + width * (k + 0.5), heights, width, label=order)
     ax.set_xticks(x, [s["label"] for s in strategies], rotation=20, ha="right", fontsize=8)
     higher = comparison.get("higher_is_better", True)
-    title = TITLES.get(metric, metric) + ("" if higher else f" {arrow(higher)}")
+    title = title or TITLES.get(metric, metric) + ("" if higher else f" {arrow(higher)}")
     ax.set_ylabel(f"{title} (%)")
     if higher:
         ax.set_ylim(0, 100)
@@ -256,179 +267,154 @@ def order_bar_figure(comparison: dict, metric: str = BAR_METRIC):
     return fig
 
 
-def _heatmap(entry: dict) -> str:
-    from clbench.plots import r_matrix_figure
-
-    return _png(r_matrix_figure(entry))
-
-
 # -- HTML -----------------------------------------------------------------------------------
-CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1200px;
-       padding: 0 1rem; color: #1d2327; }
-h1 { margin-bottom: .2rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #ddd; }
-.meta, .note { color: #555; } code { background: #f3f3f3; padding: 0 .25rem; border-radius: 3px; }
-.dirty { color: #b3261e; font-weight: 600; }
-table.sortable { border-collapse: collapse; margin: .8rem 0; }
-table.sortable th, table.sortable td { padding: .3rem .6rem; border-bottom: 1px solid #e4e4e4; }
-table.sortable th { cursor: pointer; user-select: none; background: #f6f8fa; text-align: right; white-space: nowrap; }
-table.sortable th[aria-sort=ascending]::after { content: " ▲"; }
-table.sortable th[aria-sort=descending]::after { content: " ▼"; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.text, th.text { text-align: left; }
-.grid { display: flex; flex-wrap: wrap; gap: .6rem; }
-figure { margin: 0; } figcaption { font-size: 12px; color: #555; }
-"""
-
-SCRIPT = """
-(function () {
-  "use strict";
-  function key(row, i, numeric) {
-    var cell = row.cells[i];
-    var raw = cell.hasAttribute("data-value") ? cell.getAttribute("data-value") : cell.textContent;
-    return numeric ? (raw === "" ? NaN : parseFloat(raw)) : raw.toLowerCase();
-  }
-  function sortTable(table, i, dir) {
-    var head = table.tHead.rows[0].cells;
-    var numeric = head[i].getAttribute("data-type") === "num";
-    var body = table.tBodies[0];
-    var rows = Array.prototype.slice.call(body.rows);
-    rows.sort(function (a, b) {
-      var x = key(a, i, numeric), y = key(b, i, numeric);
-      if (numeric) {
-        if (isNaN(x) || isNaN(y)) { return isNaN(x) - isNaN(y); }
-        return dir === "asc" ? x - y : y - x;
-      }
-      return dir === "asc" ? x.localeCompare(y) : y.localeCompare(x);
-    });
-    rows.forEach(function (r) { body.appendChild(r); });
-    Array.prototype.forEach.call(head, function (c) { c.removeAttribute("aria-sort"); });
-    head[i].setAttribute("aria-sort", dir === "asc" ? "ascending" : "descending");
-  }
-  var tables = document.querySelectorAll("table.sortable");
-  Array.prototype.forEach.call(tables, function (table) {
-    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, i) {
-      th.tabIndex = 0;
-      function go() {
-        var now = th.getAttribute("aria-sort");
-        var dir = now ? (now === "ascending" ? "desc" : "asc") : (th.getAttribute("data-first") || "desc");
-        sortTable(table, i, dir);
-      }
-      th.addEventListener("click", go);
-      th.addEventListener("keydown", function (e) { if (e.key === "Enter") { go(); } });
-    });
-    table.setAttribute("data-sortable-ready", "1");
-  });
-  var params = new URLSearchParams(window.location.search);
-  var wanted = params.get("sort");
-  if (wanted) {
-    Array.prototype.forEach.call(tables, function (table) {
-      var head = Array.prototype.slice.call(table.tHead.rows[0].cells);
-      var i = head.findIndex(function (c) { return c.getAttribute("data-key") === wanted; });
-      if (i >= 0) { sortTable(table, i, params.get("dir") === "asc" ? "asc" : "desc"); }
-    });
-  }
-  document.documentElement.setAttribute("data-ready", "1");
-})();
-"""
-
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
        "base-uri 'none'; form-action 'none'")
 
 
-def _e(text) -> str:
-    return html.escape(str(text), quote=True)
+def _templates():
+    """The page templates (``clbench/leaderboard/templates``), HTML-escaped by default."""
+    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+    return Environment(loader=PackageLoader("clbench.leaderboard", "templates"), undefined=StrictUndefined,
+                       autoescape=select_autoescape(["html", "j2"]), keep_trailing_newline=True)
 
 
-def _html_table(table: BenchmarkTable) -> str:
-    cols = [("rank", "Rank", "num", "asc"), ("strategy", "Strategy", "text", "asc"), ("runs", "Runs", "num", "desc")]
-    cols += [(s, table.title(s), "num", "desc" if table.higher.get(s, True) else "asc") for s in table.scores]
-    cols.append(("wall", "Wall s", "num", "asc"))
-    head = "".join(f'<th data-key="{k}" data-type="{t}" data-first="{d}" class="{t}" scope="col">{_e(title)}</th>'
-                   for k, title, t, d in cols)
-    body = []
+def detail_name(table: BenchmarkTable, row) -> str:
+    """The run page of a table row, relative to the leaderboard directory (stable across renders)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{table.label} {row.label}".lower()).strip("-")[:60]
+    digest = hashlib.sha256(f"{table.key}\n{row.key}".encode()).hexdigest()[:10]
+    return f"{DETAILS}/{slug}-{digest}.html"
+
+
+def _cell(stat, score: str) -> dict:
+    if stat is None:
+        return {"value": "", "n": None, "mean": "—", "sd": None}
+    return {"value": repr(stat.mean), "n": stat.n, "mean": number(stat.mean, score),
+            "sd": None if stat.std is None else number(stat.std, score)}
+
+
+def _table_context(table: BenchmarkTable) -> dict:
+    columns = [{"key": "rank", "title": "Rank", "type": "num", "first": "asc"},
+               {"key": "strategy", "title": "Strategy", "type": "text", "first": "asc"},
+               {"key": "runs", "title": "Runs", "type": "num", "first": "desc"}]
+    columns += [{"key": s, "title": table.title(s), "type": "num", "first": "desc" if table.higher.get(s, True)
+                 else "asc"} for s in table.scores]
+    columns.append({"key": "wall", "title": "Wall s", "type": "num", "first": "asc"})
+    rows = []
     for row in table.rows:
-        cells = [f'<td class="num" data-value="{row.rank if row.rank is not None else ""}">{row.rank or "—"}</td>',
-                 f'<td class="text">{_e(row.label)}' + (f' <sup class="dirty" title="made from uncommitted code">'
-                                                        f'{DIRTY_MARK}</sup>' if row.dirty else "") + '</td>',
-                 f'<td class="num" data-value="{len(row.ok)}">{_e(runs_cell(row))}</td>']
-        for s in table.scores:
-            stat = row.stats.get(s)
-            value = "" if stat is None else repr(stat.mean)
-            title = "" if stat is None else f' title="n = {stat.n}"'
-            cells.append(f'<td class="num" data-value="{value}"{title}>{_e(fmt(stat, score=s))}</td>')
         wall = row.wall_seconds
-        cells.append(f'<td class="num" data-value="{"" if wall is None else repr(wall)}">'
-                     f'{"—" if wall is None else f"{wall:.1f}"}</td>')
-        body.append(f'<tr data-strategy="{_e(row.label)}">' + "".join(cells) + "</tr>")
-    return (f'<table class="sortable" data-benchmark="{_e(table.label)}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+        rows.append({"label": row.label, "rank": row.rank or "—", "rank_value": "" if row.rank is None else row.rank,
+                     "detail": detail_name(table, row) if row.ok else None, "dirty": bool(row.dirty),
+                     "runs": runs_cell(row), "runs_value": len(row.ok),
+                     "cells": [_cell(row.stats.get(s), s) for s in table.scores],
+                     "wall": "—" if wall is None else f"{wall:.1f}", "wall_value": "" if wall is None else repr(wall)})
+    orders = None
+    if BAR_METRIC in table.scores:
+        comparison = compare_table(table, BAR_METRIC)
+        rs = comparison["rank_stability"]
+        tau = rs["kendall_tau_mean"]
+        orders = {"tau": "—" if tau is None else f"{tau:.3f}", "pairs": len(rs["pairs"]),
+                  "title": table.title(BAR_METRIC), "png": _png(order_bar_figure(comparison, title=table.title(BAR_METRIC)))}
+    after = [(note, "dirty") for note in [dirty_note(table)] if note]
+    after += [(note, "") for note in [gmean_note(table, page=True)] if note]
+    return {"label": table.label, "meta": _meta_line(_bench_meta(table)), "columns": columns, "rows": rows,
+            "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table)) if n],
+            "after": after, "orders": orders}
 
 
-def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, root_arg: str) -> str:
-    parts = ['<!DOCTYPE html>', '<html lang="en"><head><meta charset="utf-8">',
-             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             "<title>clbench leaderboard</title>", f"<style>{CSS}</style></head><body>", "<h1>clbench leaderboard</h1>"]
-    manifest = info["suite"]
-    if manifest:
-        desc = f": {_e(manifest['description'])}" if manifest.get("description") else ""
-        parts.append(f'<p class="meta">Suite <code>{_e(manifest["name"])}</code> '
-                     f'(<code>{_e(manifest.get("source", ""))}</code>){desc}</p>')
+def _failed(entries: list[dict]) -> list[dict]:
+    return [{"strategy": e["strategy"]["name"], "benchmark": e["benchmark"]["name"], "order": e["order_label"],
+             "seed": e["seed"], "hash": e["config_hash"][:12], "error": e["error"]}
+            for e in entries if e["status"] == "failed"]
+
+
+def _status(info: dict) -> str:
     status = f"{info['runs']} runs" + (f", {info['failed']} failed" if info["failed"] else "")
     if info["missing"]:
         status += f", {info['missing']} of the suite's runs not yet run"
     if info["dirty"]:
         status += f", {info['dirty']} made from uncommitted code ({DIRTY_MARK})"
-    parts.append(f'<p class="meta">{_e(status)} · {_e(", ".join(info["harness"]))} · commit '
-                 f'{_e(", ".join(info["commits"]) or "unknown")} · device {_e(", ".join(info["devices"]) or "unknown")}'
-                 f' · torch {_e(", ".join(info["torch"]) or "unknown")}</p>')
-    parts.append(f'<p class="meta">Regenerate: <code>{_e(_regenerate(root_arg, manifest))}</code></p>')
-    parts.append(f'<p class="note">{_e(NOTES)} Click a column header to sort.</p>')
-    for table in tables:
-        parts.append(f'<section class="benchmark" id="{_e(table.label)}"><h2>{_e(table.label)}</h2>')
-        parts.append(f'<p class="meta">{_e(_meta_line(_bench_meta(table)))}</p>')
-        for note in (direction_note(table), routing_note(table)):
-            if note:
-                parts.append(f'<p class="note">{_e(note)}</p>')
-        parts.append(_html_table(table))
-        if dirty_note(table):
-            parts.append(f'<p class="note dirty">{_e(dirty_note(table))}</p>')
-        if BAR_METRIC in table.scores:
-            comparison = compare_table(table, BAR_METRIC)
-            rs = comparison["rank_stability"]
-            tau = rs["kendall_tau_mean"]
-            parts.append(f'<h3>Across task orders</h3><p class="meta">Rank stability across orders: Kendall\'s tau '
-                         f'{"—" if tau is None else f"{tau:.3f}"} (mean over {len(rs["pairs"])} order pairs).</p>')
-            parts.append(f'<img class="orders" alt="{_e(table.label)}: ACC per task order" '
-                         f'src="{_png(order_bar_figure(comparison))}">')
-        parts.append("<h3>R matrices (rows: after training stage; columns: test experience; %)</h3>")
-        for row in table.rows:
-            runs = sorted(row.ok, key=lambda e: (table.orders.index(e["order_label"]), e["seed"]))
-            if not runs:
-                continue
-            parts.append(f'<h4>{_e(row.label)}</h4><div class="grid">')
-            for e in runs:
-                acc = e["scores"].get(RANK_BY)
-                caption = f"order {e['order_label']} · seed {e['seed']}" + (
-                    f" · ACC {100 * acc:.1f}" if isinstance(acc, (int, float)) else "") + (
-                    f" · {DIRTY_MARK} uncommitted code" if made_dirty(e) else "")
-                parts.append(f'<figure class="heatmap" data-hash="{_e(e["config_hash"])}">'
-                             f'<img alt="R matrix of {_e(row.label)}, {_e(caption)}" src="{_heatmap(e)}">'
-                             f"<figcaption>{_e(caption)}</figcaption></figure>")
-            parts.append("</div>")
-        parts += _routing_section(table)
-        parts.append("</section>")
-    failed = [e for e in entries if e["status"] == "failed"]
-    if failed:
-        parts.append('<section id="failed"><h2>Failed runs</h2><ul>')
-        for e in failed:
-            parts.append(f"<li>{_e(e['strategy']['name'])} on {_e(e['benchmark']['name'])}, order "
-                         f"{_e(e['order_label'])}, seed {e['seed']} (<code>{_e(e['config_hash'][:12])}</code>): "
-                         f"{_e(e['error'])}</li>")
-        parts.append("</ul></section>")
-    parts.append(f"<script>{SCRIPT}</script></body></html>")
-    return "\n".join(parts) + "\n"
+    return (f"{status} · {', '.join(info['harness'])} · commit {', '.join(info['commits']) or 'unknown'} · device "
+            f"{', '.join(info['devices']) or 'unknown'} · torch {', '.join(info['torch']) or 'unknown'}")
+
+
+def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, root_arg: str) -> str:
+    """``index.html``: the tables and per-order charts; no heatmap (those are on the run pages)."""
+    manifest = info["suite"]
+    suite = None if not manifest else {"name": manifest["name"], "source": manifest.get("source", ""),
+                                       "description": manifest.get("description")}
+    return _templates().get_template("index.html.j2").render(
+        csp=CSP, suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest), notes=NOTES,
+        tables=[_table_context(t) for t in tables], failed=_failed(entries), dirty_mark=DIRTY_MARK)
+
+
+def _runs(table: BenchmarkTable, row) -> list[dict]:
+    return sorted(row.ok, key=lambda e: (table.orders.index(e["order_label"]), e["seed"]))
+
+
+def _run_caption(e: dict, title: str) -> str:
+    acc = e["scores"].get(RANK_BY)
+    return (f"order {e['order_label']} · seed {e['seed']}"
+            + (f" · {title} {100 * acc:.1f}" if isinstance(acc, (int, float)) else "")
+            + (f" · {DIRTY_MARK} uncommitted code" if made_dirty(e) else ""))
+
+
+def _recall_lines(e: dict) -> dict | None:
+    """A run's final per-class recall (``recall_final``) as table lines, in percent; None if not recorded."""
+    recall = e.get("recall_final")
+    if not recall:
+        return None
+    gmeans = (e.get("matrices") or {}).get("gmean") or [[]]
+    lines = []
+    named = list(zip(e["experiences"], recall.get("columns") or [], gmeans[-1] + [None] * len(e["experiences"])))
+    if recall.get("global") is not None:
+        named.append(("global test set", recall["global"], (e.get("scores") or {}).get("global_gmean")))
+    for name, values, gmean in named:
+        if values is None:
+            continue
+        lines.append({"name": name, "cells": [{"text": "·" if v is None else f"{100 * v:.0f}", "zero": v == 0}
+                                              for v in values],
+                      "gmean": "—" if gmean is None else f"{100 * gmean:.1f}"})
+    width = max((len(line["cells"]) for line in lines), default=0)
+    return {"lines": lines, "classes": list(range(width))}
+
+
+RECALL_NOTE = ("Recall of each class (columns) on each test experience and on the stream-wide test set (rows) after "
+               "the last stage; · marks a class with no test sample there. G-mean is the geometric mean of a row's "
+               "recalls, so one class never predicted (recall 0, in red) makes it 0.")
+RECALL_MISSING = ("These entries do not record per-class recall (recall_final, written by runs since it was added); "
+                  "rerun them with --force to see which classes make G-mean 0.")
+
+
+def render_run_page(table: BenchmarkTable, row) -> str:
+    """A row's page: its runs' R-matrix heatmaps, final per-class recall and expert utilization."""
+    from clbench.plots import r_matrix_figure, routing_layers, utilization_figure
+
+    title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
+    runs = _runs(table, row)
+    heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": _png(r_matrix_figure(e))}
+                for e in runs]
+    recalls = []
+    for e in runs:
+        lines = _recall_lines(e)
+        if lines:
+            recalls.append({"hash": e["config_hash"], "caption": _run_caption(e, title), **lines})
+    imbalance = any("gmean_final" in e["scores"] or "global_gmean" in e["scores"] for e in runs)
+    recall_note = RECALL_NOTE if recalls else RECALL_MISSING if imbalance else None
+    routing = []
+    for e in runs:
+        if not e.get("expert_utilization"):
+            continue
+        layers = routing_layers(e, ROUTING_LAYERS)
+        caption = (f"order {e['order_label']} · seed {e['seed']}: expert utilization per test experience after the "
+                   f"last stage ({len(layers)} of {len(routing_layers(e))} MoE layers)")
+        routing.append({"hash": e["config_hash"], "caption": caption, "png": _png(utilization_figure(e, layers))})
+    summary = f"{runs_cell(row)} runs · " + " · ".join(f"{table.title(s)} {fmt(row.stats.get(s), score=s)}"
+                                                       for s in table.scores)
+    return _templates().get_template("run.html.j2").render(
+        csp=CSP, label=row.label, benchmark=table.label, index=INDEX, summary=summary, heatmaps=heatmaps,
+        recalls=recalls, recall_note=recall_note, routing=routing)
 
 
 def render(root: str | Path) -> tuple[Path, Path]:
@@ -450,5 +436,15 @@ def render(root: str | Path) -> tuple[Path, Path]:
     info = _provenance(entries, root, manifest)
     readme, index = root / README, root / INDEX
     write_text(readme, render_readme(tables, entries, info, root_arg))
+    written = set()
+    for table in tables:
+        for row in table.rows:
+            if row.ok:
+                name = detail_name(table, row)
+                write_text(root / name, render_run_page(table, row))
+                written.add(root / name)
+    for stale in sorted((root / DETAILS).glob("*.html")):  # pages of rows no longer in the tables
+        if stale not in written:
+            stale.unlink()
     write_text(index, render_html(tables, entries, info, root_arg))
     return readme, index

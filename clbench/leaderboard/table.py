@@ -382,7 +382,7 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
                 cells.append(f"{wall:.1f}" if wall is not None else "—")
             table.add_row(str(row.rank or "—"), row.label, runs_cell(row), *cells)
         console.print(table)
-        hidden = [TITLES.get(s, s) for s in t.scores if s not in scores] + (["wall time"] if narrow else [])
+        hidden = [t.title(s) for s in t.scores if s not in scores] + (["wall time"] if narrow else [])
         if hidden:
             console.print(f"  (also {', '.join(hidden)}: widen the terminal, or see the rendered README.md)",
                           style="dim", highlight=False)
