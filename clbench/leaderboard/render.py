@@ -140,8 +140,8 @@ def gmean_note(table: BenchmarkTable, page: bool = False) -> str | None:
     where = ("a strategy's page (click its name) shows the per-class recall after the last stage" if page else
              f"each strategy's page, linked from {INDEX}, shows the per-class recall after the last stage")
     return (f"G-mean is the geometric mean of per-class recalls, so it is 0 as soon as one class is never predicted "
-            f"correctly (recall 0), as happens to the classes of earlier experiences once a model forgets them: "
-            f"{len(zero)} of {len(runs)} runs here score a G-mean of 0 on some test set; {where}.")
+            f"correctly (recall 0), as happens to the classes of earlier experiences once a model forgets them. "
+            f"G-mean is 0 on some test set in {len(zero)} of {len(runs)} runs here; {where}.")
 
 
 DIRTY_MARK = "†"

@@ -358,6 +358,8 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
     from rich import box
     from rich.table import Table
 
+    from clbench.leaderboard.render import gmean_note
+
     console = console or console_for_tables()
     for t in tables:
         label_width = max([len(r.label) for r in t.rows] + [8])
@@ -386,5 +388,8 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
         if hidden:
             console.print(f"  (also {', '.join(hidden)}: widen the terminal, or see the rendered README.md)",
                           style="dim", highlight=False)
+        note = gmean_note(t) if any(s in scores for s in ("gmean_final", "global_gmean")) else None
+        if note:
+            console.print(f"  {note}", style="dim", highlight=False)
     if not tables:
         console.print("no entries")
