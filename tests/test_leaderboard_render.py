@@ -285,20 +285,23 @@ def test_header_says_which_scoring_made_a_text_benchmarks_numbers():
     assert "scoring" not in _meta_line({**meta, "scorings": []})
 
 
-def test_acc_is_labelled_op_on_trace_scored_tables():
-    """Where every run was scored by TRACE's scripts, R's final mean is TRACE's OP (a mean over
-    each task's own metric), not an accuracy, and the tables say so."""
+def test_acc_is_labelled_op_on_trace_streams():
+    """On a text stream whose tasks have metrics of their own, R's final mean is TRACE's OP (a mean
+    over each task's own metric), not an accuracy, and the tables say so and how it was scored."""
     from clbench.leaderboard.render import trace_note
     from clbench.leaderboard.table import BenchmarkTable
 
-    def table(scorings):
+    def table(scorings, names=("exact_match", "rouge_l", "sari")):
         return BenchmarkTable(key="k", name="trace", label="trace", scores=["acc", "bwt"], rows=[],
-                              higher={"acc": True, "bwt": True}, scorings=scorings)
+                              higher={"acc": True, "bwt": True}, r_names=list(names), scorings=scorings)
 
     assert table(["trace"]).title("acc") == "OP (TRACE)" and table(["trace"]).title("bwt") == "BWT"
-    assert "ranked by OP (TRACE)" == table(["trace"]).ranked_by() and trace_note(table(["trace"]))
-    for other in ([], ["normalized"], ["mixed"], ["normalized", "trace"]):
-        assert table(other).title("acc") == "ACC" and trace_note(table(other)) is None
+    assert table(["trace"]).ranked_by() == "ranked by OP (TRACE)"
+    assert "rouge_l" in trace_note(table(["trace"])) and "TRACE's own scripts" in trace_note(table(["trace"]))
+    for lenient in (["normalized"], ["mixed"], ["normalized", "trace"]):
+        assert table(lenient).title("acc") == "OP" and "not comparable" in trace_note(table(lenient))
+    for plain in (table([]), table(["trace"], names=["exact_match"] * 3), table([], names=[])):
+        assert plain.title("acc") == "ACC" and trace_note(plain) is None
 
 
 def test_a_gmean_of_zero_is_explained_under_the_table():

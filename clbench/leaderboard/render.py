@@ -119,13 +119,16 @@ NOTES = ("Scores are percentages: mean ± sample standard deviation over task or
          "Forgetting are undefined (—).")
 
 
-TRACE_NOTE = ("OP (TRACE) is TRACE's overall performance: the final mean over tasks of each task's own metric "
-              "(accuracy, ROUGE-L, SARI or edit similarity, as TRACE's scripts score it), shown where ACC is for "
-              "other streams; AIA, BWT, FWT and Forgetting are computed from the same R.")
-
-
 def trace_note(table: BenchmarkTable) -> str | None:
-    return TRACE_NOTE if table.trace_op else None
+    """What OP is, on a table whose ACC column is headed OP (see BenchmarkTable.op_title)."""
+    title = table.op_title
+    if title is None:
+        return None
+    how = ("as TRACE's own scripts score it" if title == "OP (TRACE)" else
+           "scored leniently, so not comparable with papers")
+    return (f"{title} is TRACE's overall performance: the final mean over tasks of each task's own metric "
+            f"({', '.join(dict.fromkeys(table.r_names))}; {how}), in the place of ACC; AIA, BWT, FWT and "
+            "Forgetting are computed from the same R.")
 
 
 GMEAN_SCORES = ("gmean_final", "global_gmean")

@@ -156,13 +156,17 @@ class BenchmarkTable:
         return not self.r_higher
 
     @property
-    def trace_op(self) -> bool:
-        """Whether ACC is TRACE's OP: every run scored by TRACE's own evaluation, so the final mean
-        is over each task's own metric (accuracy, ROUGE-L, SARI, edit similarity), not an accuracy."""
-        return self.scorings == ["trace"]
+    def op_title(self) -> str | None:
+        """What ACC is headed on a generated-text stream whose tasks have metrics of their own
+        (TRACE: accuracy, ROUGE-L, SARI, edit similarity): R's final mean is then TRACE's overall
+        performance (OP), not an accuracy; "OP (TRACE)" where every run was scored by TRACE's own
+        scripts, "OP" where the lenient scoring made it. None for other tables."""
+        if not self.scorings or len(set(self.r_names)) < 2:
+            return None
+        return "OP (TRACE)" if self.scorings == ["trace"] else "OP"
 
     def title(self, score: str) -> str:
-        title = "OP (TRACE)" if score == RANK_BY and self.trace_op else TITLES.get(score, score)
+        title = self.op_title if score == RANK_BY and self.op_title else TITLES.get(score, score)
         return f"{title} {arrow(self.higher.get(score, True))}" if self.marked and score not in PLAIN_SCORES else title
 
     def ranked_by(self) -> str:
