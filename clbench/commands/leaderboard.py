@@ -161,10 +161,10 @@ def handle_run(args: argparse.Namespace) -> int:
 
 
 def handle_render(args: argparse.Namespace) -> int:
-    from clbench.leaderboard.render import render
+    from clbench.leaderboard.render import DETAILS, render
 
     readme, index = render(args.dir)
-    print(f"wrote {readme} and {index}")
+    print(f"wrote {readme}, {index} and {index.parent / DETAILS}/")
     return 0
 
 
