@@ -376,6 +376,7 @@ def test_bad_input_is_one_clean_line_and_exit_2(prepared, tmp_path, capfd):
 PROCESS_CASES = [c for c in CASES if c.process]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prepared", PROCESS_CASES, ids=[c.id for c in PROCESS_CASES], indirect=True)
 def test_bad_input_in_a_new_process(prepared, tmp_path):
     case, argv, out = prepared

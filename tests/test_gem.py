@@ -4,8 +4,8 @@ module (trainable parameters only), its seeded memory, and digits runs through t
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -16,9 +16,11 @@ from torch import nn
 from clbench.data import ArrayDataset, make_loader
 from clbench.build import check_init_args
 from clbench.errors import UserError
-from clbench.module import ContinualModule
 from clbench.streams import Experience
 from strategies.gem import GEM, project, solve_dual
+
+if TYPE_CHECKING:
+    from clbench.module import ContinualModule
 
 pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
@@ -87,6 +89,8 @@ def make_experience(position: int, n: int = 24, seed: int = 0) -> Experience:
 
 
 def make_module(strategy) -> ContinualModule:
+    from clbench.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
+
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
     return ContinualModule(model, strategy, num_classes=4, num_columns=1,
@@ -166,6 +170,8 @@ def test_gem_rejects_bad_settings():
 
 
 def test_gem_trains_through_lightning_with_memory():
+    import lightning.pytorch as pl
+
     experiences = [make_experience(p) for p in range(2)]
     strategy = GEM(patterns_per_experience=8)
     module = make_module(strategy)

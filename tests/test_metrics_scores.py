@@ -6,10 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from avalanche.evaluation.functional import forgetting as avalanche_forgetting_matrix
-from avalanche.evaluation.metrics.forgetting_bwt import BWT as AvalancheBWT
-from avalanche.evaluation.metrics.forgetting_bwt import Forgetting as AvalancheForgetting
-from avalanche.evaluation.metrics.forward_transfer import ForwardTransfer as AvalancheFWT
 
 from clbench.errors import UserError
 from clbench.metrics import SCORE_KEYS, cl_scores
@@ -118,8 +114,15 @@ def test_bad_shapes_and_weights_are_rejected():
 
 
 # -- Avalanche as the independent reference ------------------------------------------------------
+# (imported in the tests: avalanche takes seconds to import, and collecting the suite need not)
 def _random_r(seed, t):
     return np.random.default_rng(seed).uniform(0.05, 0.95, size=(t, t))
+
+
+def avalanche_forgetting_matrix(r):
+    from avalanche.evaluation.functional import forgetting
+
+    return forgetting(r)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -130,6 +133,9 @@ def test_bwt_equals_minus_avalanche_forgetting(seed):
     final = avalanche_forgetting_matrix(r)[-1, :-1]
     assert s["bwt"] == pytest.approx(-final.mean(), abs=1e-12)
     # standalone metric objects: first value right after training, last value at the end
+    from avalanche.evaluation.metrics.forgetting_bwt import BWT as AvalancheBWT
+    from avalanche.evaluation.metrics.forgetting_bwt import Forgetting as AvalancheForgetting
+
     fgt, bwt = AvalancheForgetting(), AvalancheBWT()
     for j in range(4):
         for metric in (fgt, bwt):
@@ -157,6 +163,8 @@ def test_forgetting_coincides_with_avalanche_only_without_later_gains(seed):
 def test_fwt_equals_avalanche_forward_transfer(seed):
     r = _random_r(seed, 6)
     init = np.random.default_rng(100 + seed).uniform(0, 0.3, 6)
+    from avalanche.evaluation.metrics.forward_transfer import ForwardTransfer as AvalancheFWT
+
     fwt = AvalancheFWT()
     for j in range(1, 6):
         fwt.update(j, init[j], initial=True)

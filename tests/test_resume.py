@@ -48,7 +48,7 @@ def _cli(args: list[str], kill_at: str | None = None) -> subprocess.CompletedPro
     if kill_at:
         env["CLBENCH_TEST_KILL_AT"] = kill_at
     return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=300)
 
 
 def _parallel(jobs: dict):
@@ -69,18 +69,40 @@ def _scalars(out: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+# kill points a test needs beyond its own ``point`` parameter
+_POINTS_OF = {"test_a_kill_while_writing_leaves_the_previous_file_whole": ["stage:1:checkpoint", "result"],
+              "test_killed_in_the_first_experience_there_is_nothing_to_resume": [FIRST_EXPERIENCE]}
+
+
+def _selected(request) -> tuple[set[str], bool]:
+    """The kill points the selected tests of this module use, and whether any uses the reference."""
+    points, reference = set(), False
+    for item in request.session.items:
+        if item.module is not request.module:
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "point" in callspec.params:
+            points.add(callspec.params["point"])
+        points.update(_POINTS_OF.get(item.originalname, []))
+        reference = reference or "reference" in item.fixturenames
+    return points, reference
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    """The reference run, every kill point killed and then resumed, and the first-experience kill."""
+def runs(tmp_path_factory, request) -> dict:
+    """The reference run, every kill point the selected tests use killed and then resumed, and
+    the first-experience kill: independent runs side by side, each process with its own limit;
+    selecting one test runs only what it reads."""
     root = tmp_path_factory.mktemp("resume")
     config = root / "config.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    outs = {name: root / name.replace(":", "_") for name in [*KILL_POINTS, FIRST_EXPERIENCE]}
+    points, with_reference = _selected(request)
+    outs = {name: root / name.replace(":", "_") for name in [*KILL_POINTS, FIRST_EXPERIENCE] if name in points}
 
     def run(out: Path, *extra: str, kill_at: str | None = None):
         return lambda: _cli(["run", "--config", str(config), "--output", str(out), "--no-progress", *extra], kill_at)
 
-    jobs = {"reference": run(root / "reference")}
+    jobs = {"reference": run(root / "reference")} if with_reference else {}
     jobs.update({name: run(out, kill_at=name) for name, out in outs.items()})
     killed = _parallel(jobs)
     after_kill = {}
@@ -91,7 +113,8 @@ def runs(tmp_path_factory) -> dict:
             "checkpoint": torch.load(ckpt, map_location="cpu", weights_only=True) if ckpt.exists() else None,
         }
     resumed = _parallel({name: run(out, "--resume") for name, out in outs.items()})
-    rerun = _cli(["run", "--config", str(config), "--output", str(outs[FIRST_EXPERIENCE]), "--no-progress"])
+    rerun = (_cli(["run", "--config", str(config), "--output", str(outs[FIRST_EXPERIENCE]), "--no-progress"])
+             if FIRST_EXPERIENCE in outs else None)
     return {"root": root, "config": config, "outs": outs, "killed": killed, "after_kill": after_kill,
             "resumed": resumed, "rerun": rerun}
 
@@ -103,6 +126,7 @@ def reference(runs) -> dict:
     return json.loads((runs["root"] / "reference" / "result.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_killed_run_resumes_to_the_uninterrupted_result(point, runs, reference):
     killed = runs["killed"][point]
@@ -127,6 +151,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(point, runs, reference):
     assert _scalars(out, "train/loss") == _scalars(runs["root"] / "reference", "train/loss")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_checkpoint_left_by_a_kill_is_complete_and_loads_weights_only(point, runs):
     ckpt = runs["after_kill"][point]["checkpoint"]
@@ -141,6 +166,7 @@ def test_checkpoint_left_by_a_kill_is_complete_and_loads_weights_only(point, run
     assert set(ckpt["model"]) == {"1.weight", "1.bias", "4.weight", "4.bias", "7.weight", "7.bias"}
 
 
+@pytest.mark.slow
 def test_a_kill_while_writing_leaves_the_previous_file_whole(runs):
     listing = runs["after_kill"]["stage:1:checkpoint"]["listing"]
     assert "checkpoint.pt" in listing
@@ -150,6 +176,7 @@ def test_a_kill_while_writing_leaves_the_previous_file_whole(runs):
     assert any(name.startswith(".result.json.") and name.endswith(".tmp") for name in listing), listing
 
 
+@pytest.mark.slow
 def test_killed_in_the_first_experience_there_is_nothing_to_resume(runs, reference):
     assert runs["killed"][FIRST_EXPERIENCE].returncode == -9
     assert runs["after_kill"][FIRST_EXPERIENCE]["checkpoint"] is None
@@ -167,6 +194,7 @@ def test_killed_in_the_first_experience_there_is_nothing_to_resume(runs, referen
                                                                                "train/loss")
 
 
+@pytest.mark.slow
 def test_an_interrupted_leaderboard_run_completes_with_every_entry_once(tmp_path):
     """Kill a suite mid-experience, between two runs and while a result is written; rerun each time."""
     from clbench.leaderboard.entries import load_entries, read_entry
@@ -213,6 +241,7 @@ def test_an_interrupted_leaderboard_run_completes_with_every_entry_once(tmp_path
     assert not any(p.name.endswith(".tmp") for p in board.rglob("*"))
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(runs, reference):
     """SIGINT (Ctrl-C) while the second experience trains: exit 130, then --resume finishes it.
 

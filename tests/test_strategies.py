@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import copy
 import io
+from typing import TYPE_CHECKING
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
 from clbench.data import ArrayDataset, make_loader
 from clbench.errors import UserError
-from clbench.module import ContinualModule
 from clbench.streams import Experience
 from strategies.agem import AGEM, project
 from strategies.ewc import EWC, diagonal_fisher
 from strategies.lwf import LwF, distillation
 from strategies.replay import Replay, balanced_quotas, reservoir_update
+
+if TYPE_CHECKING:
+    from clbench.module import ContinualModule
 
 pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
@@ -44,6 +45,8 @@ def tiny_model(dim: int = 4, classes: int = 4, seed: int = 0) -> nn.Module:
 
 
 def make_module(strategy, model=None, lr: float = 0.1) -> ContinualModule:
+    from clbench.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
+
     model = model if model is not None else tiny_model()
     return ContinualModule(model, strategy, num_classes=4, num_columns=1,
                            optimizer=lambda params: torch.optim.SGD(params, lr=lr))
@@ -55,7 +58,16 @@ def loader_factory(batch_size: int = 8):
     return factory
 
 
+def is_combined(loader) -> bool:
+    """Whether a strategy's train loader pairs each batch with a memory batch (Lightning's CombinedLoader)."""
+    from lightning.pytorch.utilities import CombinedLoader
+
+    return isinstance(loader, CombinedLoader)
+
+
 def fit(module, loader, epochs: int = 1) -> None:
+    import lightning.pytorch as pl
+
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, train_dataloaders=loader)
@@ -214,13 +226,13 @@ def test_replay_concatenates_a_memory_batch_to_every_step():
     strategy.setup(None, experiences, 0)
     module = make_module(strategy)
     first = train_experience(strategy, module, experiences[0])
-    assert not isinstance(first, CombinedLoader)
+    assert not is_combined(first)
     assert all(not combined for combined, _ in strategy.batches)
     strategy.batches = []
     memory = {tuple(r) for r in strategy.buffer.tolist()}
     assert len(memory) == 10
     second = train_experience(strategy, module, experiences[1])
-    assert isinstance(second, CombinedLoader)
+    assert is_combined(second)
     assert len(strategy.batches) == 6  # 48 samples in batches of 8: the memory never runs out first
     for combined, x in strategy.batches:
         assert combined and len(x) == 8 + 5
@@ -608,9 +620,9 @@ def test_agem_trains_with_a_memory_batch_every_step():
     strategy.setup(None, experiences, 0)
     module = make_module(strategy)
     first = train_experience(strategy, module, experiences[0])
-    assert not isinstance(first, CombinedLoader) and Counting.steps == 0
+    assert not is_combined(first) and Counting.steps == 0
     second = train_experience(strategy, module, experiences[1])
-    assert isinstance(second, CombinedLoader) and Counting.steps == 4
+    assert is_combined(second) and Counting.steps == 4
 
 
 # -- end to end ------------------------------------------------------------------------------

@@ -7,14 +7,12 @@ import io
 import json
 import random
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from helpers import LIGHTNING_NOISE, crash_at, tiny_config
 
 from clbench.data import make_loader
 from clbench.errors import UserError
-from clbench.module import ContinualModule
 from clbench.streams import Experience, StreamSpec
 from strategies.lora import (
     SeqLoRA,
@@ -57,6 +55,7 @@ def stream(n: int = 16) -> list[Experience]:
 
 
 def build(strategy, experiences, model=None, lr: float = 0.01):
+    from clbench.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
     from clbench.objectives.causal_lm import CausalLanguageModeling
 
     model = model if model is not None else lm()
@@ -80,6 +79,8 @@ def train(module, experience, steps: int = 3) -> None:
     strategy = module.strategy
     strategy.before_experience(module, experience)
     loader = strategy.train_loader(module, strategy.train_dataset(experience), factory(module))
+    import lightning.pytorch as pl
+
     pl.Trainer(max_epochs=1, limit_train_batches=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                enable_progress_bar=False, enable_model_summary=False).fit(module, train_dataloaders=loader)
     strategy.after_experience(module, experience)
