@@ -51,12 +51,6 @@ def _cli(args: list[str], kill_at: str | None = None) -> subprocess.CompletedPro
                           text=True, timeout=300)
 
 
-def _parallel(jobs: dict):
-    with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
-        futures = {name: pool.submit(fn) for name, fn in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}
-
-
 def _listing(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir()) if out.exists() else []
 
@@ -88,35 +82,47 @@ def _selected(request) -> tuple[set[str], bool]:
     return points, reference
 
 
+class _AsTheyFinish:
+    """One field of the runs, by kill point: reading a point waits for that point's runs only."""
+
+    def __init__(self, futures: dict, field: str):
+        self.futures, self.field = futures, field
+
+    def __getitem__(self, name: str):
+        return self.futures[name].result()[self.field]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, request) -> dict:
-    """The reference run, every kill point the selected tests use killed and then resumed, and
-    the first-experience kill: independent runs side by side, each process with its own limit;
-    selecting one test runs only what it reads."""
+def runs(tmp_path_factory, request):
+    """The reference run, and each kill point the selected tests use killed and then resumed
+    (and, for the first-experience kill, rerun from scratch). They run side by side in the
+    background from the first test on; each test waits only for the runs it reads, so its time
+    limit covers its own runs, and selecting one test runs only what it reads."""
     root = tmp_path_factory.mktemp("resume")
     config = root / "config.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     points, with_reference = _selected(request)
     outs = {name: root / name.replace(":", "_") for name in [*KILL_POINTS, FIRST_EXPERIENCE] if name in points}
 
-    def run(out: Path, *extra: str, kill_at: str | None = None):
-        return lambda: _cli(["run", "--config", str(config), "--output", str(out), "--no-progress", *extra], kill_at)
+    def cli(out: Path, *extra: str, kill_at: str | None = None):
+        return _cli(["run", "--config", str(config), "--output", str(out), "--no-progress", *extra], kill_at)
 
-    jobs = {"reference": run(root / "reference")} if with_reference else {}
-    jobs.update({name: run(out, kill_at=name) for name, out in outs.items()})
-    killed = _parallel(jobs)
-    after_kill = {}
-    for name, out in outs.items():
+    def kill_and_resume(name: str) -> dict:
+        out = outs[name]
+        killed = cli(out, kill_at=name)
         ckpt = out / "checkpoint.pt"
-        after_kill[name] = {
-            "listing": _listing(out),
-            "checkpoint": torch.load(ckpt, map_location="cpu", weights_only=True) if ckpt.exists() else None,
-        }
-    resumed = _parallel({name: run(out, "--resume") for name, out in outs.items()})
-    rerun = (_cli(["run", "--config", str(config), "--output", str(outs[FIRST_EXPERIENCE]), "--no-progress"])
-             if FIRST_EXPERIENCE in outs else None)
-    return {"root": root, "config": config, "outs": outs, "killed": killed, "after_kill": after_kill,
-            "resumed": resumed, "rerun": rerun}
+        after_kill = {"listing": _listing(out),
+                      "checkpoint": torch.load(ckpt, map_location="cpu", weights_only=True) if ckpt.exists() else None}
+        resumed = cli(out, "--resume")
+        rerun = cli(out) if name == FIRST_EXPERIENCE else None
+        return {"killed": killed, "after_kill": after_kill, "resumed": resumed, "rerun": rerun}
+
+    pool = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)))
+    futures = {"reference": pool.submit(lambda: {"killed": cli(root / "reference")})} if with_reference else {}
+    futures.update({name: pool.submit(kill_and_resume, name) for name in outs})
+    yield {"root": root, "config": config, "outs": outs,
+           **{field: _AsTheyFinish(futures, field) for field in ("killed", "after_kill", "resumed", "rerun")}}
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +191,7 @@ def test_killed_in_the_first_experience_there_is_nothing_to_resume(runs, referen
     assert refused.stderr.splitlines() == [refused.stderr.strip()]
     assert refused.stderr.startswith("clbench: error: --resume: no checkpoint to resume in ")
     assert "Traceback" not in refused.stderr
-    rerun = runs["rerun"]
+    rerun = runs["rerun"][FIRST_EXPERIENCE]
     assert rerun.returncode == 0, rerun.stderr
     result = json.loads((runs["outs"][FIRST_EXPERIENCE] / "result.json").read_text())
     assert result["r_matrix"] == reference["r_matrix"]
