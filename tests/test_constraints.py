@@ -35,7 +35,8 @@ def test_every_dependency_is_pinned_within_what_pyproject_allows():
     for text in project["dependencies"] + project["optional-dependencies"]["dev"]:
         req = packaging_requirements.Requirement(text)
         pinned = pins.get(canonicalize_name(req.name))
-        assert pinned is not None, f"{req.name} is a dependency but constraints.txt does not pin it"
+        assert pinned is not None, (f"{req.name} is a dependency but constraints.txt does not pin it (install it, "
+                                    "then 'python .ci/constraints.py write' in the environment the tests pass in)")
         assert req.specifier.contains(pinned, prereleases=True), \
             f"constraints.txt pins {req.name}=={pinned}, outside pyproject.toml's {req}"
     assert "clbench" not in pins
