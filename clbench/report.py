@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SCORE_ORDER = ("acc", "aia", "bwt", "fwt", "forgetting", "im", "fwt_ref", "gmean_final", "mauc_final",
-               "global_gmean", "global_mauc")
+from clbench.metrics.score_registry import REPORT_SCORES
 
 
 def _pct(value) -> str:
@@ -33,7 +32,7 @@ def print_result(result: dict, output: Path | None = None, console=None) -> None
         table.add_row(stage, *map(_pct, row))
     scores = result["scores"]
     # undefined scores (IM and FWT (ref) without reference models) are left out; the rest are in result.json
-    keys = [k for k in SCORE_ORDER if scores.get(k) is not None]
+    keys = [k for k in REPORT_SCORES if scores.get(k) is not None]
     summary = Table(title="scores (%, BWT < 0 means forgetting)", title_justify="left", show_edge=False)
     trace = (result.get("objective") or {}).get("scoring") == "trace"
     for key in keys:

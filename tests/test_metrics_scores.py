@@ -284,3 +284,23 @@ def test_trace_op_and_bwt_per_task_on_a_hand_worked_r():
     assert list(trace_task_scores(r)["tasks"]) == ["0", "1", "2"]
     with pytest.raises(ValueError, match="2 names for 3 tasks"):
         trace_task_scores(r, ["a", "b"])
+
+
+def test_the_score_registry_takes_metric_directions_from_their_torchmetrics_classes():
+    import importlib
+
+    from clbench.metrics import make_eval_metrics
+    from clbench.metrics.score_registry import EVAL_METRICS, higher_is_better, percent, title
+
+    computed = make_eval_metrics(3, imbalance=True)
+    for name, metric in EVAL_METRICS.items():
+        module, cls = metric.source.split(":")
+        assert getattr(importlib.import_module(module), cls).higher_is_better is metric.higher_is_better, name
+        assert type(computed[name]).__name__ == cls  # the class the run computes the metric with
+        for key in (f"{name}_final", f"global_{name}"):
+            assert higher_is_better(key, r_higher=False) is metric.higher_is_better, key
+    assert title("global_gmean") == "Global G-mean" and title("mauc_final") == "MAUC"
+    assert not percent("n_eff") and percent("acc")
+    # a metric the registry does not know follows R when it is R's own, else counts as higher-is-better
+    assert higher_is_better("mse_final", False, ["mse"]) is False
+    assert higher_is_better("mse_final", False, ["acc"]) is True

@@ -25,7 +25,8 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.table import PLAIN_SCORES, SCORES, BenchmarkTable, Row, arrow, build_tables, number
+from clbench.leaderboard.table import BenchmarkTable, Row, arrow, build_tables, number
+from clbench.metrics.score_registry import TABLE_SCORES, percent
 
 MIN_PAIRS = 3
 
@@ -194,7 +195,7 @@ def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None =
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if metric not in known:
         raise UserError(f"no score '{metric}' in these entries", where="--metric",
-                        fix=did_you_mean(metric, known or SCORES))
+                        fix=did_you_mean(metric, known or TABLE_SCORES))
     if benchmark is not None:
         chosen = [t for t in tables if benchmark in (t.label, t.name)]
         if not chosen:
@@ -217,7 +218,7 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
 
     console = console or console_for_tables()
     metric = report["metric"]
-    plain = metric in PLAIN_SCORES  # a diagnostic such as N_eff: not a percentage, no better direction
+    plain = not percent(metric)  # a diagnostic such as N_eff: not a percentage, no better direction
 
     def fmt(value: float | None) -> str:
         return number(value, metric)

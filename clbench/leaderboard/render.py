@@ -27,8 +27,9 @@ from pathlib import Path
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
-from clbench.leaderboard.table import (RANK_BY, TITLES, BenchmarkTable, arrow, build_tables, fmt, made_dirty,
-                                      number, runs_cell, scoring)
+from clbench.leaderboard.table import (RANK_BY, BenchmarkTable, arrow, build_tables, fmt, made_dirty, number,
+                                      runs_cell, scoring)
+from clbench.metrics.score_registry import title as score_title
 
 README = "README.md"
 INDEX = "index.html"
@@ -257,7 +258,7 @@ def order_bar_figure(comparison: dict, metric: str = BAR_METRIC, title: str | No
         ax.bar(x - 0.4 + width * (k + 0.5), heights, width, label=order)
     ax.set_xticks(x, [s["label"] for s in strategies], rotation=20, ha="right", fontsize=8)
     higher = comparison.get("higher_is_better", True)
-    title = title or TITLES.get(metric, metric) + ("" if higher else f" {arrow(higher)}")
+    title = title or score_title(metric) + ("" if higher else f" {arrow(higher)}")
     ax.set_ylabel(f"{title} (%)")
     if higher:
         ax.set_ylim(0, 100)

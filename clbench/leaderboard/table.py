@@ -26,22 +26,11 @@ from typing import Any
 
 from clbench.config import canonical_json
 from clbench.errors import UserError
+from clbench.metrics.score_registry import CORE_SCORES, RANK_BY, TABLE_SCORES, higher_is_better, percent, title
 from clbench.registry import display_name
 
-# Score columns, in display order; only those present in some entry of a table are shown.
-SCORES = ("acc", "aia", "bwt", "fwt", "forgetting", "gmean_final", "mauc_final", "global_acc", "global_gmean",
-          "global_mauc", "n_eff")
-TITLES = {"acc": "ACC", "aia": "AIA", "bwt": "BWT", "fwt": "FWT", "forgetting": "Forgetting",
-          "gmean_final": "G-mean", "mauc_final": "MAUC", "global_acc": "Global ACC", "global_gmean": "Global G-mean",
-          "global_mauc": "Global MAUC", "im": "IM", "fwt_ref": "FWT (ref)", "n_eff": "N_eff"}
-# Shown as plain numbers, not percentages: MoE layers' route-wise effective composition number
-# (a diagnostic of routing, with no better direction of its own).
-PLAIN_SCORES = frozenset({"n_eff"})
-CORE_SCORES = ("acc", "aia", "bwt", "fwt", "forgetting")
-LOWER_IS_BETTER = frozenset({"forgetting", "im"})  # for an R of accuracies; see score_direction
-RANK_BY = "acc"
-# Evaluation metrics whose larger values are better, for <metric>_final and global_<metric>.
-HIGHER_METRICS = frozenset({"acc", "gmean", "mauc"})
+# Score columns, titles, units and directions: clbench.metrics.score_registry.
+SCORES = TABLE_SCORES
 _IGNORED = ("seed", "order", "logging")
 
 
@@ -64,22 +53,10 @@ def scoring(entry: dict) -> str | None:
 
 
 def score_direction(key: str, entry: dict) -> bool:
-    """Whether a larger value of score ``key`` is better in ``entry``.
-
-    CL scores follow :func:`clbench.metrics.scores.score_higher_is_better` for the entry's R;
-    ``<m>_final`` and ``global_<m>`` follow R when ``m`` is R's metric, else are higher-is-better
-    (accuracy, G-mean, MAUC).
-    """
-    from clbench.metrics.scores import SCORE_KEYS, score_higher_is_better
-
+    """Whether a larger value of score ``key`` is better in ``entry``, for the entry's R
+    (:func:`clbench.metrics.score_registry.higher_is_better`)."""
     names, higher = r_metric(entry)
-    if key in SCORE_KEYS:
-        return score_higher_is_better(key, higher)
-    metric = key[: -len("_final")] if key.endswith("_final") else key[len("global_"):] \
-        if key.startswith("global_") else None
-    if metric is not None and metric not in HIGHER_METRICS and names and metric in names:
-        return higher
-    return True
+    return higher_is_better(key, higher, names)
 
 
 def arrow(higher: bool) -> str:
@@ -166,8 +143,8 @@ class BenchmarkTable:
         return "OP (TRACE)" if self.scorings == ["trace"] else "OP"
 
     def title(self, score: str) -> str:
-        title = self.op_title if score == RANK_BY and self.op_title else TITLES.get(score, score)
-        return f"{title} {arrow(self.higher.get(score, True))}" if self.marked and score not in PLAIN_SCORES else title
+        shown = self.op_title if score == RANK_BY and self.op_title else title(score)
+        return f"{shown} {arrow(self.higher.get(score, True))}" if self.marked and percent(score) else shown
 
     def ranked_by(self) -> str:
         return f"ranked by {self.title(RANK_BY).removesuffix(' ↓').removesuffix(' ↑')}" + ("" if self.r_higher else " (lower is better)")
@@ -329,7 +306,7 @@ def number(value: float | None, score: str | None = None, digits: int = 1) -> st
     """One value of ``score`` as shown: ``85.1`` (percent), a plain score ``2.41``, or an em dash."""
     if value is None:
         return "—"
-    return f"{value:.2f}" if score in PLAIN_SCORES else f"{100 * value:.{digits}f}"
+    return f"{100 * value:.{digits}f}" if score is None or percent(score) else f"{value:.2f}"
 
 
 def fmt(stat: Stat | None, digits: int = 1, score: str | None = None) -> str:

@@ -23,18 +23,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from clbench.errors import UserError
+from clbench.metrics.score_registry import CL_SCORES, score
 
 # Díaz-Rodríguez et al. (2018) criteria that R alone determines. MS, SSS and CE need model and
 # memory sizes and operation counts, which the R matrix does not carry.
 CL_SCORE_CRITERIA = ("a", "rem", "bwt_plus", "fwt_dr")
 DEFAULT_CL_SCORE_WEIGHTS: Mapping[str, float] = {name: 0.25 for name in CL_SCORE_CRITERIA}
 
-SCORE_KEYS = ("acc", "aia", "bwt", "fwt", "forgetting", "im", "fwt_ref", "op", "bwt_trace",
-              "a", "bwt_dr", "rem", "bwt_plus", "fwt_dr", "cl_score")
-# Scores that are means of R itself: they follow R's direction (mean accuracy up, mean error down).
-LEVEL_SCORES = frozenset({"acc", "op", "aia", "a", "fwt_dr"})
-# Scores where a smaller value is better whichever way R points (forgetting, intransigence).
-LOWER_IS_BETTER_SCORES = frozenset({"forgetting", "im"})
+SCORE_KEYS = tuple(CL_SCORES)  # in cl_scores' order; titles and directions: clbench.metrics.score_registry
 
 
 def score_higher_is_better(key: str, higher_is_better: bool = True) -> bool:
@@ -42,11 +38,9 @@ def score_higher_is_better(key: str, higher_is_better: bool = True) -> bool:
 
     Levels (``acc``, ``op``, ``aia``, ``a``, ``fwt_dr``) follow R; ``forgetting`` and ``im`` are
     always lower-is-better; every other score (BWT, FWT, REM, BWT+, CL_score) is
-    higher-is-better for both directions of R.
+    higher-is-better for both directions of R (:data:`clbench.metrics.score_registry.CL_SCORES`).
     """
-    if key in LEVEL_SCORES:
-        return higher_is_better
-    return key not in LOWER_IS_BETTER_SCORES
+    return score(key).higher_is_better(higher_is_better)
 
 
 def _as_array(values: Any, name: str, ndim: int) -> np.ndarray:
