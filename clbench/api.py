@@ -112,7 +112,9 @@ class Leaderboard:
         return rows
 
     def results(self) -> list[RunResult]:
-        return [RunResult.from_record(e) for e in self.entries if e.get("status") == "ok"]
+        from clbench.record import Status
+
+        return [RunResult.from_record(e) for e in self.entries if e.get("status") == Status.OK]
 
 
 def load_leaderboard(folder: str | Path) -> Leaderboard:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def r_matrix_figure(result: dict, key: str = "r_matrix"):
+def r_matrix_figure(result: dict):
     """Heatmap of a result's R matrix: rows = after training stage (the untrained model first,
     when the result has it), columns = test experience. Scores in [0, 1] are drawn as
     percentages on a fixed scale; errors (lower is better) on their own scale, the colour map
@@ -14,10 +14,12 @@ def r_matrix_figure(result: dict, key: str = "r_matrix"):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    r = np.asarray(result[key], dtype=float)
+    from clbench.record import single_stage
+
+    r = np.asarray(result["r_matrix"], dtype=float)
     names = result["experiences"]
-    rows = [f"after {n}" for n in (names if len(r) == len(names) else ["joint"] * len(r))]
-    if key == "r_matrix" and result.get("r_init") is not None:
+    rows = [f"after {n}" for n in (["joint"] if single_stage(result) else names)]
+    if result.get("r_init") is not None:
         r = np.vstack([np.asarray(result["r_init"], dtype=float)[None, :], r])
         rows = ["untrained", *rows]
     higher = (result.get("r_metric") or {}).get("higher_is_better", True)

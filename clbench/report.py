@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from clbench.metrics.score_registry import REPORT_SCORES
+from clbench.record import single_stage
 
 
 def _pct(value) -> str:
@@ -27,7 +28,7 @@ def print_result(result: dict, output: Path | None = None, console=None) -> None
     for name in names:
         table.add_column(name, justify="right")
     table.add_row("init", *map(_pct, result["r_init"]), style="dim")
-    stage_names = names if len(result["r_matrix"]) == len(names) else ["joint"]
+    stage_names = ["joint"] if single_stage(result) else names
     for stage, row in zip(stage_names, result["r_matrix"]):
         table.add_row(stage, *map(_pct, row))
     scores = result["scores"]

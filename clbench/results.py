@@ -19,6 +19,7 @@ from typing import Any
 
 from clbench.config import SCHEMA_VERSION, canonical_json, config_hash, order_label
 from clbench.metrics.derive import derive_scores
+from clbench.record import Status
 
 
 @dataclass
@@ -144,7 +145,7 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
     model = run.module.model
     result: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
-        "status": "ok",
+        "status": Status.OK,
         "benchmark": {"name": cfg["benchmark"]["class_path"], "init_args": cfg["benchmark"]["init_args"],
                       "scenario_type": run.spec.scenario_type, "num_classes": run.spec.num_classes},
         "objective": {"name": type(run.objective).__name__, **run.objective.summary()},
@@ -160,6 +161,7 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
         "order": cfg["order"],
         "order_label": order_label(cfg["order"]),
         "experiences": [exp.name for exp in run.experiences],
+        "single_stage": run.strategy.single_stage,  # joint training: one row of R (clbench.record.single_stage)
         "r_metric": {"names": column_names, "higher_is_better": higher},
         "r_matrix": r,
         "r_init": r_init,

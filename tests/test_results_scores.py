@@ -7,9 +7,11 @@ from types import SimpleNamespace
 import pytest
 
 from clbench.config import resolve_config
+from clbench.errors import UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.rescore import expected_scores
 from clbench.metrics.derive import derive_scores
+from clbench.record import Status, single_stage
 from clbench.results import assemble
 
 
@@ -45,6 +47,7 @@ def test_a_final_row_with_a_missing_entry_is_scored_and_rescored_the_same(single
     run = fake_run("joint" if single_stage else "naive", single_stage=single_stage)
     result = assemble(run, state(rows), None, wall=1.0, import_seconds=0.0)
     assert result["scores"]["gmean_final"] is None  # a mean over both experiences, one of them missing
+    assert result["single_stage"] is single_stage and result["status"] == Status.OK == "ok"
     if single_stage:
         assert result["scores"]["acc"] is None
     entry = E.entry_from_result(result)
@@ -63,3 +66,36 @@ def test_derive_scores_means_over_every_experience():
     assert scores["global_acc"] is None and scores["n_eff"] == 3.0
     joint = derive_scores([[0.5, 0.7]], None, single_stage=True)
     assert joint == {"acc": pytest.approx(0.6), "aia": None, "bwt": None, "fwt": None, "forgetting": None}
+
+
+def test_single_stage_is_read_as_recorded_and_inferred_only_for_older_records():
+    from clbench.metrics.scores import SCORE_KEYS
+
+    every = {key: 0.5 for key in SCORE_KEYS}
+    assert single_stage({"single_stage": True, "r_matrix": [[0.5]], "scores": every})
+    assert not single_stage({"single_stage": False, "r_matrix": [[0.5]], "scores": {"acc": 0.5}})
+    # older records: one row of several columns, or one column without the stage-comparing scores
+    assert single_stage({"r_matrix": [[0.5, 0.6]], "scores": every})
+    assert single_stage({"r_matrix": [[0.5]], "scores": {"acc": 0.5, "bwt": None}})
+    assert not single_stage({"r_matrix": [[0.5]], "scores": every})  # a continual run over one experience
+    assert not single_stage({"r_matrix": [[0.5, 0.1], [0.4, 0.6]], "scores": every})
+
+
+def test_a_recorded_single_stage_that_r_contradicts_is_refused():
+    run = fake_run("naive", single_stage=False)
+    result = assemble(run, state([{"primary": [0.9, 0.2]}, {"primary": [0.6, 0.7]}]), None, wall=1.0,
+                      import_seconds=0.0)
+    result["single_stage"] = True
+    with pytest.raises(UserError, match="r_matrix has 2 row.* but single_stage is true"):
+        expected_scores(result, "entry")
+
+
+def test_statuses_are_a_closed_set():
+    assert {str(s) for s in Status} == {"ok", "failed"}
+    run = fake_run("naive", single_stage=False)
+    entry = E.entry_from_result(assemble(run, state([{"primary": [0.9, 0.2]}, {"primary": [0.6, 0.7]}]), None,
+                                         wall=1.0, import_seconds=0.0))
+    entry["status"] = "done"
+    entry["content_hash"] = E.content_hash(entry)
+    with pytest.raises(UserError, match="unknown status 'done'"):
+        E.verify_entry(entry, "entry")

@@ -27,6 +27,7 @@ from typing import Any
 from clbench.errors import UserError, did_you_mean
 from clbench.leaderboard.table import BenchmarkTable, Row, arrow, build_tables, number
 from clbench.metrics.score_registry import TABLE_SCORES, percent
+from clbench.record import Status
 
 MIN_PAIRS = 3
 
@@ -43,7 +44,7 @@ def _std(values: list[float]) -> float | None:
 
 
 def _value(entry: dict, metric: str) -> float | None:
-    if entry["status"] != "ok":
+    if entry["status"] != Status.OK:
         return None
     v = entry["scores"].get(metric)
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
@@ -191,7 +192,7 @@ def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None =
     ``source`` (the leaderboard directory) only names it in errors.
     """
     tables = build_tables(entries, sequence, source=source)
-    known = sorted({k for e in entries if e["status"] == "ok" for k, v in e["scores"].items()
+    known = sorted({k for e in entries if e["status"] == Status.OK for k, v in e["scores"].items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if metric not in known:
         raise UserError(f"no score '{metric}' in these entries", where="--metric",

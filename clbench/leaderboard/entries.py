@@ -33,10 +33,10 @@ from typing import Any, Iterable
 
 from clbench.config import SCHEMA_VERSION, canonical_json, config_hash, order_label
 from clbench.errors import UserError
+from clbench.record import Status
 
 ENTRY_SCHEMA = 1
 ENTRIES_DIR = "entries"
-STATUSES = ("ok", "failed")
 # Keys every entry has, whatever its status.
 COMMON_KEYS = ("entry_schema", "status", "error", "config", "config_hash", "content_hash", "harness", "execution",
                "benchmark",
@@ -84,11 +84,11 @@ def _execution() -> dict:
 
 def entry_from_result(result: dict, *, suite: str | None = None) -> dict:
     """An ``ok`` entry from a runner result (the result's fields are kept as they are)."""
-    if result.get("status") != "ok":
+    if result.get("status") != Status.OK:
         raise ValueError(f"result status is {result.get('status')!r}, expected 'ok'")
     if config_hash(result["config"]) != result["config_hash"]:
         raise ValueError("result config_hash does not match its config")
-    entry = {"entry_schema": ENTRY_SCHEMA, "status": "ok", "error": None, "harness": _harness(result["env"]),
+    entry = {"entry_schema": ENTRY_SCHEMA, "status": Status.OK, "error": None, "harness": _harness(result["env"]),
              "execution": _execution(), "suite": suite, "created_at": _now()}
     entry.update({k: v for k, v in result.items() if k not in entry})
     return _seal(entry)
@@ -98,7 +98,7 @@ def failed_entry(cfg: dict, error: str, *, env: dict, wall_seconds: float, suite
     """A ``failed`` entry: what was run, where, and the one-line error."""
     return _seal({
         "entry_schema": ENTRY_SCHEMA,
-        "status": "failed",
+        "status": Status.FAILED,
         "error": " ".join(str(error).split()),
         "harness": _harness(env),
         "execution": _execution(),
@@ -143,17 +143,17 @@ def verify_entry(entry: Any, where: str) -> dict:
         raise UserError(f"result schema {result_schema} is newer than this clbench reads ({SCHEMA_VERSION})",
                         where=where, fix="upgrade clbench to read it")
     missing = [k for k in COMMON_KEYS if k not in entry]
-    if entry.get("status") == "ok":
+    if entry.get("status") == Status.OK:
         missing += [k for k in RESULT_KEYS if k not in entry]
     if missing:
         raise UserError(f"missing field(s) {', '.join(missing)}", where=where, fix=rerun)
-    if entry["status"] not in STATUSES:
+    if entry["status"] not in set(Status):
         raise UserError(f"unknown status {entry['status']!r}", where=f"{where}: status", fix=rerun)
     if content_hash(entry) != entry["content_hash"]:
         raise UserError("content hash mismatch: the entry was modified after it was written", where=where, fix=rerun)
     if not isinstance(entry["config"], dict) or config_hash(entry["config"]) != entry["config_hash"]:
         raise UserError("config does not match its config_hash", where=where, fix=rerun)
-    if entry["status"] == "ok":
+    if entry["status"] == Status.OK:
         from clbench.leaderboard.rescore import check_scores
 
         check_scores(entry, where)

@@ -57,6 +57,7 @@ from clbench.leaderboard.entries import (check_entry_names, entry_from_result, e
 from clbench.leaderboard.lock import CellLock
 from clbench.leaderboard.manifest import MANIFEST, manifest_hashes, read_manifest  # noqa: F401 - re-exported
 from clbench.leaderboard.suite import RunSpec, Suite
+from clbench.record import Status
 
 RUNS_DIR = "runs"
 POLL_SECONDS = 1.0  # how often a process waiting for another's grid points looks again
@@ -92,7 +93,7 @@ def _recover(workdir: Path, spec: RunSpec) -> dict | None:
         result = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, OSError):
         return None
-    if not isinstance(result, dict) or result.get("status") != "ok" or result.get("config_hash") != spec.hash:
+    if not isinstance(result, dict) or result.get("status") != Status.OK or result.get("config_hash") != spec.hash:
         return None
     return result
 
@@ -123,7 +124,7 @@ def _check_writable(output: Path) -> None:
 
 def _wanted(entry: dict, retry_failed: bool) -> bool:
     """Whether an existing entry still leaves its grid point to be run."""
-    return retry_failed and entry["status"] == "failed"
+    return retry_failed and entry["status"] == Status.FAILED
 
 
 def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[dict, bool]:
@@ -313,7 +314,7 @@ def record_death(output: Path, spec: RunSpec, suite_name: str, why: str, *, seen
     """
     entry = _changed(output, spec.hash, seen)
     if entry is not None:
-        return "ran" if entry["status"] == "ok" else "failed"
+        return "ran" if entry["status"] == Status.OK else "failed"
     lock = CellLock(output / RUNS_DIR, spec.hash)
     # Taken when it can be (the dead process's marker is stale at once on this host), so two
     # launchers on one host do not both write; a marker from another host stays until its lease

@@ -30,6 +30,7 @@ from clbench.leaderboard.manifest import manifest_hashes, read_manifest
 from clbench.leaderboard.table import (RANK_BY, BenchmarkTable, arrow, build_tables, fmt, made_dirty, number,
                                       runs_cell, scoring)
 from clbench.metrics.score_registry import title as score_title
+from clbench.record import Status
 
 README = "README.md"
 INDEX = "index.html"
@@ -42,7 +43,7 @@ def _provenance(entries: list[dict], root: Path, manifest: dict | None) -> dict:
     def distinct(values) -> list[str]:
         return sorted({str(v) for v in values if v})
 
-    failed = sum(e["status"] == "failed" for e in entries)
+    failed = sum(e["status"] == Status.FAILED for e in entries)
     info = {
         "runs": len(entries), "failed": failed,
         "suites": distinct(e.get("suite") for e in entries),
@@ -66,7 +67,7 @@ def _regenerate(root_arg: str, manifest: dict | None) -> str:
 
 def _bench_meta(table: BenchmarkTable) -> dict:
     entries = [e for row in table.rows for e in row.entries]
-    ok = [e for e in entries if e["status"] == "ok"]
+    ok = [e for e in entries if e["status"] == Status.OK]
     defaults = [e for e in ok if e["order_label"] == "default"]
     first = (defaults or ok or entries)[0]
     bench = first["benchmark"]
@@ -220,7 +221,7 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
         for note in (dirty_note(table), gmean_note(table)):
             if note:
                 lines += [note, ""]
-    failed = [e for e in entries if e["status"] == "failed"]
+    failed = [e for e in entries if e["status"] == Status.FAILED]
     if failed:
         lines += ["## Failed runs", ""]
         for e in failed:
@@ -330,7 +331,7 @@ def _table_context(table: BenchmarkTable) -> dict:
 def _failed(entries: list[dict]) -> list[dict]:
     return [{"strategy": e["strategy"]["name"], "benchmark": e["benchmark"]["name"], "order": e["order_label"],
              "seed": e["seed"], "hash": e["config_hash"][:12], "error": e["error"]}
-            for e in entries if e["status"] == "failed"]
+            for e in entries if e["status"] == Status.FAILED]
 
 
 def _status(info: dict) -> str:

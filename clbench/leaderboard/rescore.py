@@ -82,6 +82,7 @@ def expected_scores(entry: dict, where: str) -> tuple[dict[str, float | None], f
     the run computed them), and which of them a single-stage run may omit."""
     from clbench.metrics.derive import derive_scores
     from clbench.metrics.scores import SCORE_KEYS
+    from clbench.record import single_stage
 
     _, higher = r_direction(entry, where)
     r = _r_matrix(entry, where)
@@ -90,8 +91,12 @@ def expected_scores(entry: dict, where: str) -> tuple[dict[str, float | None], f
     reference = entry.get("reference")
     if reference is not None:
         reference = _vector(reference, "reference", t, where)
-    scores = entry["scores"]
-    single = len(r) == 1 and (t > 1 or not set(SCORE_KEYS) <= set(scores))
+    if "single_stage" in entry and not isinstance(entry["single_stage"], bool):
+        raise UserError("single_stage is not true or false", where=f"{where}: single_stage", fix=RERUN)
+    single = single_stage(entry)
+    if len(r) != (1 if single else t):
+        raise UserError(f"r_matrix has {len(r)} row(s) for {t} test experiences, but single_stage is "
+                        f"{str(single).lower()}", where=where, fix=RERUN)
     matrices = entry.get("matrices") or {}
     if not isinstance(matrices, dict):
         raise UserError("matrices is not a mapping of metric name to matrix", where=where, fix=RERUN)

@@ -27,6 +27,7 @@ from typing import Any
 from clbench.config import canonical_json
 from clbench.errors import UserError
 from clbench.metrics.score_registry import CORE_SCORES, RANK_BY, TABLE_SCORES, higher_is_better, percent, title
+from clbench.record import Status
 from clbench.registry import display_name
 
 # Score columns, titles, units and directions: clbench.metrics.score_registry.
@@ -89,11 +90,11 @@ class Row:
 
     @property
     def ok(self) -> list[dict]:
-        return [e for e in self.entries if e["status"] == "ok"]
+        return [e for e in self.entries if e["status"] == Status.OK]
 
     @property
     def failed(self) -> list[dict]:
-        return [e for e in self.entries if e["status"] == "failed"]
+        return [e for e in self.entries if e["status"] == Status.FAILED]
 
     @property
     def dirty(self) -> list[dict]:
@@ -230,7 +231,7 @@ def _directions(entries: list[dict], label: str, source: str | None) -> dict[str
     """score -> higher is better over the ok ``entries`` of one table; refuses a score with two directions."""
     seen: dict[str, dict[bool, list[str]]] = {}
     for e in entries:
-        if e["status"] != "ok":
+        if e["status"] != Status.OK:
             continue
         for key in e["scores"]:
             seen.setdefault(key, {}).setdefault(score_direction(key, e), []).append(e["config_hash"])
@@ -281,7 +282,7 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
                                [configs[g] for g in gkeys])
         rows = [Row(key=g, label=label, strategy=configs[g]["strategy"]["class_path"],
                     model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]
-        present = {s for e in benches[key] if e["status"] == "ok" for s, v in e["scores"].items() if v is not None}
+        present = {s for e in benches[key] if e["status"] == Status.OK for s, v in e["scores"].items() if v is not None}
         scores = [s for s in SCORES if s in present]
         higher = _directions(benches[key], bench_label, source)
         for row in rows:
@@ -293,7 +294,7 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.label))
         names: list[str] = []
         for e in benches[key]:
-            for name in (r_metric(e)[0] or []) if e["status"] == "ok" else []:
+            for name in (r_metric(e)[0] or []) if e["status"] == Status.OK else []:
                 if name not in names:
                     names.append(name)
         scorings = sorted({s for e in benches[key] if e["status"] == "ok" and (s := scoring(e))})

@@ -37,6 +37,7 @@ from typing import Iterator
 
 from clbench.errors import UserError
 from clbench.leaderboard.entries import ENTRIES_DIR, check_entry_names, entries_dir, read_entry
+from clbench.record import Status
 
 OK, DIFFERS, CANNOT = "ok", "differs", "cannot rerun"
 
@@ -107,7 +108,7 @@ def cheapest(paths: list[Path], n: int) -> list[Path]:
     def cost(path: Path) -> tuple[float, str]:
         try:
             entry = json.loads(path.read_text())
-            if entry.get("status") != "ok":
+            if entry.get("status") != Status.OK:
                 return math.inf, path.name
             return float(entry["compute"]["wall_seconds"]), path.name
         except (ValueError, KeyError, TypeError, OSError):
@@ -223,7 +224,7 @@ class Verifier:
             return Verdict(digest, "(unreadable entry)", DIFFERS, f"from its own record: {err.one_line()}",
                            largest=math.inf)
         label = entry_label(entry)
-        if entry["status"] != "ok":
+        if entry["status"] != Status.OK:
             return Verdict(digest, label, CANNOT, "the committed run failed, so there is nothing to compare "
                                                   f"({entry.get('error')})")
         env = entry.get("env") or {}
@@ -243,7 +244,7 @@ class Verifier:
 
         with tempfile.TemporaryDirectory(prefix="clbench-verify.") as scratch:
             new = rerun(entry, Path(scratch), source=str(path))
-        if new["status"] != "ok":
+        if new["status"] != Status.OK:
             return Verdict(digest, label, CANNOT, f"the rerun stopped: {new.get('error')}")
         largest, where, old_value, new_value = compare(entry, new)
         notes = [note] if note else []
