@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from clbench.errors import UserError
+from clbench.record import Status
 
 FIX = "give run folders written by 'clbench run', or a leaderboard directory that still holds its runs/ folder"
 
@@ -36,7 +37,7 @@ def _runs(path: Path) -> list[tuple[str, dict, Path]]:
         runs = []
         for file in sorted((path / "entries").glob("*.json")):
             entry = json.loads(file.read_text(encoding="utf-8"))
-            if entry.get("status") == "ok":
+            if entry.get("status") == Status.OK:
                 label = f"{entry['strategy']['name']} {entry.get('order_label', '')} seed {entry.get('seed')}"
                 runs.append((label, entry, path / "runs" / str(entry.get("config_hash"))))
         return runs

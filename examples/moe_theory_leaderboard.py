@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from clbench.metrics.theory import forgetting_curve, generalisation_curve
+from clbench.record import Status
 
 
 def curves(board: Path) -> dict[tuple[int, bool], list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -26,7 +27,7 @@ def curves(board: Path) -> dict[tuple[int, bool], list[tuple[torch.Tensor, torch
     out: dict[tuple[int, bool], list] = defaultdict(list)
     for path in sorted((board / "entries").glob("*.json")):
         entry = json.loads(path.read_text())
-        if entry.get("status") != "ok":
+        if entry.get("status") != Status.OK:
             continue
         cfg = entry["config"]
         key = (int(cfg["model"]["init_args"]["num_experts"]), bool(cfg["strategy"]["init_args"]["terminate"]))

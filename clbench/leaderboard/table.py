@@ -297,7 +297,7 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
             for name in (r_metric(e)[0] or []) if e["status"] == Status.OK else []:
                 if name not in names:
                     names.append(name)
-        scorings = sorted({s for e in benches[key] if e["status"] == "ok" and (s := scoring(e))})
+        scorings = sorted({s for e in benches[key] if e["status"] == Status.OK and (s := scoring(e))})
         tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
                                      scores=scores, rows=rows, higher=higher, r_names=names, scorings=scorings))
     return tables
