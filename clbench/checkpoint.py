@@ -185,6 +185,28 @@ class FrozenBase:
         return self._digests[key]
 
 
+def run_settings() -> dict:
+    """What the command line sets outside the config that changes a CPU run's numbers: the torch
+    thread count (``--threads``; the order of floating-point reductions depends on it)."""
+    import torch
+
+    return {"torch_threads": torch.get_num_threads()}
+
+
+def check_settings(ckpt: dict, path: Path) -> None:
+    """Refuse a resume under other run settings than the checkpointed process's: the result
+    records one value, so half a run made under another would be recorded wrongly. A checkpoint
+    from before settings were recorded is not checked."""
+    saved, current = ckpt.get("settings"), run_settings()
+    if not isinstance(saved, dict):
+        return
+    before, now = saved.get("torch_threads"), current["torch_threads"]
+    if before is not None and before != now:
+        raise UserError(f"the run in {path.parent} was started with {before} torch thread(s), this resume would "
+                        f"use {now} (CPU results depend on the thread count)", where="--threads",
+                        fix=f"resume with --threads {before}, or start again with --overwrite")
+
+
 def payload(cfg: dict, module, strategy, trainer, state: dict, source: str, base: FrozenBase | None = None) -> dict:
     """The checkpoint's contents, checked storable and sealed with its digest. With sharded
     parameters every rank must call this (it gathers them); only global rank 0's is complete."""
@@ -199,6 +221,7 @@ def payload(cfg: dict, module, strategy, trainer, state: dict, source: str, base
                       "trained": [n for n, p in module.model.named_parameters() if id(p) in base.trained]}
             weights = {k: v for k, v in weights.items() if k not in set(names)}
     out = {"schema": SCHEMA, "config_json": canonical_json(cfg), "config_hash": config_hash(cfg),
+           "settings": run_settings(),
            "model": weights, "frozen_base": frozen, "strategy": strategy.state_dict(), "rng": rng_states(),
            "loop": trainer.fit_loop.state_dict(), "epoch": trainer.current_epoch, "state": state}
     unsafe = unsafe_path(out["strategy"])
@@ -244,6 +267,7 @@ def read(path: Path, cfg: dict, source: str) -> dict:
     if digest(ckpt) != stored:
         raise UserError(f"checkpoint {path} fails its checksum: its contents changed after it was written "
                         "(disk or copy damage)", where="--resume", fix=fix)
+    check_settings(ckpt, path)
     saved = json.loads(ckpt["config_json"])
     current = json.loads(canonical_json(cfg))
     differing = [k for k in _diff_keys(saved, current) if k.split(".")[0] not in NON_SEMANTIC]

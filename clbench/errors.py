@@ -8,6 +8,9 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class UserError(Exception):
     """Bad input, reported as ``<where>: <what is wrong> (<how to fix it>)`` on one line.
@@ -53,3 +56,29 @@ class NonFiniteLoss(UserError):
                  value: float | None = None):
         self.value = value  # the non-finite mean loss, for a caller that rewords the message
         super().__init__(what, where=where, fix=fix)
+
+
+# A full disk, an exceeded quota, a read-only filesystem, a folder without write permission:
+# the user fixes these, so they are bad input, not bugs.
+UNWRITABLE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM")
+                              if hasattr(errno, name))
+
+
+class Unwritable(UserError):
+    """A write failed for a reason the user fixes (full disk, quota, read-only, permissions)."""
+
+
+def unwritable(err: BaseException, path=None) -> Unwritable | None:
+    """``err`` as a one-line :class:`UserError` naming ``path`` (or the path in ``err``) when it
+    is an unwritable-disk error, else None."""
+    if not isinstance(err, OSError) or err.errno not in UNWRITABLE_ERRNOS:
+        return None
+    where = str(path if path is not None else (err.filename or "a file"))
+    reason = err.strerror or os.strerror(err.errno)
+    if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        fix = "free space (or quota) on that filesystem and run the command again"
+    elif err.errno == errno.EROFS:
+        fix = "the filesystem is mounted read-only: remount it writable or choose another folder"
+    else:
+        fix = "make it writable for this user or choose another folder"
+    return Unwritable(f"cannot write {where}: {reason}", fix=fix)

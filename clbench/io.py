@@ -6,6 +6,10 @@ atomic on POSIX and Windows), and the directory entry is flushed too. A crash le
 the old file or the new one, never a truncated one; at worst a stray temporary file, which
 :func:`remove_stale_temporaries` clears and no reader mistakes for the real thing.
 
+A full disk, an exceeded quota, a read-only filesystem or a folder without write permission
+(``ENOSPC``, ``EDQUOT``, ``EROFS``, ``EACCES``) is raised as one-line bad input naming the
+file (:func:`clbench.errors.unwritable`); the old file is untouched, as after a crash.
+
 The new file gets the permissions an ordinary ``open()`` would give it (``0o666`` less the
 umask), or the replaced file's, not the ``0o600`` of a bare temporary file.
 """
@@ -41,7 +45,19 @@ def _fsync_dir(path: Path) -> None:
 
 def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> None:
     """Call ``write(handle)`` on a temporary file next to ``path`` and rename it over ``path``."""
+    from clbench.errors import unwritable
+
     path = Path(path)
+    try:
+        _atomic_write(path, write, mode)
+    except OSError as err:
+        reported = unwritable(err, path)
+        if reported is None:
+            raise
+        raise reported from None
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None], mode: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -63,6 +79,25 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w"
             pass
         raise
     _fsync_dir(path.parent)
+
+
+class _WriteErrors:
+    """A file handle that remembers the ``OSError`` a write raised: ``torch.save`` reports a
+    failed write (a full disk) as a bare ``RuntimeError`` and loses the cause."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data):
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
 
 
 def remove_stale_temporaries(folder: str | Path, name: str) -> None:
@@ -89,4 +124,13 @@ def torch_save(path: str | Path, obj: Any) -> None:
     """``torch.save`` atomically (checkpoints)."""
     import torch
 
-    atomic_write(Path(path), lambda h: torch.save(obj, h), "wb")
+    def save(handle) -> None:
+        recording = _WriteErrors(handle)
+        try:
+            torch.save(obj, recording)
+        except RuntimeError:
+            if recording.error is not None:
+                raise recording.error from None
+            raise
+
+    atomic_write(Path(path), save, "wb")

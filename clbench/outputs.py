@@ -7,6 +7,13 @@ A finished run (``result.json``) is never clobbered without ``--overwrite``, an 
 that fails leaves the previous result, checkpoint and logs as they were; one that is killed
 can be continued there with ``--resume``. A run that fails leaves no empty output directory
 behind.
+
+One run at a time per folder: while a run works in ``<output>`` it holds the lease
+``<output>/.clbench-run.lock`` (:class:`clbench.lease.Lease`, the lock of a leaderboard's grid
+points). A second ``clbench run`` into the same folder is refused at once (exit 2, naming the
+holder) and changes nothing; a killed run's lock is taken over by the next run (its pid is
+gone). Only the launching process locks: the extra processes of a multi-process run (other
+ranks) find their rank in the environment and share the folder with it.
 """
 
 from __future__ import annotations
@@ -23,9 +30,17 @@ TENSORBOARD = "tensorboard"
 LOGS = "logs"  # every other logger's files (clbench.loggers)
 PREDICTIONS = "predictions"
 STAGING = ".staging"
+RUN_LOCK = ".clbench-run.lock"
+# Set to a rank by torchrun (RANK), srun (SLURM_PROCID) and Lightning's own launcher (LOCAL_RANK, NODE_RANK).
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")
 _REPLACED = ".replaced"
 # What a run owns in its directory (anything else there is the user's and left alone).
 RUN_FILES = (RESULT, CHECKPOINT, TENSORBOARD, LOGS, PREDICTIONS)
+
+
+def launched_as_rank_zero() -> bool:
+    """Whether this process is a run's first (or only) process, from what launchers set."""
+    return all(os.environ.get(key, "0") == "0" for key in RANK_VARIABLES)
 
 
 def check_output(output: Path | None, *, resume: bool, overwrite: bool) -> None:
@@ -58,22 +73,54 @@ def check_output(output: Path | None, *, resume: bool, overwrite: bool) -> None:
 class OutputDir:
     """Where one run writes: ``output`` itself, or its staging folder under ``--overwrite``.
 
-    ``open()`` creates what is needed, ``commit()`` makes a staged run the directory's run,
-    ``abandon()`` (on failure) removes what this run created and nothing else.
+    ``open()`` takes the folder's lock and creates what is needed, ``commit()`` makes a staged
+    run the directory's run, ``abandon()`` (on failure) removes what this run created and
+    nothing else; both let go of the lock.
     """
 
     def __init__(self, output: Path, *, resume: bool, overwrite: bool):
         self.output = output
+        self.resume, self.overwrite = resume, overwrite
         self.created = not output.exists()
-        replacing = overwrite and any((output / name).exists() for name in RUN_FILES)
+        self.lock = None
+        self.staged = self.fresh_staging = False
+        self.path = output
+
+    def _plan(self) -> None:
+        """Where to write, decided once the folder is ours (a run that just ended changed it)."""
+        output = self.output
+        replacing = self.overwrite and any((output / name).exists() for name in RUN_FILES)
         # An interrupted replacement resumes in its staging folder, the old run still in place.
-        continuing = resume and (output / STAGING / CHECKPOINT).exists() and not (output / CHECKPOINT).exists()
+        continuing = (self.resume and (output / STAGING / CHECKPOINT).exists()
+                      and not (output / CHECKPOINT).exists())
         self.staged = replacing or continuing
         self.fresh_staging = replacing
         self.path = output / STAGING if self.staged else output
 
+    def _lock(self) -> None:
+        """Hold the folder's lock (launching process only), or refuse: it is another run's."""
+        from clbench.lease import Lease
+
+        if not launched_as_rank_zero():
+            return
+        lock = Lease(self.output / RUN_LOCK)
+        if not lock.try_acquire():
+            holder = lock.holder()
+            self._remove_if_empty()
+            raise UserError(f"{self.output} is in use by another clbench run ({holder})", where="--output",
+                            fix="wait for that run to finish, or choose another --output")
+        self.lock = lock
+        try:
+            check_output(self.output, resume=self.resume, overwrite=self.overwrite)  # it may have just finished
+        except UserError:
+            self._unlock()
+            raise
+
     def open(self) -> Path:
         try:
+            self.output.mkdir(parents=True, exist_ok=True)
+            self._lock()
+            self._plan()
             if self.fresh_staging:
                 shutil.rmtree(self.path, ignore_errors=True)  # left by an earlier replacement that died
             self.path.mkdir(parents=True, exist_ok=True)
@@ -88,28 +135,51 @@ class OutputDir:
 
     def commit(self) -> None:
         """Swap a staged run in: the old run's files move aside, the new ones in, the old go."""
-        if not self.staged:
-            return
-        aside = self.output / _REPLACED
-        shutil.rmtree(aside, ignore_errors=True)
-        aside.mkdir()
-        for name in RUN_FILES:
-            if (self.output / name).exists():
-                (self.output / name).rename(aside / name)
-        for name in RUN_FILES:
-            if (self.path / name).exists():
-                (self.path / name).rename(self.output / name)
-        shutil.rmtree(self.path, ignore_errors=True)
-        shutil.rmtree(aside, ignore_errors=True)
+        if self.staged:
+            aside = self.output / _REPLACED
+            shutil.rmtree(aside, ignore_errors=True)
+            aside.mkdir()
+            for name in RUN_FILES:
+                if (self.output / name).exists():
+                    (self.output / name).rename(aside / name)
+            for name in RUN_FILES:
+                if (self.path / name).exists():
+                    (self.path / name).rename(self.output / name)
+            shutil.rmtree(self.path, ignore_errors=True)
+            shutil.rmtree(aside, ignore_errors=True)
+        self._unlock()
+
+    def close(self) -> None:
+        """A process that does not commit (another rank) is done with the folder."""
+        self._unlock()
 
     def abandon(self) -> None:
         """After a failure: drop a staged run; remove the directory if this run created it and
         it holds nothing worth keeping (an interrupted run's checkpoint is kept)."""
-        if self.staged:
-            if not (self.path / CHECKPOINT).exists():
-                shutil.rmtree(self.path, ignore_errors=True)
-            return
-        if self.created and self.output.is_dir() and not (self.output / CHECKPOINT).exists():
-            leftovers = [p for p in self.output.rglob("*") if p.is_file()]
-            if all(p.relative_to(self.output).parts[0] in (TENSORBOARD, LOGS) for p in leftovers):  # only logs
-                shutil.rmtree(self.output, ignore_errors=True)
+        try:
+            if self.staged:
+                if not (self.path / CHECKPOINT).exists():
+                    shutil.rmtree(self.path, ignore_errors=True)
+                return
+            if self.created and self.output.is_dir() and not (self.output / CHECKPOINT).exists():
+                leftovers = [p for p in self.output.rglob("*") if p.is_file() and p.name != RUN_LOCK]
+                if all(p.relative_to(self.output).parts[0] in (TENSORBOARD, LOGS) for p in leftovers):  # only logs
+                    for child in self.output.iterdir():
+                        if child.name != RUN_LOCK:
+                            shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+                    self._unlock()
+                    self._remove_if_empty()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _remove_if_empty(self) -> None:
+        if self.created:
+            try:
+                self.output.rmdir()
+            except OSError:  # not empty (another run's lock or files), or already gone
+                pass

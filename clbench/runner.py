@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.checkpoint import CHECKPOINT
-from clbench.errors import NonFiniteLoss, UserError
+from clbench.errors import NonFiniteLoss, Unwritable, UserError, unwritable
 from clbench.outputs import LOGS, RESULT, TENSORBOARD, OutputDir, check_output
 from clbench.results import RunState, environment  # noqa: F401  (environment: the leaderboard records it)
 from clbench.trainer import RESERVED_TRAINER_ARGS, end_process_group
@@ -182,15 +182,28 @@ class ContinualRun:
         try:
             with SigintWatch() as self.watch:
                 result = self._execute()
-        except BaseException:
+        except BaseException as err:
             if directory is not None:
                 directory.abandon()
             end_process_group(only_gloo=True)
+            reported = self._unwritable(err)
+            if reported is not None:
+                raise reported from None
             raise
-        if directory is not None and self.rank == 0:
-            directory.commit()
+        if directory is not None:
+            directory.commit() if self.rank == 0 else directory.close()
         end_process_group()
         return result
+
+    def _unwritable(self, err: BaseException) -> Unwritable | None:
+        """A full or read-only disk, as one line that says the finished experiences are safe."""
+        reported = err if isinstance(err, Unwritable) else unwritable(err)
+        if reported is None:
+            return None
+        if self.path is not None and (self.path / CHECKPOINT).exists():
+            return Unwritable(reported.what, where=reported.where,
+                              fix=f"{reported.fix} with --resume: the experiences finished before are checkpointed")
+        return reported
 
     def _prepare(self, resuming: bool) -> None:
         """Remove what a crashed earlier attempt left in this run's folder (never before the new

@@ -239,12 +239,19 @@ def _scenario_type(scenario) -> str:
     (``nc_benchmark``; disjoint or not): class-il. Otherwise the experiences hold the same
     classes: instance-il when they are all drawn from one pool of samples (``ni_benchmark``),
     domain-il when they come from different datasets (``benchmark_from_datasets`` over one
-    dataset per domain).
+    dataset per domain). The classes compared are the original ones where the scenario relabels
+    them (``nc_benchmark(class_ids_from_zero_in_each_exp=True)`` numbers every experience's
+    classes from 0, so their labels alone look alike: its ``original_classes_in_exp`` tells).
     """
     exps = list(scenario.train_stream)
     if len(set().union(*(_task_labels(e) for e in exps))) > 1:
         return "task-il"
-    if len({frozenset(_classes(e)) for e in exps}) > 1:
+    original = getattr(scenario, "original_classes_in_exp", None)
+    if original is not None and len(original) == len(exps):
+        class_sets = {frozenset(int(c) for c in classes) for classes in original}
+    else:
+        class_sets = {frozenset(_classes(e)) for e in exps}
+    if len(class_sets) > 1:
         return "class-il"
     if len(exps) > 1 and len({_sources(e.dataset) for e in exps}) == 1:
         return "instance-il"

@@ -45,10 +45,12 @@ def test_list_shows_the_builtins():
 
 def test_run_writes_result_and_tensorboard(tmp_path, write_yaml):
     cfg = tiny_config(logging={"progress": False, "tensorboard": True})
-    proc = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "out"), "train.epochs=1")
+    # overrides anywhere among the options, not only after them
+    proc = run_cli("run", "--config", str(write_yaml(cfg)), "train.epochs=1", "--output", str(tmp_path / "out"),
+                   "seed=3")
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "out" / "result.json").read_text())
-    assert len(result["r_matrix"]) == 3
+    assert len(result["r_matrix"]) == 3 and result["seed"] == 3
     events = list((tmp_path / "out" / "tensorboard").glob("events.out.tfevents.*"))
     assert events, "TensorBoard event file missing"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -61,6 +63,18 @@ def test_run_writes_result_and_tensorboard(tmp_path, write_yaml):
         scalars |= set(acc.Tags()["scalars"])
     assert "r_matrix" in images
     assert {"eval/acc/rot0", "train/loss", "scores/bwt"} <= scalars
+
+
+def test_run_overrides_may_sit_before_between_and_after_the_options():
+    from clbench.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["train.epochs=1", "--config", "c.yaml", "seed=3", "-o", "out", "--resume"],
+                 ["--config", "c.yaml", "train.epochs=1", "--output", "out", "seed=3", "--resume"],
+                 ["-c", "c.yaml", "-o", "out", "--resume", "train.epochs=1", "seed=3"]):
+        args = parser.parse_args(["run", *argv])
+        assert (args.config, args.output, args.resume, args.overrides) == \
+            ("c.yaml", "out", True, ["train.epochs=1", "seed=3"]), argv
 
 
 def test_unknown_names_list_the_valid_ones(tmp_path, write_yaml):

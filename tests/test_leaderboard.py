@@ -159,6 +159,28 @@ def test_preflight_checks_init_args_before_any_run(tmp_path, monkeypatch):
     assert calls == []
 
 
+def test_an_order_every_cell_would_fail_on_stops_the_suite_before_any_cell_and_writes_nothing(
+        tmp_path, monkeypatch, capsys):
+    path = write_suite(tmp_path, smoke(orders=["default", "backwards"]))
+    calls = spy_runner(monkeypatch)
+    out = tmp_path / "out"
+    assert main(["leaderboard", "run", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"clbench: error: {path}: orders (digits-domains): "
+                                                   "unknown order 'backwards' (valid named orders: "), lines
+    assert calls == [] and not out.exists()  # no cell ran, no manifest, no folder
+
+
+def test_slurm_launcher_without_slurm_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no srun, no sbatch
+    out = tmp_path / "out"
+    assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--launcher", "slurm"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["clbench: error: --launcher slurm: no SLURM here (srun is not on PATH) (run it on a cluster "
+                     "login node, or use --launcher local)"]
+    assert not out.exists()
+
+
 # -- running a suite ----------------------------------------------------------------------------
 def test_run_writes_one_verified_entry_per_grid_point_and_prints_the_table(board):
     out, stdout = board

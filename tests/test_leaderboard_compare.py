@@ -208,6 +208,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys, synthetic):
     assert err.count("\n") == 1 and "--metric" in err
     assert main(["compare", str(root), "--benchmark", "digits-domains", "--a", "ewc", "--b", "naive"]) == 0
     assert "paired test ewc vs naive on 6" in capsys.readouterr().out
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert main(["compare", str(root), "--a", "naive", "--b", "naive", "--json", str(tmp_path / "c.json")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "clbench: error: --b: --a and --b both name 'naive': a paired test compares two different strategies "
+        "(give two different strategies, or leave --a/--b out for the two best)"]
+    assert not (tmp_path / "c.json").exists() and {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.skipif(not (REPO / "leaderboards" / "trace-mini-moe" / "entries").is_dir(),

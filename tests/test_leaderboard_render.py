@@ -318,3 +318,57 @@ def test_a_gmean_of_zero_is_explained_under_the_table():
     assert gmean_note(table(run(0.4, 0.5), run(0.3, 0.2))) is None
     note = gmean_note(table(run(0.0, 0.0), run(0.3, 0.0), run(0.3, 0.2)), page=True)
     assert "G-mean is 0 on some test set in 2 of 3 runs here" in note and "per-class recall" in note
+
+
+def _read_only_bind(folder: Path) -> bool:
+    """``folder`` remounted read-only onto itself (root with mount rights only)."""
+    try:
+        if subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, timeout=30).returncode:
+            return False
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(folder), str(folder)], capture_output=True,
+                          timeout=30).returncode:
+            subprocess.run(["umount", str(folder)], capture_output=True, timeout=30)
+            return False
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("disk", ["mount", "simulated"])
+@pytest.mark.skipif(not (COMMITTED / "entries").is_dir(), reason="no committed leaderboard/")
+def test_render_into_a_read_only_folder_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch, disk):
+    import errno
+    import os
+
+    from clbench import io as clbench_io
+
+    board = tmp_path / "board"
+    shutil.copytree(COMMITTED / "entries", board / "entries")
+    shutil.copy(COMMITTED / "suite.json", board / "suite.json")
+    if disk == "mount":
+        if not _read_only_bind(board):
+            pytest.skip("cannot mount a read-only folder here (needs root with mount rights)")
+    else:
+        def read_only(*args, **kwargs):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(board))
+
+        monkeypatch.setattr(clbench_io.tempfile, "mkstemp", read_only)
+    before = {p: p.read_bytes() for p in board.rglob("*") if p.is_file()}
+    try:
+        assert main(["leaderboard", "render", str(board)]) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert lines == [f"clbench: error: cannot write {board / 'README.md'}: Read-only file system (the filesystem "
+                         "is mounted read-only: remount it writable or choose another folder)"]
+        assert {p: p.read_bytes() for p in board.rglob("*") if p.is_file()} == before
+    finally:
+        if disk == "mount":
+            subprocess.run(["umount", str(board)], capture_output=True, timeout=30)
+
+
+def test_render_of_a_file_says_it_is_not_a_folder(tmp_path, capsys):
+    path = tmp_path / "results.json"
+    path.write_text("{}")
+    assert main(["leaderboard", "render", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"clbench: error: {path}: {path} is a file, not a leaderboard folder "
+                                "(give the folder 'clbench leaderboard run --output DIR' wrote)"]

@@ -318,3 +318,31 @@ def test_a_strategy_state_that_cannot_be_checkpointed_is_refused_at_the_first_sa
                                         r"memory\.indices \(numpy\.ndarray\)"):
         run(cfg, tmp_path / "out")
     assert not (tmp_path / "out" / "checkpoint.pt").exists()
+
+
+def test_a_resume_under_another_thread_count_is_refused_naming_both(tmp_path, monkeypatch, capsys):
+    """The result records one thread count (CPU numbers depend on it): a resume under another
+    is refused, one line naming both values and the fix, and the checkpoint is left as it was."""
+    from clbench.cli import main
+    from clbench.config import resolve_config
+    from helpers import crash_at
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(), sort_keys=False))
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        crash_at(monkeypatch, "stage:1:step:0", resolve_config(tiny_config()), out)
+        before = (out / "checkpoint.pt").read_bytes()
+        capsys.readouterr()
+        assert main(["run", "-c", str(config), "-o", str(out), "--resume", "--threads", "2", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.splitlines() == [
+            f"clbench: error: --threads: the run in {out} was started with 1 torch thread(s), this resume would use 2 "
+            "(CPU results depend on the thread count) (resume with --threads 1, or start again with --overwrite)"]
+        assert (out / "checkpoint.pt").read_bytes() == before and not (out / "result.json").exists()
+        assert main(["run", "-c", str(config), "-o", str(out), "--resume", "--threads", "1", "--no-progress"]) == 0
+        assert json.loads((out / "result.json").read_text())["env"]["torch_threads"] == 1
+    finally:
+        torch.set_num_threads(threads)

@@ -73,6 +73,15 @@ def test_nc_benchmark_relabelled_classes_are_read_through_avalanche():
     assert all(same_items(e.train, s.dataset) for e, s in zip(exps, scenario.train_stream))
 
 
+def test_nc_benchmark_with_class_ids_from_zero_in_each_experience_is_class_incremental():
+    """Every experience's classes are renumbered 0, 1 (the labels look alike); the original
+    classes differ, so the stream is class-incremental, not instance-incremental."""
+    scenario = nc(task_labels=False, class_ids_from_zero_in_each_exp=True)
+    spec = spec_of(scenario)
+    assert spec.scenario_type == "class-il" and spec.num_classes == 2
+    assert [e.classes for e in ordered_experiences(scenario, "default")] == [[0, 1]] * 3
+
+
 def test_nc_benchmark_order_is_applied():
     scenario = nc(task_labels=False)
     names = experience_names(scenario)

@@ -48,6 +48,9 @@ def handle(args: argparse.Namespace) -> int:
     from clbench.leaderboard.entries import load_entries
     from clbench.leaderboard.execute import manifest_hashes
 
+    if args.a is not None and args.a == args.b:
+        raise UserError(f"--a and --b both name '{args.a}': a paired test compares two different strategies",
+                        where="--b", fix="give two different strategies, or leave --a/--b out for the two best")
     if args.json:
         check_writable(args.json, "--json")
     suite = manifest_hashes(args.dir)  # with a suite manifest, compare the suite's grid only

@@ -59,7 +59,8 @@ def auto_threads(trainer: dict, cores: int | None = None) -> int:
 def register(sub) -> None:
     p = sub.add_parser("run", help="run one config through its stream and write DIR/result.json",
                        description="Run one config; overrides like train.epochs=5 or "
-                                   "strategy.init_args.mem_size=500 follow the options.")
+                                   "strategy.init_args.mem_size=500 may go before, between or after the options.")
+    p.intermixed = True
     p.add_argument("--config", "-c", required=True, help="YAML run config")
     p.add_argument("--output", "-o", required=True, help="output directory (result.json, tensorboard/, checkpoint)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from its last checkpoint")
@@ -88,9 +89,9 @@ def handle(args: argparse.Namespace) -> int:
                      progress=False if args.no_progress else None)
     except UserError as err:  # a component's check of a value the command line set: blame the command line
         raise blame_overrides(err, args.config, args.overrides) from None
-    # Only the global rank 0 reports: Lightning's own launcher sets LOCAL_RANK/NODE_RANK,
-    # torchrun RANK, srun SLURM_PROCID.
-    if all(os.environ.get(key, "0") == "0" for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")):
+    from clbench.outputs import launched_as_rank_zero
+
+    if launched_as_rank_zero():  # only the global rank 0 reports
         from clbench.report import print_result
 
         print_result(result, Path(args.output))

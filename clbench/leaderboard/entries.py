@@ -198,6 +198,9 @@ def load_entries(root: str | Path, hashes: Iterable[str] | None = None) -> list[
     the folder must still be an entry under its own name (:func:`check_entry_names`).
     """
     folder = entries_dir(root)
+    if Path(root).exists() and not Path(root).is_dir():
+        raise UserError(f"{root} is a file, not a leaderboard folder", where=str(root),
+                        fix="give the folder 'clbench leaderboard run --output DIR' wrote")
     if not Path(root).is_dir():
         raise UserError(f"leaderboard directory {root} does not exist", where=str(root),
                         fix="run 'clbench leaderboard run --output DIR' first, or give the right DIR")

@@ -51,12 +51,12 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clbench.errors import UserError
+from clbench.errors import Unwritable, UserError, unwritable
 from clbench.leaderboard.entries import (check_entry_names, entry_from_result, entry_path, failed_entry, read_entry,
                                          write_entry)
 from clbench.leaderboard.lock import CellLock
 from clbench.leaderboard.manifest import MANIFEST, manifest_hashes, read_manifest  # noqa: F401 - re-exported
-from clbench.leaderboard.suite import RunSpec, Suite
+from clbench.leaderboard.suite import RunSpec, Suite, preflight
 from clbench.record import Status
 
 RUNS_DIR = "runs"
@@ -135,7 +135,8 @@ def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[di
         try:
             return run(spec.config, workdir, source=source, resume=True, progress=False), True
         except UserError as err:
-            if err.where != "--resume":  # a real failure of the run, not an unusable checkpoint
+            # An unusable checkpoint (damaged, or made under another thread count) is started over.
+            if err.where not in ("--resume", "--threads"):  # a real failure of the run
                 raise
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -143,13 +144,15 @@ def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[di
 
 
 def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, force: bool = False,
-               allow_dirty: bool = False, console=None) -> tuple[SuiteOutcome, list[RunSpec], dict[str, str]]:
+               allow_dirty: bool = False, console=None,
+               ready=None) -> tuple[SuiteOutcome, list[RunSpec], dict[str, str]]:
     """Check ``output``, write the manifest and say what is left: (outcome so far, to do, entries seen).
 
     ``seen`` maps each grid point that has an entry to that entry's content hash as read now,
     so whoever runs the point later can tell an entry another process wrote meanwhile. With
     grid points to run, a folder of clbench's own repository is refused from a tree with
-    uncommitted changes unless ``allow_dirty`` (:func:`check_clean`); nothing is written then.
+    uncommitted changes unless ``allow_dirty`` (:func:`check_clean`), and ``ready(todo)`` checks
+    what running them needs (every cell's config, the cluster); nothing is written if either refuses.
     """
     from rich.console import Console
 
@@ -174,6 +177,8 @@ def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, 
         todo.append(spec)
     if todo and not allow_dirty:
         check_clean(output)
+    if ready is not None:
+        ready(todo)
     _check_writable(output)
     write_json(output / MANIFEST, suite.manifest())
     console.print(f"suite [bold]{suite.name}[/]: {len(suite.runs)} runs, {len(outcome.skipped)} already done, "
@@ -218,7 +223,7 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
     console = console or Console()
     output = Path(output)
     outcome, todo, seen = plan_suite(suite, output, retry_failed=retry_failed, force=force, allow_dirty=allow_dirty,
-                                     console=console)
+                                     console=console, ready=lambda todo: preflight(suite) if todo else None)
     if not todo:
         return outcome
     _Grid(suite, output, outcome, console, progress=progress, force=force, seen=seen).run(todo)
@@ -346,10 +351,8 @@ class _Grid:
         from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from clbench.leaderboard.suite import preflight
         from clbench.runner import environment
 
-        preflight(self.suite)
         self.env = environment()
         self.total = len(todo)
         if self.progress and self.console.is_terminal:
@@ -434,7 +437,11 @@ def _run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: d
     else:
         try:
             result, resumed = _execute(spec, workdir, str(suite.path), fresh=force)
+        except Unwritable:  # a full or read-only disk stops the grid; the cell's checkpoint stays for a rerun
+            raise
         except Exception as err:  # noqa: BLE001 - one broken run must not stop the grid
+            if unwritable(err) is not None:
+                raise unwritable(err) from None
             message = _one_line_error(err)
             entry = failed_entry(spec.config, message, env=env, wall_seconds=time.perf_counter() - start,
                                  suite=suite.name)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from clbench.leaderboard.execute import RUNS_DIR, SuiteOutcome, plan_suite, record_death
 from clbench.leaderboard.lock import LOCK_SUFFIX
-from clbench.leaderboard.suite import RunSpec, Suite
+from clbench.leaderboard.suite import RunSpec, Suite, preflight
 
 LOGS_DIR = "logs"
 POLL_SECONDS = 0.2
@@ -125,7 +125,7 @@ def run_local(suite: Suite, output: str | Path, *, jobs: int, progress: bool = T
     console = console or Console()
     output = Path(output)
     outcome, todo, seen = plan_suite(suite, output, retry_failed=retry_failed, force=force, allow_dirty=allow_dirty,
-                                     console=console)
+                                     console=console, ready=lambda todo: preflight(suite) if todo else None)
     if todo:
         _Local(suite, output, outcome, console, jobs=jobs, force=force, seen=seen).run(todo, progress=progress)
     return outcome
@@ -144,10 +144,8 @@ class _Local:
     def run(self, todo: list[RunSpec], *, progress: bool) -> None:
         import torch
 
-        from clbench.leaderboard.suite import preflight
         from clbench.runner import environment
 
-        preflight(self.suite)
         self.env = environment()
         runs = self.output / RUNS_DIR
         queue = sorted(todo, key=lambda s: (runs / f"{s.hash}{LOCK_SUFFIX}").exists())  # busy elsewhere: last

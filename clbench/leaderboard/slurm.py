@@ -31,7 +31,7 @@ from clbench.errors import UserError
 from clbench.leaderboard.execute import RUNS_DIR, SuiteOutcome, plan_suite, record_death, run_cell
 from clbench.leaderboard.launch import COUNTED, CellStatus, last_line
 from clbench.leaderboard.lock import LOCK_SUFFIX
-from clbench.leaderboard.suite import RunSpec, Suite
+from clbench.leaderboard.suite import RunSpec, Suite, preflight
 
 LAUNCH_DIR = "slurm"
 RECORDS_DIR = "cells"
@@ -104,15 +104,20 @@ class _Cluster:
         self.records = self.folder / RECORDS_DIR
         self.env: dict | None = None
         self.outcome: SuiteOutcome | None = None
+        self.executor: submitit.AutoExecutor | None = None
 
     def run(self, *, wait: bool, progress: bool, retry_failed: bool, force: bool, allow_dirty: bool = False) \
             -> SuiteOutcome:
-        from clbench.leaderboard.suite import preflight
-
         earlier = SuiteOutcome(total=len(self.suite.runs))
         active = self._collect(earlier) if self.records.is_dir() else {}
+
+        def ready(todo: list[RunSpec]) -> None:  # before the manifest is written: a refusal leaves nothing
+            if any(s.hash not in active for s in todo):
+                preflight(self.suite)
+                self.executor = make_executor(self.folder, self.options, cluster=self.cluster, suite=self.suite)
+
         outcome, todo, seen = plan_suite(self.suite, self.output, retry_failed=retry_failed, force=force,
-                                         allow_dirty=allow_dirty, console=self.console)
+                                         allow_dirty=allow_dirty, console=self.console, ready=ready)
         settled, again = {h for name in COUNTED for h in getattr(earlier, name)}, {s.hash for s in todo}
         for name in COUNTED:  # jobs of an earlier launch that ended since (not those resubmitted now)
             getattr(outcome, name).extend(h for h in getattr(earlier, name) if h not in again)
@@ -124,7 +129,6 @@ class _Cluster:
                                "again")
         new = [s for s in todo if s.hash not in active]
         if new:
-            preflight(self.suite)
             tracked.update(self._submit(new, seen, force=force))
         if not tracked:
             return outcome
@@ -139,7 +143,7 @@ class _Cluster:
     def _submit(self, specs: list[RunSpec], seen: dict[str, str], *, force: bool) -> dict:
         from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-        executor = make_executor(self.folder, self.options, cluster=self.cluster, suite=self.suite)
+        executor = self.executor or make_executor(self.folder, self.options, cluster=self.cluster, suite=self.suite)
         n = len(specs)
         args = ([os.getcwd()] * n, [str(self.suite.path)] * n, [str(self.output)] * n, [s.hash for s in specs],
                 [seen.get(s.hash) for s in specs], [force] * n)

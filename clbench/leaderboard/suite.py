@@ -305,7 +305,8 @@ def _launcher(raw: Any, source: str) -> dict:
 
 
 def preflight(suite: Suite) -> None:
-    """Import every component and check its ``init_args`` against its signature, before any run.
+    """Import every component and check its ``init_args`` against its signature, and every
+    cell's order against its stream, before any run.
 
     A typo in one strategy's arguments would otherwise fail every run of that strategy, one by
     one, after minutes of work; here it is one error naming the suite field. Imports torch.
@@ -337,3 +338,29 @@ def preflight(suite: Suite) -> None:
                 raise UserError(f"'{key}' is set by the runner", where=f"{source}: base.trainer.{key}",
                                 fix="use train.epochs / train.eval_every_epoch instead, or remove it")
         check_init_args(pl.Trainer, trainer, f"{source}: base.trainer")
+    _check_orders(suite)
+
+
+def _check_orders(suite: Suite) -> None:
+    """Each cell's order resolved as its run will resolve it. An order that depends on the
+    stream (a named order of the benchmark's own, a list of experience names) needs the stream
+    built: once per benchmark, and only then; ``default``, ``reverse`` and permutations suit
+    every stream."""
+    from clbench.build import build_benchmark
+    from clbench.config import canonical_json
+    from clbench.streams import resolve_order
+
+    source = str(suite.path)
+    streams: dict[str, Any] = {}
+    checked: set[tuple[str, str]] = set()
+    for spec in suite.runs:
+        order = spec.config["order"]
+        if isinstance(order, dict) or order in ("default", "reverse"):
+            continue
+        benchmark = canonical_json(spec.config["benchmark"])
+        if (benchmark, spec.order) in checked:
+            continue
+        checked.add((benchmark, spec.order))
+        if benchmark not in streams:
+            streams[benchmark] = build_benchmark(spec.config, source)
+        resolve_order(streams[benchmark], order, where=f"{source}: orders ({spec.benchmark})")

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
 
-    from clbench.errors import UserError
+    from clbench.errors import UserError, unwritable
     from clbench.io import write_json
     from clbench.quiet import route_dependency_warnings
 
@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"clbench: error: {err.one_line()}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:
+        reported = unwritable(err)
+        if reported is None:
+            raise
+        print(f"clbench: error: {reported.one_line()}", file=sys.stderr)
+        return reported.exit_code
     except KeyboardInterrupt:
         print("clbench: interrupted (the cell's checkpoint is kept)", file=sys.stderr)
         return 130
