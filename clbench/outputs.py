@@ -135,19 +135,21 @@ class OutputDir:
 
     def commit(self) -> None:
         """Swap a staged run in: the old run's files move aside, the new ones in, the old go."""
-        if self.staged:
-            aside = self.output / _REPLACED
-            shutil.rmtree(aside, ignore_errors=True)
-            aside.mkdir()
-            for name in RUN_FILES:
-                if (self.output / name).exists():
-                    (self.output / name).rename(aside / name)
-            for name in RUN_FILES:
-                if (self.path / name).exists():
-                    (self.path / name).rename(self.output / name)
-            shutil.rmtree(self.path, ignore_errors=True)
-            shutil.rmtree(aside, ignore_errors=True)
-        self._unlock()
+        try:
+            if self.staged:
+                aside = self.output / _REPLACED
+                shutil.rmtree(aside, ignore_errors=True)
+                aside.mkdir()
+                for name in RUN_FILES:
+                    if (self.output / name).exists():
+                        (self.output / name).rename(aside / name)
+                for name in RUN_FILES:
+                    if (self.path / name).exists():
+                        (self.path / name).rename(self.output / name)
+                shutil.rmtree(self.path, ignore_errors=True)
+                shutil.rmtree(aside, ignore_errors=True)
+        finally:
+            self._unlock()
 
     def close(self) -> None:
         """A process that does not commit (another rank) is done with the folder."""
