@@ -117,20 +117,29 @@ def _free_bytes(folder: Path) -> int:
     return stats.f_bavail * stats.f_frsize
 
 
-@pytest.mark.parametrize("disk", ["tmpfs", "simulated"])
-def test_a_full_disk_stops_the_run_with_one_line_and_resume_gives_the_uninterrupted_r(tmp_path, monkeypatch,
-                                                                                      capsys, disk):
-    from clbench import io
-    from clbench.outputs import CHECKPOINT
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, list, int]:
+    """The config, its uninterrupted R, and the size of its checkpoint after one experience."""
     from clbench.config import load_config
+    from clbench.outputs import CHECKPOINT
     from helpers import crash_at
 
-    cfg_path = _config(tmp_path)
-    assert main(["run", "-c", str(cfg_path), "-o", str(tmp_path / "whole"), "--no-progress", "--threads", "1"]) == 0
-    reference = json.loads((tmp_path / "whole" / RESULT).read_text())["r_matrix"]
-    crash_at(monkeypatch, "stage:1:step:0", load_config(cfg_path), tmp_path / "one")
-    checkpoint_size = (tmp_path / "one" / CHECKPOINT).stat().st_size  # after the first experience
+    root = tmp_path_factory.mktemp("disk")
+    cfg_path = _config(root)
+    assert main(["run", "-c", str(cfg_path), "-o", str(root / "whole"), "--no-progress", "--threads", "1"]) == 0
+    reference = json.loads((root / "whole" / RESULT).read_text())["r_matrix"]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        crash_at(monkeypatch, "stage:1:step:0", load_config(cfg_path), root / "one")
+    return cfg_path, reference, (root / "one" / CHECKPOINT).stat().st_size
 
+
+@pytest.mark.parametrize("disk", ["tmpfs", "simulated"])
+def test_a_full_disk_stops_the_run_with_one_line_and_resume_gives_the_uninterrupted_r(tmp_path, monkeypatch,
+                                                                                      capsys, disk, uninterrupted):
+    from clbench import io
+    from clbench.outputs import CHECKPOINT
+
+    cfg_path, reference, checkpoint_size = uninterrupted
     disk_dir = tmp_path / "disk"
     if disk == "tmpfs":
         if not _mount_tmpfs(disk_dir, "1m"):
@@ -139,19 +148,30 @@ def test_a_full_disk_stops_the_run_with_one_line_and_resume_gives_the_uninterrup
         # Room for the first checkpoint, not for the second beside it (an atomic write needs both).
         filler = disk_dir / "filler"
         filler.write_bytes(b"\0" * max(0, _free_bytes(disk_dir) - int(1.5 * checkpoint_size)))
-    else:
+    else:  # the same failure, raised by the file's write() inside torch.save once one checkpoint exists
         request_unmount = False
         filler = None
-        real, writes = io._atomic_write, []
+        real_fdopen = os.fdopen
 
-        def full_after_one_checkpoint(path, write, mode):
-            if path.name == CHECKPOINT:
-                writes.append(path)
-                if len(writes) > 1:
+        class FullDisk:
+            def __init__(self, handle):
+                self.handle = handle
+
+            def write(self, data):
+                if (out / CHECKPOINT).exists():
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return real(path, write, mode)
+                return self.handle.write(data)
 
-        monkeypatch.setattr(io, "_atomic_write", full_after_one_checkpoint)
+            def __getattr__(self, name):
+                return getattr(self.handle, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.handle.close()
+
+        monkeypatch.setattr(io.os, "fdopen", lambda *a, **kw: FullDisk(real_fdopen(*a, **kw)))
     out = disk_dir / "out"
     capsys.readouterr()
     try:
@@ -163,7 +183,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_resume_gives_the_uninterrup
         if filler is not None:
             filler.unlink()  # space freed
         else:
-            monkeypatch.setattr(io, "_atomic_write", real)
+            monkeypatch.setattr(io.os, "fdopen", real_fdopen)
         assert main(["run", "-c", str(cfg_path), "-o", str(out), "--no-progress", "--threads", "1", "--resume"]) == 0
         assert json.loads((out / RESULT).read_text())["r_matrix"] == reference
     finally:
