@@ -270,10 +270,14 @@ def _subst(value: Any, d: Path, out: Path, config: Path) -> Any:
 
 
 def _snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every path under ``root``, with its bytes (None for folders)."""
+    """Every path under ``root``, with its bytes (None for folders). A killed run's stale
+    folder lock (``.clbench-run.lock``) is left out: the next run may take it over and clear it."""
+    from clbench.outputs import RUN_LOCK
+
     out = {}
     for path in sorted(root.rglob("*")):
-        out[str(path.relative_to(root))] = None if path.is_dir() else path.read_bytes()
+        if path.name != RUN_LOCK:
+            out[str(path.relative_to(root))] = None if path.is_dir() else path.read_bytes()
     return out
 
 
