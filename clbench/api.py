@@ -46,6 +46,14 @@ class RunResult:
                    scores=dict(record["scores"]), config=record["config"], config_hash=record["config_hash"],
                    path=Path(path) if path is not None else None, record=record)
 
+    @property
+    def single_stage(self) -> bool:
+        """Whether the run trained once on the whole stream (joint training: one row of R), as it
+        recorded (:func:`clbench.record.single_stage`)."""
+        from clbench.record import single_stage
+
+        return single_stage(self.record)
+
     @classmethod
     def load(cls, folder: str | Path) -> RunResult:
         """A finished run's folder (its ``result.json``)."""

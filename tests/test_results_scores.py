@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from clbench.api import RunResult
 from clbench.config import resolve_config
 from clbench.errors import UserError
 from clbench.leaderboard import entries as E
@@ -48,6 +49,7 @@ def test_a_final_row_with_a_missing_entry_is_scored_and_rescored_the_same(single
     result = assemble(run, state(rows), None, wall=1.0, import_seconds=0.0)
     assert result["scores"]["gmean_final"] is None  # a mean over both experiences, one of them missing
     assert result["single_stage"] is single_stage and result["status"] == Status.OK == "ok"
+    assert RunResult.from_record(result).single_stage is single_stage
     if single_stage:
         assert result["scores"]["acc"] is None
     entry = E.entry_from_result(result)
