@@ -69,8 +69,9 @@ class Unwritable(UserError):
 
 
 def unwritable(err: BaseException, path=None) -> Unwritable | None:
-    """``err`` as a one-line :class:`UserError` naming ``path`` (or the path in ``err``) when it
-    is an unwritable-disk error, else None."""
+    """``err`` as a one-line :class:`UserError` naming ``path`` (a file being written) or the
+    path in ``err`` when it is an unwritable-disk or permission error, else None. A permission
+    error from an unknown operation (maybe a read) says "cannot access", not "cannot write"."""
     if not isinstance(err, OSError) or err.errno not in UNWRITABLE_ERRNOS:
         return None
     where = str(path if path is not None else (err.filename or "a file"))
@@ -79,6 +80,9 @@ def unwritable(err: BaseException, path=None) -> Unwritable | None:
         fix = "free space (or quota) on that filesystem and run the command again"
     elif err.errno == errno.EROFS:
         fix = "the filesystem is mounted read-only: remount it writable or choose another folder"
-    else:
+    elif path is not None:
         fix = "make it writable for this user or choose another folder"
+    else:
+        return Unwritable(f"cannot access {where}: {reason}",
+                          fix="give this user access to it, or choose another path")
     return Unwritable(f"cannot write {where}: {reason}", fix=fix)

@@ -189,3 +189,20 @@ def test_a_full_disk_stops_the_run_with_one_line_and_resume_gives_the_uninterrup
     finally:
         if request_unmount:
             _unmount(disk_dir)
+
+
+def test_a_disk_error_outside_the_write_helpers_is_one_line_naming_its_path(tmp_path, monkeypatch, capsys):
+    """A write that does not go through clbench.io (a logger's file, a folder) is caught at the
+    command's boundary; a permission error there may come from a read, so it says 'access'."""
+    import clbench.leaderboard.render as render
+
+    for code, expected in ((errno.ENOSPC, f"cannot write {tmp_path / 'events'}: No space left on device (free "
+                                          "space (or quota) on that filesystem and run the command again)"),
+                           (errno.EACCES, f"cannot access {tmp_path / 'events'}: Permission denied (give this "
+                                          "user access to it, or choose another path)")):
+        def failing(root, code=code):
+            raise OSError(code, os.strerror(code), str(tmp_path / "events"))
+
+        monkeypatch.setattr(render, "render", failing)
+        assert main(["leaderboard", "render", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"clbench: error: {expected}"]
