@@ -101,3 +101,21 @@ def test_statuses_are_a_closed_set():
     entry["content_hash"] = E.content_hash(entry)
     with pytest.raises(UserError, match="unknown status 'done'"):
         E.verify_entry(entry, "entry")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda e: e.update(seed="0"), r"entry: seed: input should be a valid integer, got '0'"),
+    (lambda e: e["strategy"].pop("name"), r"missing field\(s\) strategy.name"),
+    (lambda e: e.pop("r_init"), r"missing field\(s\) r_init"),
+    (lambda e: e.update(single_stage="yes"), r"single_stage: input should be a valid boolean"),
+])
+def test_an_entry_with_a_field_missing_or_of_the_wrong_type_is_one_line(edit, message):
+    run = fake_run("naive", single_stage=False)
+    entry = E.entry_from_result(assemble(run, state([{"primary": [0.9, 0.2]}, {"primary": [0.6, 0.7]}]), None,
+                                         wall=1.0, import_seconds=0.0))
+    E.verify_entry(entry, "entry")
+    edit(entry)
+    entry["content_hash"] = E.content_hash(entry)
+    with pytest.raises(UserError, match=message) as info:
+        E.verify_entry(entry, "entry")
+    assert "\n" not in info.value.one_line()

@@ -37,12 +37,7 @@ from clbench.record import Status
 
 ENTRY_SCHEMA = 1
 ENTRIES_DIR = "entries"
-# Keys every entry has, whatever its status.
-COMMON_KEYS = ("entry_schema", "status", "error", "config", "config_hash", "content_hash", "harness", "execution",
-               "benchmark",
-               "model", "strategy", "seed", "order", "order_label", "env", "compute")
-# Keys an ``ok`` entry has in addition (from the runner's result).
-RESULT_KEYS = ("schema", "experiences", "r_matrix", "r_init", "scores")
+# The fields an entry has, and their types: clbench.leaderboard.schema.
 ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.json$")
 
 
@@ -142,13 +137,9 @@ def verify_entry(entry: Any, where: str) -> dict:
     if isinstance(result_schema, int) and result_schema > SCHEMA_VERSION:
         raise UserError(f"result schema {result_schema} is newer than this clbench reads ({SCHEMA_VERSION})",
                         where=where, fix="upgrade clbench to read it")
-    missing = [k for k in COMMON_KEYS if k not in entry]
-    if entry.get("status") == Status.OK:
-        missing += [k for k in RESULT_KEYS if k not in entry]
-    if missing:
-        raise UserError(f"missing field(s) {', '.join(missing)}", where=where, fix=rerun)
-    if entry["status"] not in set(Status):
-        raise UserError(f"unknown status {entry['status']!r}", where=f"{where}: status", fix=rerun)
+    from clbench.leaderboard.schema import validate_entry
+
+    validate_entry(entry, where, rerun)  # every field there, of its type (clbench.leaderboard.schema)
     if content_hash(entry) != entry["content_hash"]:
         raise UserError("content hash mismatch: the entry was modified after it was written", where=where, fix=rerun)
     if not isinstance(entry["config"], dict) or config_hash(entry["config"]) != entry["config_hash"]:
