@@ -78,8 +78,17 @@ def utilization_figure(result: dict, layers: list[str], stage: int = -1):
                              figsize=(1.2 + (0.9 + 0.22 * width) * max(1, len(panels)), 0.9 + 0.28 * len(names)))
     for ax, layer in zip(axes[0], panels):
         u = np.atleast_2d(np.asarray(figures[layer]["utilization"], dtype=float))
+        # Rows are domain ids. A stream over a subset of its benchmark's tasks (trace-mini with
+        # ``tasks``) keeps each task's own id, so rows outnumber experiences: show the rows that
+        # hold units, named by id, rather than put experience names on the wrong rows.
+        rows = list(range(len(u)))
+        labels = names[: len(u)]
+        if len(u) != len(names):
+            rows = [d for d in rows if not np.isnan(u[d]).all()]
+            labels = [f"domain {d}" for d in rows]
+        u = u[rows]
         ax.imshow(u, vmin=0.0, vmax=1.0, cmap="magma", aspect="auto")
-        ax.set_yticks(range(len(u)), names[: len(u)] if ax is axes[0][0] else [""] * len(u), fontsize=7)
+        ax.set_yticks(range(len(u)), labels if ax is axes[0][0] else [""] * len(u), fontsize=7)
         ax.set_xticks(range(u.shape[1]), [str(e) for e in range(u.shape[1])], fontsize=6)
         n_eff = compositions.get(layer, {}).get("n_eff")
         short = layer if len(layer) <= 28 else "…" + layer[-27:]

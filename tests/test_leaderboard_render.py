@@ -372,3 +372,18 @@ def test_render_of_a_file_says_it_is_not_a_folder(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.splitlines() == [f"clbench: error: {path}: {path} is a file, not a leaderboard folder "
                                 "(give the folder 'clbench leaderboard run --output DIR' wrote)"]
+
+
+def test_utilization_rows_of_a_task_subset_are_named_by_domain_id():
+    """A stream over 3 of trace-mini's 8 tasks keeps each task's own domain id: the utilization
+    has 8 rows, 5 of them empty. The figure shows the 3 that hold units, labelled by id."""
+    from clbench.plots import utilization_figure
+
+    empty, used = [None, None], [0.25, 0.75]
+    rows = [empty, empty, used, used, empty, empty, empty, used]
+    result = {"experiences": ["MeetingBank", "Py150", "20Minuten"],
+              "expert_utilization": [{"layer.0": {"utilization": rows}}]}
+    fig = utilization_figure(result, ["layer.0"])
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["domain 2", "domain 3", "domain 7"]
+    assert fig.axes[0].images[0].get_array().shape == (3, 2)
