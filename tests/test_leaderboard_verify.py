@@ -165,3 +165,17 @@ def test_committed_leaderboards_reproduce(folder, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert _snapshot(folder) == before
+
+
+def test_every_committed_entry_was_made_from_a_clean_tree():
+    """No committed number from uncommitted code: each entry records a commit and a clean tree."""
+    unclean = []
+    for folder in COMMITTED:
+        for path, entry in _entries(folder):
+            env = entry.get("env") or {}
+            if env.get("git_dirty") is not False or not env.get("git_commit"):
+                state = "dirty" if env.get("git_dirty") else "no record of its tree"
+                unclean.append(f"{path.relative_to(REPO)} ({state})")
+    assert not unclean, (f"{len(unclean)} committed entries were not made from a clean tree; regenerate their "
+                         "leaderboards from a clean checkout with 'clbench leaderboard run --force':\n"
+                         + "\n".join(unclean))
