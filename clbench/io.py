@@ -107,8 +107,21 @@ def remove_stale_temporaries(folder: str | Path, name: str) -> None:
 
 
 def json_text(obj: Any) -> str:
-    """``obj`` as the pretty, strict JSON (no NaN) that :func:`write_json` writes."""
-    return json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    """``obj`` as the pretty, strict JSON (no NaN) that :func:`write_json` writes: nested
+    objects indented, and a list of plain values (an R-matrix row, a routing record) on one
+    line, so a long stream's matrices stay readable and a fraction of the indented size."""
+    return _pretty(obj, 0) + "\n"
+
+
+def _pretty(obj: Any, depth: int) -> str:
+    pad = "  " * depth
+    if isinstance(obj, dict) and obj:
+        items = (f"{pad}  {json.dumps(key)}: {_pretty(value, depth + 1)}" for key, value in obj.items())
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, (list, tuple)) and any(isinstance(x, (dict, list, tuple)) for x in obj):
+        items = (f"{pad}  {_pretty(value, depth + 1)}" for value in obj)
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(obj, allow_nan=False)
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 
+MAX_CELLS = 24  # experiences a heatmap shows at full size, cell by cell
+
+
+def _ticks(labels: list[str]) -> tuple[list[int], list[str]]:
+    """Positions and labels of at most ``MAX_CELLS`` evenly spaced ticks."""
+    step = -(-len(labels) // MAX_CELLS)  # ceil
+    positions = list(range(0, len(labels), step))
+    return positions, [labels[i] for i in positions]
+
+
 def r_matrix_figure(result: dict):
     """Heatmap of a result's R matrix: rows = after training stage (the untrained model first,
     when the result has it), columns = test experience. Scores in [0, 1] are drawn as
@@ -26,12 +36,16 @@ def r_matrix_figure(result: dict):
     finite = r[np.isfinite(r)]
     unit = finite.size == 0 or (finite.min() >= 0.0 and finite.max() <= 1.0)
     low, high = (0.0, 1.0) if unit else (float(finite.min()), float(finite.max()) or 1.0)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * len(names), 0.8 + 0.5 * len(r)), dpi=100)
-    image = ax.imshow(r, vmin=low, vmax=high, cmap="viridis" if higher else "viridis_r")
-    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(len(r)), rows, fontsize=8)
+    # A long stream (the theory benchmark's 100 rounds) keeps the size of a 24-experience map:
+    # its cells are not numbered and every k-th experience is named.
+    dense = len(names) > MAX_CELLS
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * min(len(names), MAX_CELLS), 0.8 + 0.5 * min(len(r), MAX_CELLS + 1)),
+                           dpi=100)
+    image = ax.imshow(r, vmin=low, vmax=high, cmap="viridis" if higher else "viridis_r", aspect="auto")
+    ax.set_xticks(*_ticks(names), rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(*_ticks(rows), fontsize=8)
     middle = low + 0.6 * (high - low)
-    for i in range(r.shape[0]):
+    for i in range(0 if dense else r.shape[0]):
         for j in range(r.shape[1]):
             bright = (r[i, j] >= middle) == higher
             ax.text(j, i, f"{100 * r[i, j]:.0f}" if unit else f"{r[i, j]:.3g}", ha="center", va="center",
@@ -75,7 +89,8 @@ def utilization_figure(result: dict, layers: list[str], stage: int = -1):
     panels = [layer for layer in layers if layer in figures]
     width = max(len(np.atleast_2d(figures[layer]["utilization"])[0]) for layer in panels) if panels else 1
     fig, axes = plt.subplots(1, max(1, len(panels)), squeeze=False, dpi=100,
-                             figsize=(1.2 + (0.9 + 0.22 * width) * max(1, len(panels)), 0.9 + 0.28 * len(names)))
+                             figsize=(1.2 + (0.9 + 0.22 * width) * max(1, len(panels)),
+                                      0.9 + 0.28 * min(len(names), 2 * MAX_CELLS)))
     for ax, layer in zip(axes[0], panels):
         u = np.atleast_2d(np.asarray(figures[layer]["utilization"], dtype=float))
         # Rows are domain ids. A stream over a subset of its benchmark's tasks (trace-mini with
@@ -88,7 +103,8 @@ def utilization_figure(result: dict, layers: list[str], stage: int = -1):
             labels = [f"domain {d}" for d in rows]
         u = u[rows]
         ax.imshow(u, vmin=0.0, vmax=1.0, cmap="magma", aspect="auto")
-        ax.set_yticks(range(len(u)), labels if ax is axes[0][0] else [""] * len(u), fontsize=7)
+        positions, shown = _ticks(labels)
+        ax.set_yticks(positions, shown if ax is axes[0][0] else [""] * len(positions), fontsize=7)
         ax.set_xticks(range(u.shape[1]), [str(e) for e in range(u.shape[1])], fontsize=6)
         n_eff = compositions.get(layer, {}).get("n_eff")
         short = layer if len(layer) <= 28 else "…" + layer[-27:]
