@@ -177,6 +177,15 @@ def cli_in_process(capfd, *args: str, folders: tuple[Path, ...] = ()) -> Outcome
     return Outcome(status, captured.out, captured.err + printed)
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that must take Ctrl-C: a shell running the tests in the
+    background starts them with SIGINT ignored, and Python only installs its KeyboardInterrupt
+    handler where SIGINT is not ignored at start-up."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Crash(Exception):
     """Stands in for SIGKILL inside the test process."""
 

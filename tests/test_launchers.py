@@ -24,7 +24,7 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import RUNS_DIR, run_suite
 from clbench.leaderboard.launch import LOGS_DIR, run_local
 from clbench.leaderboard.suite import load_suite
-from helpers import REPO, SMOKE, smoke, write_suite
+from helpers import REPO, SMOKE, default_sigint, smoke, write_suite
 
 
 # Dies like an out-of-memory kill in its second experience, after the first one's checkpoint.
@@ -98,7 +98,8 @@ def test_an_interrupted_local_launcher_reruns_only_the_missing_cells(tmp_path, s
     command = [sys.executable, "-m", "clbench.cli", "leaderboard", "run", "--suite", str(suite.path), "--output",
                str(out), "--no-progress", "--launcher", "local", "--jobs", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 240
         while not list((out / "entries").glob("*.json")):

@@ -13,6 +13,10 @@ import yaml
 from helpers import run_cli, tiny_config
 
 POISON = textwrap.dedent('''
+    from typing import Annotated
+
+    from pydantic import AllowInfNan
+
     from clbench.strategy import Strategy
 
 
@@ -23,7 +27,7 @@ POISON = textwrap.dedent('''
         mean loss is exactly ``factor``'s kind of non-finite (nan or inf).
         """
 
-        def __init__(self, at: int = 1, factor: float = float("nan")):
+        def __init__(self, at: int = 1, factor: Annotated[float, AllowInfNan(True)] = float("nan")):
             super().__init__()
             self.at = at
             self.factor = factor

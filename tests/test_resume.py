@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import REPO, tiny_config
+from helpers import REPO, default_sigint, tiny_config
 
 CONFIG = tiny_config(model={"class_path": "mlp", "init_args": {"hidden": 32, "dropout": 0.25}},
                      strategy={"class_path": "replay", "init_args": {"mem_size": 60}},
@@ -256,7 +256,7 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(runs, reference):
     args = ["run", "--config", str(runs["config"]), "--output", str(out), "--no-progress"]
     env = {**os.environ, "CLBENCH_TEST_KILL_AT": "stage:1:step:3", "CLBENCH_TEST_KILL_SIGNAL": "INT"}
     proc = subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=REPO, env=env, text=True,
-                          capture_output=True, timeout=300)
+                          capture_output=True, timeout=300, preexec_fn=default_sigint)
     stderr = proc.stderr
     assert proc.returncode == 130, stderr
     assert stderr.splitlines() == [stderr.strip()] and stderr.startswith("clbench: interrupted")
