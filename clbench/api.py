@@ -158,10 +158,14 @@ def compare(folder: str | Path, *, metric: str = "acc", benchmark: str | None = 
             b: str | None = None) -> dict[str, Any]:
     """``clbench compare``'s report as a dict: per benchmark, each strategy's score per task
     order, worst order and range, Kendall's tau between orders, a paired test of ``a`` and ``b``."""
+    from clbench.errors import UserError
     from clbench.leaderboard.compare import compare as compare_entries
     from clbench.leaderboard.entries import load_entries
     from clbench.leaderboard.execute import manifest_hashes
 
-    hashes = manifest_hashes(folder)
+    if a is not None and a == b:
+        raise UserError(f"--a and --b both name '{a}': a paired test compares two different strategies",
+                        where="--b", fix="give two different strategies, or leave --a/--b out for the two best")
+    hashes = manifest_hashes(folder)  # with a suite manifest, compare the suite's grid only
     return compare_entries(load_entries(folder, hashes), metric=metric, benchmark=benchmark, a=a, b=b,
                            sequence=hashes, source=str(folder))

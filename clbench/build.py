@@ -106,20 +106,17 @@ def preflight(cfg: dict, source: str) -> None:
     """Resolve every component and check every ``init_args`` before anything is built.
 
     Building a stream can take minutes (decoding a dataset); a typo in the strategy's
-    arguments should not wait for it. Only imports the components' modules, and names that
-    are neither registered nor import paths are refused before anything is imported.
+    arguments should not wait for it. Only imports the components' modules; unknown names were
+    already refused when the config was resolved (:func:`clbench.config.resolve_config`), before
+    anything was imported.
     """
-    for key, kind in (("benchmark", "benchmarks"), ("model", "models"), ("strategy", "strategies")):
-        name = cfg[key]["class_path"]
-        if isinstance(name, str) and name not in registry.available(kind) and not registry._looks_like_path(name):
-            registry.resolve(kind, name, where=f"{source}: {key}.class_path")  # raises: unknown name
     _optimizer_path(cfg, source)
     # The model's harness-given arguments depend on the objective, which the stream names; until
     # the stream is built, any built-in objective's may be harness-given (checked exactly later).
     if cfg.get("objective"):
-        model_args = _objective_class(cfg["objective"]["class_path"], f"{source}: objective.class_path").model_args
-        check_init_args(_objective_class(cfg["objective"]["class_path"], f"{source}: objective.class_path"),
-                        cfg["objective"]["init_args"], f"{source}: objective.init_args")
+        objective = _objective_class(cfg["objective"]["class_path"], f"{source}: objective.class_path")
+        model_args = objective.model_args
+        check_init_args(objective, cfg["objective"]["init_args"], f"{source}: objective.init_args")
     else:
         model_args = ("num_classes", "input_shape", "output_dim")
     for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", model_args)):

@@ -57,7 +57,8 @@ def test_straight_through_mask_keeps_top_c_and_passes_gradients_to_scores():
     assert layer.base_layer.weight.grad is None
 
 
-def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
+def _two_task_layer() -> tuple[TaskState, MoSELinear]:
+    """A MoSE layer in eval mode with non-zero adapters and a stored mask for each of two tasks."""
     torch.manual_seed(1)
     state = TaskState()
     layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=1, r=2, density=0.4).eval()
@@ -66,6 +67,11 @@ def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
     for slot in (0, 1):
         layer.reset_scores()
         layer.store_mask(slot)
+    return state, layer
+
+
+def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
+    state, layer = _two_task_layer()
     x = torch.randn(2, 4, 6)
     assert torch.equal(layer(x), layer.base_layer(x))  # state.slots is None
     state.slots = torch.tensor([0, 1])
@@ -88,14 +94,7 @@ def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
 def test_stored_masks_apply_under_bf16_autocast():
     """precision: bf16-mixed (the TRACE configs' GPU setting) evaluates the fp32 adapter under
     autocast: the mixture comes out in bf16 and must still land in the per-sample delta."""
-    torch.manual_seed(1)
-    state = TaskState()
-    layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=1, r=2, density=0.4).eval()
-    with torch.no_grad():
-        layer.lora_B.normal_()
-    for slot in (0, 1):
-        layer.reset_scores()
-        layer.store_mask(slot)
+    state, layer = _two_task_layer()
     x = torch.randn(2, 4, 6)
     state.slots = torch.tensor([0, 1])
     full = layer(x)

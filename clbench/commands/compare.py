@@ -43,19 +43,13 @@ def check_writable(path: str | Path, where: str) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from clbench.api import compare
     from clbench.io import write_json
-    from clbench.leaderboard.compare import compare, print_comparison
-    from clbench.leaderboard.entries import load_entries
-    from clbench.leaderboard.execute import manifest_hashes
+    from clbench.leaderboard.compare import print_comparison
 
-    if args.a is not None and args.a == args.b:
-        raise UserError(f"--a and --b both name '{args.a}': a paired test compares two different strategies",
-                        where="--b", fix="give two different strategies, or leave --a/--b out for the two best")
     if args.json:
         check_writable(args.json, "--json")
-    suite = manifest_hashes(args.dir)  # with a suite manifest, compare the suite's grid only
-    report = compare(load_entries(args.dir, suite), metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b,
-                     sequence=suite)
+    report = compare(args.dir, metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b)
     print_comparison(report)
     if args.json:
         try:
