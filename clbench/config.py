@@ -12,10 +12,11 @@ registered name or an import path) and ``init_args``::
     train: {epochs: 3, batch_size: 64, optimizer: {class_path: adam, init_args: {lr: 0.001}}}
     trainer: {accelerator: cpu, devices: 1}   # passed to lightning.Trainer as is
 
-Validation is written here rather than delegated to jsonargparse because every error must be a
-single line naming the file and the field, and because checking a config must not import
-torch. ``init_args`` are checked against the target's signature when it is built
-(:mod:`clbench.build`).
+The fields' types, ranges and defaults are pydantic models (:mod:`clbench.config_schema`),
+worded as one line naming the file and the field by :mod:`clbench.validation`, the same
+mechanism that checks every component's ``init_args`` against its signature when it is built
+(:mod:`clbench.build`). Checking a config imports pydantic, never torch; importing this module
+imports neither.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import copy
 import functools
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -32,62 +32,8 @@ from clbench.errors import UserError, did_you_mean
 
 SCHEMA_VERSION = 1
 
-DEFAULTS: dict[str, Any] = {
-    "seed": 0,
-    "benchmark": {"class_path": "digits-domains", "init_args": {}},
-    "order": "default",
-    "model": {"class_path": "mlp", "init_args": {}},
-    "strategy": {"class_path": "naive", "init_args": {}},
-    "train": {
-        "epochs": 3,
-        "batch_size": 64,
-        "eval_batch_size": 512,
-        "optimizer": {"class_path": "adam", "init_args": {"lr": 0.001}},
-        "eval_every_epoch": False,
-        "num_workers": 0,
-        "deterministic": True,
-    },
-    "metrics": {"reference_models": False},
-    "trainer": {"accelerator": "cpu", "devices": 1},
-    "logging": {"tensorboard": True, "progress": True},
-}
-
 # Keys that do not change what a run computes; left out of the config hash.
 NON_SEMANTIC = ("logging",)
-
-# field -> allowed python types (after YAML parsing). Sub-dicts are checked recursively.
-_COMPONENT = {"class_path": (str,), "init_args": (dict, type(None))}
-_TYPES: dict[str, Any] = {
-    "seed": (int,),
-    "benchmark": _COMPONENT,
-    "order": (str, list, dict),
-    "model": _COMPONENT,
-    "strategy": _COMPONENT,
-    # Optional, absent from DEFAULTS (so configs without them keep their hashes): the objective
-    # overriding the stream's, and a per-step learning-rate schedule.
-    "objective": _COMPONENT,
-    "pretrain": {"fraction": (int, float), "samples": (int,), "epochs": (int,)},  # clbench.pretrain
-    "train": {
-        "epochs": (int,),
-        "batch_size": (int,),
-        "eval_batch_size": (int,),
-        "optimizer": _COMPONENT,
-        "scheduler": _COMPONENT,
-        "eval_every_epoch": (bool,),
-        "num_workers": (int,),
-        "deterministic": (bool,),
-    },
-    "metrics": {"reference_models": (bool,)},
-    "trainer": None,  # free-form: Lightning's Trainer checks its own arguments
-    "logging": {"tensorboard": (bool,), "progress": (bool,), "loggers": (list,)},
-}
-_POSITIVE = {"train.epochs", "train.batch_size", "train.eval_batch_size"}
-_NON_NEGATIVE = {"seed", "train.num_workers"}
-
-
-def _type_names(types) -> str:
-    return " or ".join("null" if t is type(None) else {"dict": "mapping", "list": "list"}.get(t.__name__, t.__name__)
-                       for t in types)
 
 
 def deep_merge(base: dict, update: dict) -> dict:
@@ -120,13 +66,20 @@ class DuplicateKey(Exception):
 # YAML 1.2 core schema floats, plus bare inf/nan: what a person means by a number. PyYAML reads
 # YAML 1.1, where 1e-3 (no dot) and 1e30 are strings, so `lr: 1e-3` would reach the optimizer
 # as text. Non-finite values are read as floats and refused where a field must be finite.
+# Booleans are YAML 1.2's too: true and false only. YAML 1.1 also reads yes/no/on/off as
+# booleans, so `order: on` or a tokenizer's `padding_side: no` would silently become True or
+# False; read as text, they reach the field as written, and a bool field (strict) refuses the
+# string with "set it to true or false". One rule for every YAML the harness reads, instead of
+# a special case per field.
+_BOOL = r"^(?:true|True|TRUE|false|False|FALSE)$"
 _FLOAT = (r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
           r"|[-+]?\.?(?:inf|Inf|INF)|\.?(?:nan|NaN|NAN))$")
 
 
 @functools.lru_cache(maxsize=1)
 def _strict_loader():
-    """YAML's safe loader, with YAML 1.2 floats (``1e-3``, ``1E3``, ``.5``, ``inf``, ``.nan``), refusing
+    """YAML's safe loader, with YAML 1.2 floats (``1e-3``, ``1E3``, ``.5``, ``inf``, ``.nan``) and
+    booleans (``true``/``false``; ``yes``, ``no``, ``on``, ``off`` are text), refusing
     a key given twice in one mapping (plain YAML keeps the last silently, so a forgotten earlier
     value would decide the run). Merge keys (``<<``) may still be overridden: that is what they
     are for. Every YAML the harness reads (configs, overrides, suites) goes through it."""
@@ -134,13 +87,13 @@ def _strict_loader():
 
     import yaml
 
-    float_tag = "tag:yaml.org,2002:float"
+    float_tag, bool_tag = "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"
 
     class StrictLoader(yaml.SafeLoader):
-        # Resolvers are a class-level table keyed by first character; replace the float row in a
-        # copy so plain yaml.SafeLoader stays as it is.
+        # Resolvers are a class-level table keyed by first character; replace the float and bool
+        # rows in a copy so plain yaml.SafeLoader stays as it is.
         yaml_implicit_resolvers = {
-            first: [(tag, regexp) for tag, regexp in resolvers if tag != float_tag]
+            first: [(tag, regexp) for tag, regexp in resolvers if tag not in (float_tag, bool_tag)]
             for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
         def construct_mapping(self, node, deep=False):
@@ -159,11 +112,12 @@ def _strict_loader():
             return super().construct_mapping(node, deep=deep)
 
     StrictLoader.add_implicit_resolver(float_tag, re.compile(_FLOAT), list("-+0123456789.iInN"))
+    StrictLoader.add_implicit_resolver(bool_tag, re.compile(_BOOL), list("tTfF"))
     return StrictLoader
 
 
 def load_yaml_text(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2 floats, raising :class:`DuplicateKey` for a key given twice."""
+    """``yaml.safe_load`` with YAML 1.2 floats and booleans, raising :class:`DuplicateKey` for a key given twice."""
     import yaml
 
     return yaml.load(text, Loader=_strict_loader())
@@ -295,51 +249,28 @@ def _shorthand(cfg: dict) -> dict:
     return cfg
 
 
-def _check(node: Any, spec: Any, path: str, source: str) -> None:
-    if spec is None:
-        if node is not None and not isinstance(node, dict):
-            raise UserError(f"expected a mapping, got {type(node).__name__}", where=f"{source}: {path}",
-                            fix="write it as 'key: value' lines")
-        return
-    if isinstance(spec, tuple):
-        # bool is an int subclass; never accept True for a count.
-        ok = isinstance(node, spec) and not (isinstance(node, bool) and bool not in spec)
-        if not ok:
-            raise UserError(f"expected {_type_names(spec)}, got {type(node).__name__} {node!r}",
-                            where=f"{source}: {path}", fix=f"set {path} to a value of type {_type_names(spec)}")
-        if isinstance(node, float) and not math.isfinite(node):
-            raise UserError(f"must be a finite number, got {node}", where=f"{source}: {path}",
-                            fix=f"set {path} to a finite number")
-        if path in _POSITIVE and node <= 0:
-            raise UserError(f"must be positive, got {node}", where=f"{source}: {path}", fix=f"set {path} >= 1")
-        if path in _NON_NEGATIVE and node < 0:
-            raise UserError(f"must be >= 0, got {node}", where=f"{source}: {path}", fix=f"set {path} >= 0")
-        return
-    if not isinstance(node, dict):
-        raise UserError(f"expected a mapping, got {type(node).__name__} {node!r}", where=f"{source}: {path}",
-                        fix="write it as 'key: value' lines")
-    for key, value in node.items():
-        sub = f"{path}.{key}" if path else key
-        if key not in spec:
-            raise UserError(f"unknown key '{key}'", where=f"{source}: {sub}", fix=did_you_mean(key, spec))
-        _check(value, spec[key], sub, source)
-
-
 def resolve_config(raw: dict, *, source: str = "config", overrides: list[str] | None = None) -> dict:
-    """Defaults + ``raw`` + overrides, validated. ``source`` names the file in errors."""
+    """Defaults + ``raw`` + overrides, validated. ``source`` names the file in errors.
+
+    The file is checked on its own (:class:`~clbench.config_schema.RunConfig`) before it is
+    merged, so a mistake names the file; after the overrides the merged config is checked
+    again, and a mistake in a field an override set names the command line."""
+    from clbench.config_schema import RunConfig, defaults
+    from clbench.validation import check_fields
+
     if not isinstance(raw, dict):
         raise UserError("top level must be a mapping", where=source)
     raw = _shorthand(raw)
-    _check(raw, _TYPES, "", source)
-    cfg = deep_merge(DEFAULTS, raw)
+    check_fields(raw, RunConfig, source)
+    cfg = deep_merge(defaults(), raw)
     # A new class_path without init_args must not inherit the default's init_args.
     for key in ("benchmark", "model", "strategy"):
         if key in raw and "init_args" not in raw[key]:
             cfg[key]["init_args"] = {}
-    if overrides:
-        cfg = _shorthand(apply_overrides(cfg, overrides))
-        _check(cfg, _TYPES, "", "command line")
     try:
+        if overrides:
+            cfg = _shorthand(apply_overrides(cfg, overrides))
+            check_fields(cfg, RunConfig, source)
         _complete(cfg, source)
     except UserError as err:  # about a field an override set: the command line is to blame
         raise blame_overrides(err, source, overrides) from None
@@ -347,20 +278,13 @@ def resolve_config(raw: dict, *, source: str = "config", overrides: list[str] | 
 
 
 def _complete(cfg: dict, source: str) -> None:
-    """Fill empty ``init_args`` and check what needs the merged config (class paths, order)."""
-    for key in ("benchmark", "model", "strategy"):
-        cfg[key]["init_args"] = cfg[key].get("init_args") or {}
-        if "class_path" not in cfg[key]:
-            raise UserError("missing class_path", where=f"{source}: {key}.class_path",
-                            fix=f"run 'clbench list {key if key != 'strategy' else 'strategies'}'")
-    for component, where in ((cfg.get("objective"), "objective"), (cfg["train"].get("scheduler"), "train.scheduler")):
+    """Fill empty ``init_args`` and check what the file alone cannot say (registered names)."""
+    # (not the optimizer's: its init_args stay as written, as the config hash has always seen them)
+    for component in (cfg["benchmark"], cfg["model"], cfg["strategy"], cfg.get("objective"),
+                      cfg["train"].get("scheduler")):
         if component is not None:
             component["init_args"] = component.get("init_args") or {}
-            if "class_path" not in component:
-                raise UserError("missing class_path", where=f"{source}: {where}.class_path",
-                                fix="name the component, e.g. class_path: cosine")
     _check_names(cfg, source)
-    check_order(cfg["order"], f"{source}: order")
     from clbench.loggers import logger_specs
 
     logger_specs(cfg["logging"], source)
@@ -394,31 +318,13 @@ def _check_names(cfg: dict, source: str) -> None:
 
 def check_order(order: Any, where: str) -> None:
     """A run's ``order`` (or one of a suite's ``orders``): a name, a list of experience names or
-    ``{permutation: <seed >= 0>}``. ``where`` names the file and field in errors."""
-    if isinstance(order, str):
-        if not order:
-            raise UserError("the order is an empty name", where=where,
-                            fix="use a named order such as default, a list of names, or {permutation: <int seed>}")
-        return  # named orders are checked by the benchmark, which knows its names
-    if isinstance(order, list):
-        if not order:
-            raise UserError("an explicit order lists no experience", where=where,
-                            fix="write e.g. order: [rot0, rot90, ...]")
-        if not all(isinstance(name, str) for name in order):
-            raise UserError("an explicit order is a list of experience names", where=where,
-                            fix="write e.g. order: [rot0, rot90, ...]")
-        duplicated = sorted({name for name in order if order.count(name) > 1})
-        if duplicated:
-            raise UserError(f"experience(s) {', '.join(duplicated)} appear more than once", where=where,
-                            fix="list each experience exactly once")
-        return
-    seed = order.get("permutation") if isinstance(order, dict) else None
-    if not isinstance(order, dict) or set(order) != {"permutation"} or not isinstance(seed, int) or isinstance(seed, bool):
-        raise UserError(f"unrecognised order {order!r}", where=where,
-                        fix="use a named order, a list of names, or {permutation: <int seed>}")
-    if seed < 0:
-        raise UserError(f"a permutation's seed must be >= 0, got {seed}", where=where,
-                        fix="give a seed such as {permutation: 3}")
+    ``{permutation: <seed >= 0>}`` (:func:`clbench.config_schema.order_problem`, the rule the
+    config's own check uses). ``where`` names the file and field in errors."""
+    from clbench.config_schema import order_problem
+
+    problem = order_problem(order)
+    if problem:
+        raise UserError(problem[0], where=where, fix=problem[1])
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:

@@ -39,25 +39,16 @@ from clbench.errors import UserError
 
 def settings(cfg: dict, source: str) -> dict | None:
     """The checked ``pretrain:`` section (None when absent); fails before the stream is built.
-    Its keys and their types are checked with the rest of the config (:mod:`clbench.config`)."""
+    Its rules (exactly one of ``fraction`` in (0, 1) and ``samples`` >= 1, ``epochs`` >= 1) are
+    the config's own (:class:`clbench.config_schema.Pretrain`), checked with the rest of it."""
     section = cfg.get("pretrain")
-    if not section:
+    if section is None:
         return None
-    where = f"{source}: pretrain"
-    given = [key for key in ("fraction", "samples") if key in section]
-    if len(given) != 1:
-        raise UserError("give exactly one of fraction and samples", where=where,
-                        fix="write e.g. pretrain: {fraction: 0.1, epochs: 7}")
-    if "epochs" not in section:
-        raise UserError("missing epochs", where=f"{where}.epochs", fix="write e.g. pretrain: {fraction: 0.1, epochs: 7}")
-    if section["epochs"] < 1:
-        raise UserError(f"must be >= 1, got {section['epochs']}", where=f"{where}.epochs", fix="set epochs >= 1")
-    fraction = section.get("fraction")
-    if fraction is not None and not 0 < fraction < 1:
-        raise UserError(f"must lie in (0, 1), got {fraction}", where=f"{where}.fraction", fix="use e.g. 0.1")
-    if section.get("samples") is not None and section["samples"] < 1:
-        raise UserError(f"must be >= 1, got {section['samples']}", where=f"{where}.samples", fix="use e.g. 2000")
-    return {**section, "where": where}
+    from clbench.config_schema import Pretrain
+    from clbench.validation import check_fields
+
+    check_fields(section, Pretrain, source, field="pretrain")
+    return {**section, "where": f"{source}: pretrain"}
 
 
 def _shares(sizes: list[int], total: int) -> list[int]:

@@ -25,6 +25,7 @@ it does not convert.
 from __future__ import annotations
 
 import functools
+import re
 import types
 import typing
 from collections.abc import Callable as AbcCallable
@@ -47,17 +48,27 @@ _EXPECTED = {
     "float_parsing": "float", "string_type": "str", "bool_type": "bool", "bool_parsing": "bool",
     "list_type": "list", "tuple_type": "list", "set_type": "list", "frozen_set_type": "list",
     "sequence_str": "list", "iterable_type": "list", "dict_type": "mapping", "none_required": "null",
-    "path_type": "path", "callable_type": "callable",
+    "path_type": "path", "callable_type": "callable", "model_type": "mapping", "model_attributes_type": "mapping",
 }
 
 
 class Invalid(Exception):
     """A value that does not fit its annotation: ``path`` (``[0]``, ``.key``) below the field,
-    ``what`` is wrong, in words; ``limit`` when the type is right and the value out of range."""
+    ``what`` is wrong, in words; ``limit`` when the type is right and the value out of range;
+    ``fix`` when the rule that refused it words its own fix (:func:`refuse`)."""
 
-    def __init__(self, path: str, what: str, limit: bool = False):
+    def __init__(self, path: str, what: str, limit: bool = False, fix: str | None = None):
         super().__init__(f"{path}: {what}")
-        self.path, self.what, self.limit = path, what, limit  # limit: of the right type, out of range
+        self.path, self.what, self.limit, self.fix = path, what, limit, fix
+
+
+def refuse(what: str, fix: str, at: Any = None):
+    """The error a validator of a model raises for a rule that types cannot say (an unknown key,
+    two seeds alike): ``what`` and ``fix`` in words, ``at`` a key below the validated value.
+    Raise it from a ``model_validator`` or an ``AfterValidator``; :func:`check_value` words it."""
+    from pydantic_core import PydanticCustomError
+
+    return PydanticCustomError("refused", "{what}", {"what": what, "fix": fix, "at": at})
 
 
 def _yaml_form(annotation: Any) -> Any:
@@ -85,8 +96,10 @@ def _yaml_form(annotation: Any) -> Any:
 
 @functools.lru_cache(maxsize=1024)
 def _adapter(annotation: Any):
-    from pydantic import ConfigDict, TypeAdapter
+    from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return TypeAdapter(annotation)  # a model carries its own rules (model_config)
     config = ConfigDict(strict=True, arbitrary_types_allowed=True, allow_inf_nan=False)
     try:
         return TypeAdapter(_yaml_form(annotation), config=config)
@@ -94,11 +107,20 @@ def _adapter(annotation: Any):
         return None
 
 
-def _real_path(value: Any, loc: tuple) -> tuple[str, Any, bool]:
+_FIRST_STEP = re.compile(r"^(?:\.[^.\[]*|\[[^\]]*\])?")
+
+
+def _step(key: Any) -> str:
+    return f".{key}" if isinstance(key, str) else f"[{key!r}]"
+
+
+def _real_path(value: Any, error: dict) -> tuple[str, Any, bool]:
     """The error's place in ``value`` as ``[0].key`` text, the value there, and whether it is a
     mapping's key. pydantic's location also names union branches (``'float'``,
-    ``'is-instance[Tensor]'``); those are not places in the value and are skipped."""
+    ``'is-instance[Tensor]'``, a model's class name); those are not places in the value and are
+    skipped. A missing field, and the key a :func:`refuse` names, are places below the value."""
     path, current, key = "", value, None
+    loc = tuple(error["loc"])
     for step in loc:
         if step == "[key]":
             return path, key, True
@@ -108,6 +130,11 @@ def _real_path(value: Any, loc: tuple) -> tuple[str, Any, bool]:
         elif isinstance(current, (list, tuple)) and isinstance(step, int) and 0 <= step < len(current):
             path += f"[{step}]"
             current = current[step]
+    at = (error.get("ctx") or {}).get("at")
+    if error["type"] == "missing" and loc:
+        path, current = path + _step(loc[-1]), None
+    elif at is not None:  # a key of a mapping, even when it is not a string
+        path, current = f"{path}.{at}", current.get(at) if isinstance(current, dict) else None
     return path, current, False
 
 
@@ -136,11 +163,19 @@ def check_value(value: Any, annotation: Any) -> None:
         adapter.validate_python(value)
     except ValidationError as err:
         errors = err.errors(include_url=False)
-        placed = [(_real_path(value, tuple(e["loc"])), e) for e in errors]
-        # The deepest place wins: in a union, the branch whose container the value matched.
+        placed = [(_real_path(value, e), e) for e in errors]
+        # The first field with a problem (a model reports them in field order), and in it the
+        # deepest place: in a union, the branch whose container the value matched.
+        first = _FIRST_STEP.match(placed[0][0][0]).group(0)
+        placed = [item for item in placed if _FIRST_STEP.match(item[0][0]).group(0) == first]
         deepest = max(placed, key=lambda item: (len(item[0][0]), item[0][2]))[0]
         group = [e for place, e in placed if place == deepest]
         path, here, is_key = deepest
+        refused = [e for e in group if e["type"] == "refused"]
+        if refused:
+            raise Invalid(path, refused[0]["ctx"]["what"], fix=refused[0]["ctx"]["fix"]) from None
+        if group[0]["type"] == "missing":
+            raise Invalid(path, f"missing '{group[0]['loc'][-1]}'") from None
         limits = [e for e in group if e["type"] in _CONSTRAINTS]
         if limits:
             error = limits[0]
@@ -152,19 +187,87 @@ def check_value(value: Any, annotation: Any) -> None:
             from None
 
 
+def check_fields(data: Any, model: Any, where: str, field: str = "") -> None:
+    """Check a file's ``data`` (a config, a suite; or its section ``field``) against its pydantic
+    ``model``; the first problem is a one-line :class:`~clbench.errors.UserError` at
+    ``<where>: <field path>``."""
+    from clbench.errors import UserError
+
+    try:
+        check_value(data, model)
+    except Invalid as err:
+        below = err.path.removeprefix(".")
+        field = f"{field}{err.path}" if field else below
+        fix = err.fix or fix_for(field, annotation_at(model, below))
+        raise UserError(err.what, where=f"{where}: {field}" if field else where, fix=fix) from None
+
+
+def annotation_at(annotation: Any, path: str) -> Any:
+    """The annotation of the field at ``path`` (``train.optimizer``, ``seeds[1]``) below a model,
+    with the constraints its ``Field`` declares; ``Any`` where the path leaves the models."""
+    from pydantic import BaseModel
+
+    for step in re.findall(r"[^.\[\]]+", path):
+        annotation = _strip(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and step in annotation.model_fields:
+            info = annotation.model_fields[step]
+            extras = (*info.metadata, info) if info.description else tuple(info.metadata)
+            annotation = Annotated[(info.annotation, *extras)] if extras else info.annotation
+        elif typing.get_origin(annotation) is list and step.isdigit():
+            annotation = typing.get_args(annotation)[0]
+        else:
+            return Any
+    return annotation
+
+
+def _strip(annotation: Any) -> Any:
+    """``annotation`` without its constraints and, in a union, its model (or list) branch."""
+    from pydantic import BaseModel
+
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            arg = _strip(arg)
+            if (isinstance(arg, type) and issubclass(arg, BaseModel)) or typing.get_origin(arg) is list:
+                return arg
+    return annotation
+
+
 def fix_for(name: str, annotation: Any) -> str:
     """How to fix a bad value of parameter ``name``: ``give lr a value of type float | Tensor``,
-    ``set policy to one of 'reservoir', 'class_balanced'``."""
+    ``set policy to one of 'reservoir', 'class_balanced'``, ``set flag to true or false``."""
+    if _strip(annotation) is bool:
+        return f"set {name} to true or false"
+    said = _description(annotation)
+    if said:
+        return f"give {name} {said}"
     text = describe(annotation)
     named = any(typing.get_origin(a) is Literal for a in (typing.get_args(annotation) or (annotation,)))
     return f"set {name} to {text}" if named or text.startswith("one of ") else f"give {name} a value of type {text}"
+
+
+def _description(annotation: Any) -> str | None:
+    """The words a ``Field(description=...)`` in an ``Annotated`` gives for what a value may be."""
+    if typing.get_origin(annotation) is Annotated:
+        for meta in annotation.__metadata__:
+            if getattr(meta, "description", None):
+                return meta.description
+    return None
 
 
 def describe(annotation: Any) -> str:
     """An annotation as a config author reads it: ``float | Tensor``, ``list[int]``, ``int >= 1``."""
     if annotation is type(None):
         return "null"
+    if annotation is dict or (isinstance(annotation, type) and hasattr(annotation, "model_fields")):
+        return "mapping"  # a section of a file (a pydantic model)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is dict and args and args[0] is str and args[1] is Any:
+        return "mapping"
+    said = _description(annotation)
+    if said:
+        return said
     if origin is Annotated:
         bounds = {}
         for meta in annotation.__metadata__:
