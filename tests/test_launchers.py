@@ -280,9 +280,9 @@ def test_bad_launcher_options_are_one_line_errors(tmp_path, capsys, args, messag
 
 @pytest.mark.parametrize("launcher, where, fix", [
     ({"slurm": {"partiton": "gpu"}}, "launcher.slurm.partiton: unknown key 'partiton'", "did you mean 'partition'?"),
-    ({"slrum": {}}, "launcher.slrum: unknown launcher 'slrum'", "did you mean 'slurm'?"),
-    ({"local": {"jobs": 0}}, "launcher.local.jobs: expected an integer of at least 1, got 0", ""),
-    ({"slurm": {"additional": ["x"]}}, "launcher.slurm.additional: expected a mapping", ""),
+    ({"slrum": {}}, "launcher.slrum: unknown key 'slrum'", "did you mean 'slurm'?"),
+    ({"local": {"jobs": 0}}, "launcher.local.jobs: must be >= 1, got 0", "int >= 1"),
+    ({"slurm": {"additional": ["x"]}}, "launcher.slurm.additional: expected mapping", ""),
 ])
 def test_bad_launcher_sections_are_one_line_errors(tmp_path, capsys, launcher, where, fix):
     path = write_suite(tmp_path, smoke(launcher=launcher))

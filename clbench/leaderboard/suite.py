@@ -23,6 +23,11 @@ model's ``init_args`` for that strategy's points: a method defined on adapters (
 LoRA) beside one that trains the whole model, in one grid. Every mistake is reported before any run starts, as one
 line naming the suite file and the field (``suite.yaml: strategies[2].init_args.mem_size``).
 
+The file's fields are checked by pydantic models (:class:`SuiteFile`) through the mechanism
+that checks a run config (:func:`clbench.validation.check_fields`), and the parts that are run
+config (``base``, every cell, each order) by the run config's own models
+(:mod:`clbench.config_schema`): a suite cannot accept what ``clbench run`` would refuse.
+
 ``threads`` sets torch's intra-op CPU threads for the suite's runs. It is not part of any run
 config (it does not say what is computed), but it is recorded in every entry: on a small
 model, a CPU shared with other work makes extra threads spin rather than help (the quickstart
@@ -39,24 +44,109 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from clbench.config import check_order, config_hash, deep_merge, order_label, read_yaml, resolve_config
+from pydantic import AfterValidator, Field
+
+from clbench.config import config_hash, deep_merge, order_label, read_yaml, resolve_config
+from clbench.config_schema import Count, Named, NonNegative, Order, Section
 from clbench.errors import UserError, did_you_mean
+from clbench.validation import check_fields, refuse
 
-SUITE_KEYS = ("name", "description", "benchmarks", "models", "strategies", "orders", "seeds", "base", "threads",
-              "launcher")
-# ``launcher:`` settings per launcher (docs/cluster.md); like ``threads``, never part of a run config.
-LAUNCHER_KEYS = {"local": ("jobs",),
-                 "slurm": ("partition", "gpus_per_node", "cpus_per_task", "timeout_min", "mem_gb", "jobs",
-                           "additional", "setup")}
-REQUIRED_KEYS = ("name", "benchmarks", "models", "strategies", "orders", "seeds")
 # Run-config fields the grid sets; ``base`` may not set them too.
 GRID_FIELDS = {"seed": "seeds", "benchmark": "benchmarks", "model": "models", "strategy": "strategies",
                "order": "orders"}
 _KIND = {"benchmarks": "benchmarks", "models": "models", "strategies": "strategies"}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEFAULT_SUITE = Path("configs") / "suites" / "quickstart.yaml"
+
+
+def _distinct_orders(orders: list) -> list:
+    labels = [order_label(o) for o in orders]
+    repeated = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if repeated:
+        raise refuse(f"order {repeated[0]} is listed twice", "list each order once")
+    return orders
+
+
+def _distinct_seeds(seeds: list) -> list:
+    if len(set(seeds)) != len(seeds):
+        raise refuse("a seed is listed twice", "list each seed once")
+    return seeds
+
+
+def _suite_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise refuse(f"invalid suite name {name!r}", "use letters, digits, '-', '_' or '.', starting with a letter or digit")
+    return name
+
+
+def _partition(name: str) -> str:
+    if not name.strip():
+        raise refuse(f"expected a partition name, got {name!r}", "e.g. partition: gpu")
+    return name
+
+
+def _grid_free(base: dict | None) -> dict | None:
+    for key in base or {}:
+        if key in GRID_FIELDS:
+            raise refuse(f"'{key}' is set by the grid", f"list it under '{GRID_FIELDS[key]}' instead", at=key)
+    return base
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+Orders = Annotated[list[Order], AfterValidator(_distinct_orders),
+                   Field(min_length=1, description="a non-empty list of orders (named orders such as default, "
+                                                   "lists of experience names, {permutation: <seed>})")]
+
+
+class BenchmarkItem(Named):
+    """A benchmark of the grid; ``orders`` of its own (experience names belong to one stream)."""
+
+    orders: Orders = None  # type: ignore[assignment]
+
+
+class StrategyItem(Named):
+    """A strategy of the grid; ``model_args`` laid over every model's ``init_args`` for it."""
+
+    model_args: dict[str, Any] = None  # type: ignore[assignment]
+
+
+class LocalLauncher(Section):
+    jobs: Count = None  # type: ignore[assignment]
+
+
+class SlurmLauncher(Section):
+    """``--launcher slurm``'s defaults (docs/cluster.md)."""
+
+    partition: Annotated[str, AfterValidator(_partition)] = None  # type: ignore[assignment]
+    gpus_per_node: NonNegative = None  # type: ignore[assignment]
+    cpus_per_task: Count = None  # type: ignore[assignment]
+    timeout_min: Count = None  # type: ignore[assignment]
+    mem_gb: Annotated[float, Field(gt=0)] = None  # type: ignore[assignment]
+    jobs: Count = None  # type: ignore[assignment]
+    additional: dict[str, str | int | float | bool] = None  # type: ignore[assignment]  # more #SBATCH options
+    setup: list[str] = None  # type: ignore[assignment]  # shell lines before each task
+
+
+class Launchers(Section):
+    local: LocalLauncher | None = None
+    slurm: SlurmLauncher | None = None
+
+
+class SuiteFile(Section):
+    """A suite file. ``base`` is a partial run config, checked by the run config's own models
+    (:func:`clbench.config.resolve_config`), as is every cell of the grid."""
+
+    name: Annotated[str, AfterValidator(_suite_name)]
+    description: str | None = None
+    base: Annotated[dict[str, Any] | None, AfterValidator(_grid_free)] = None
+    benchmarks: Annotated[list[str | BenchmarkItem], Field(min_length=1)]
+    models: Annotated[list[str | Named], Field(min_length=1)]
+    strategies: Annotated[list[str | StrategyItem], Field(min_length=1)]
+    orders: Orders
+    seeds: Annotated[list[NonNegative], Field(min_length=1), AfterValidator(_distinct_seeds)]
+    threads: Count | None = None
+    launcher: Launchers | None = None
 
 
 @dataclass(frozen=True)
@@ -119,56 +209,25 @@ def _looks_like_path(name: str) -> bool:
 
 
 def _component(item: Any, where: str, kind: str, extra: tuple[str, ...] = ()) -> dict:
-    """``name`` or ``{class_path, init_args}`` -> a component mapping; short names must be registered."""
-    from clbench.registry import available
+    """A checked item (``name`` or ``{class_path, init_args}``) -> a component mapping; short
+    names must be registered."""
+    from clbench.registry import SINGULAR, available
 
     if isinstance(item, str):
         item = {"class_path": item}
-    if not isinstance(item, dict):
-        raise UserError(f"expected a name or a mapping with class_path, got {type(item).__name__} {item!r}",
-                        where=where, fix="write e.g. 'naive' or {class_path: replay, init_args: {mem_size: 200}}")
-    allowed = ("class_path", "init_args", *extra)
-    for key in item:
-        if key not in allowed:
-            raise UserError(f"unknown key '{key}'", where=f"{where}.{key}", fix=did_you_mean(str(key), allowed))
-    name = item.get("class_path")
-    if not isinstance(name, str) or not name:
+    name = item["class_path"]
+    if not name:
         raise UserError("missing class_path", where=f"{where}.class_path", fix=f"run 'clbench list {kind}'")
-    init_args = item.get("init_args") or {}
-    if not isinstance(init_args, dict):
-        raise UserError(f"init_args must be a mapping, got {type(init_args).__name__}", where=f"{where}.init_args",
-                        fix="write init_args as 'key: value' lines")
     if not _looks_like_path(name):
         names = available(kind)
         if name not in names:
-            raise UserError(f"unknown {kind[:-1]} '{name}'", where=f"{where}.class_path",
+            raise UserError(f"unknown {SINGULAR[kind]} '{name}'", where=f"{where}.class_path",
                             fix=did_you_mean(name, names))
-    out = {"class_path": name, "init_args": dict(init_args)}
+    out = {"class_path": name, "init_args": dict(item.get("init_args") or {})}
     for key in extra:
         if key in item:
             out[key] = item[key]
     return out
-
-
-def _non_empty_list(raw: dict, key: str, source: str) -> list:
-    value = raw[key]
-    if not isinstance(value, list) or not value:
-        raise UserError(f"expected a non-empty list, got {value!r}", where=f"{source}: {key}",
-                        fix=f"write {key} as a YAML list, e.g. {key}: [...]")
-    return value
-
-
-def _orders(value: Any, where: str) -> list:
-    if not isinstance(value, list) or not value:
-        raise UserError(f"expected a non-empty list of orders, got {value!r}", where=where,
-                        fix="write e.g. orders: [default, reverse, {permutation: 1}]")
-    for i, order in enumerate(value):
-        check_order(order, f"{where}[{i}]")
-    labels = [order_label(o) for o in value]
-    repeated = sorted({lab for lab in labels if labels.count(lab) > 1})
-    if repeated:
-        raise UserError(f"order {repeated[0]} is listed twice", where=where, fix="list each order once")
-    return value
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -179,57 +238,16 @@ def load_suite(path: str | Path) -> Suite:
         raise UserError(f"suite file {path} does not exist", where="--suite",
                         fix="give a suite YAML, e.g. configs/suites/quickstart.yaml")
     raw = read_yaml(path)
-    for key in raw:
-        if key not in SUITE_KEYS:
-            raise UserError(f"unknown key '{key}'", where=f"{source}: {key}", fix=did_you_mean(str(key), SUITE_KEYS))
-    for key in REQUIRED_KEYS:
-        if key not in raw:
-            raise UserError(f"missing '{key}'", where=source, fix=f"add a '{key}:' entry (see docs/leaderboard.md)")
-    name = raw["name"]
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise UserError(f"invalid suite name {name!r}", where=f"{source}: name",
-                        fix="use letters, digits, '-', '_' or '.', starting with a letter or digit")
-    description = raw.get("description") or ""
-    if not isinstance(description, str):
-        raise UserError("description must be a string", where=f"{source}: description", fix="write one line of text")
-
+    check_fields(raw, SuiteFile, source)
     base = raw.get("base") or {}
-    if not isinstance(base, dict):
-        raise UserError(f"expected a mapping, got {type(base).__name__}", where=f"{source}: base",
-                        fix="write base as 'key: value' lines (train, trainer, metrics, logging)")
-    for key in base:
-        if key in GRID_FIELDS:
-            raise UserError(f"'{key}' is set by the grid", where=f"{source}: base.{key}",
-                            fix=f"list it under '{GRID_FIELDS[key]}' instead")
     resolve_config(base, source=f"{source}: base")  # type-check the shared settings once
-
     components: dict[str, list[tuple[str, dict]]] = {}
     for key in ("benchmarks", "models", "strategies"):
-        items = _non_empty_list(raw, key, source)
         extra = {"benchmarks": ("orders",), "strategies": ("model_args",)}.get(key, ())
         components[key] = [(f"{key}[{i}]", _component(item, f"{source}: {key}[{i}]", _KIND[key], extra))
-                           for i, item in enumerate(items)]
-    orders = _orders(raw["orders"], f"{source}: orders")
-    for where, strat in components["strategies"]:
-        if not isinstance(strat.get("model_args", {}), dict):
-            raise UserError("model_args must be a mapping", where=f"{source}: {where}.model_args",
-                            fix="write e.g. model_args: {lora: {r: 8}}")
-    for where, bench in components["benchmarks"]:
-        if "orders" in bench:
-            bench["orders"] = _orders(bench["orders"], f"{source}: {where}.orders")
-    seeds = _non_empty_list(raw, "seeds", source)
-    for i, seed in enumerate(seeds):
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise UserError(f"expected a non-negative integer, got {seed!r}", where=f"{source}: seeds[{i}]",
-                            fix="list integer seeds, e.g. seeds: [0, 1, 2]")
-    if len(set(seeds)) != len(seeds):
-        raise UserError("a seed is listed twice", where=f"{source}: seeds", fix="list each seed once")
-    threads = raw.get("threads")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise UserError(f"expected a positive integer, got {threads!r}", where=f"{source}: threads",
-                        fix="give the number of CPU threads, e.g. threads: 1, or remove it for torch's default")
-
-    launcher = _launcher(raw.get("launcher"), source)
+                           for i, item in enumerate(raw[key])]
+    orders, seeds, threads = raw["orders"], raw["seeds"], raw.get("threads")
+    launcher = {name: dict(section or {}) for name, section in (raw.get("launcher") or {}).items()}
 
     runs: list[RunSpec] = []
     seen: dict[str, str] = {}
@@ -255,53 +273,8 @@ def load_suite(path: str | Path) -> Suite:
                         runs.append(RunSpec(index=len(runs), config=cfg, hash=digest,
                                             benchmark=bench["class_path"], model=model["class_path"],
                                             strategy=strategy["class_path"], order=order_label(order), seed=seed))
-    return Suite(name=name, description=description.strip(), path=path, runs=runs, components=components,
-                 base=base, threads=threads, launcher=launcher)
-
-
-def _count(value: Any, where: str, least: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise UserError(f"expected an integer of at least {least}, got {value!r}", where=where,
-                        fix="give a whole number, or remove it for the default")
-
-
-def _launcher(raw: Any, source: str) -> dict:
-    """The checked ``launcher:`` section: ``{local: {jobs}, slurm: {partition, gpus_per_node, ...}}``."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise UserError(f"expected a mapping, got {type(raw).__name__}", where=f"{source}: launcher",
-                        fix="write e.g. launcher: {slurm: {partition: gpu, timeout_min: 60}}")
-    out: dict[str, dict] = {}
-    for name, section in raw.items():
-        where = f"{source}: launcher.{name}"
-        if name not in LAUNCHER_KEYS:
-            raise UserError(f"unknown launcher '{name}'", where=where, fix=did_you_mean(str(name), LAUNCHER_KEYS))
-        section = section or {}
-        if not isinstance(section, dict):
-            raise UserError(f"expected a mapping, got {type(section).__name__}", where=where,
-                            fix="write its settings as 'key: value' lines")
-        for key, value in section.items():
-            here = f"{where}.{key}"
-            if key not in LAUNCHER_KEYS[name]:
-                raise UserError(f"unknown key '{key}'", where=here, fix=did_you_mean(str(key), LAUNCHER_KEYS[name]))
-            if key == "partition" and not (isinstance(value, str) and value.strip()):
-                raise UserError(f"expected a partition name, got {value!r}", where=here, fix="e.g. partition: gpu")
-            if key in ("jobs", "cpus_per_task", "timeout_min"):
-                _count(value, here, 1)
-            if key == "gpus_per_node":
-                _count(value, here, 0)
-            if key == "mem_gb" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-                raise UserError(f"expected a positive number of GB, got {value!r}", where=here, fix="e.g. mem_gb: 32")
-            if key == "additional" and not (isinstance(value, dict) and all(
-                    isinstance(v, (str, int, float, bool)) for v in value.values())):
-                raise UserError("expected a mapping of sbatch options to values", where=here,
-                                fix="write e.g. additional: {account: myproject, qos: high}")
-            if key == "setup" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-                raise UserError("expected a list of shell lines", where=here,
-                                fix="write e.g. setup: ['module load cuda/12.1']")
-        out[name] = dict(section)
-    return out
+    return Suite(name=raw["name"], description=(raw.get("description") or "").strip(), path=path, runs=runs,
+                 components=components, base=base, threads=threads, launcher=launcher)
 
 
 def preflight(suite: Suite) -> None:
