@@ -79,7 +79,8 @@ def order_problem(order: Any) -> tuple[str, str] | None:
             return f"experience(s) {', '.join(duplicated)} appear more than once", "list each experience exactly once"
         return None
     seed = order.get("permutation") if isinstance(order, dict) else None
-    if not isinstance(order, dict) or set(order) != {"permutation"} or not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(order, dict) or set(order) != {"permutation"} or not isinstance(seed, int) \
+            or isinstance(seed, bool):
         return (f"unrecognised order {order!r}",
                 "use a named order, a list of names, or {permutation: <int seed>}")
     if seed < 0:

@@ -45,7 +45,8 @@ TINY = yaml.safe_dump({k: v for k, v in tiny_config().items() if k != "train"}, 
      "cfg.yaml: train.epoch: unknown key 'epoch' (did you mean 'epochs'? valid: batch_size, deterministic, epochs, "
      "eval_batch_size, eval_every_epoch, num_workers, optimizer, scheduler)"),
     ("metrics:\n  reference_models: yes\n",
-     "cfg.yaml: metrics.reference_models: expected bool, got str 'yes' (set metrics.reference_models to true or false)"),
+     "cfg.yaml: metrics.reference_models: expected bool, got str 'yes' "
+     "(set metrics.reference_models to true or false)"),
     ("train:\n  deterministic: off\n",
      "cfg.yaml: train.deterministic: expected bool, got str 'off' (set train.deterministic to true or false)"),
     ("train:\n  num_workers: -1\n",
@@ -80,7 +81,8 @@ def test_a_string_field_keeps_a_word_yaml_1_1_would_have_made_a_boolean():
 def test_every_field_error_is_one_line_naming_the_field():
     for raw, where in (({"logging": {"loggers": "csv"}}, "cfg.yaml: logging.loggers: expected list"),
                        ({"trainer": [1]}, "cfg.yaml: trainer: expected mapping"),
-                       ({"strategy": {"class_path": "naive", "init_args": 3}}, "cfg.yaml: strategy.init_args: expected mapping"),
+                       ({"strategy": {"class_path": "naive", "init_args": 3}},
+                        "cfg.yaml: strategy.init_args: expected mapping"),
                        ({7: 1}, "cfg.yaml: 7: unknown key '7'")):
         with pytest.raises(UserError) as info:
             resolve_config(raw, source="cfg.yaml")
@@ -110,7 +112,8 @@ def test_a_bad_suite_field_is_one_line_exit_2(capsys, tmp_path, change, message)
 def test_checking_a_config_or_a_suite_does_not_import_torch():
     code = ("import sys\nfrom clbench.config import resolve_config\nfrom clbench.leaderboard.suite import load_suite\n"
             "resolve_config({'strategy': 'replay'})\nload_suite('configs/suites/smoke.yaml')\n"
-            "print(sorted(m for m in ('torch', 'lightning', 'torchmetrics') if m in sys.modules), 'pydantic' in sys.modules)")
+            "print(sorted(m for m in ('torch', 'lightning', 'torchmetrics') if m in sys.modules), "
+            "'pydantic' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[-2] == "[] True"
 

@@ -76,7 +76,8 @@ def _distinct_seeds(seeds: list) -> list:
 
 def _suite_name(name: str) -> str:
     if not _NAME.match(name):
-        raise refuse(f"invalid suite name {name!r}", "use letters, digits, '-', '_' or '.', starting with a letter or digit")
+        raise refuse(f"invalid suite name {name!r}",
+                     "use letters, digits, '-', '_' or '.', starting with a letter or digit")
     return name
 
 
