@@ -19,7 +19,7 @@ Importing this module imports pydantic (about 70 ms), never torch.
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -102,6 +102,8 @@ Order = Annotated[Any, AfterValidator(_order),
 
 
 class Train(Section):
+    """How each experience is trained and evaluated."""
+
     epochs: Count = 3
     batch_size: Count = 64
     eval_batch_size: Count = 512
@@ -141,9 +143,10 @@ class Logging(Section):
 
 
 class RunConfig(Section):
-    """A run config file. ``None`` defaults (``objective``, ``pretrain``) are sections left out
-    of the resolved config when the file leaves them out, so configs without them keep their
-    hashes."""
+    """A run config file. A ``None`` default (``objective``, ``pretrain``, ``train.scheduler``,
+    ``logging.loggers``) marks an optional field: absent from the resolved config unless the
+    file gives it, so configs without it keep their hashes; its type has no ``None``, so an
+    explicit ``null`` is refused rather than read as "left out"."""
 
     seed: NonNegative = 0
     benchmark: Component = Component(class_path="digits-domains", init_args={})
@@ -157,8 +160,6 @@ class RunConfig(Section):
     # handed to lightning.Trainer, which checks its own arguments (clbench.build.preflight)
     trainer: dict[str, Any] | None = {"accelerator": "cpu", "devices": 1}
     logging: Logging = Logging()
-
-    COMPONENTS: ClassVar[tuple[str, ...]] = ("benchmark", "model", "strategy", "objective")
 
 
 @functools.lru_cache(maxsize=1)
