@@ -285,9 +285,6 @@ def _complete(cfg: dict, source: str) -> None:
         if component is not None:
             component["init_args"] = component.get("init_args") or {}
     _check_names(cfg, source)
-    from clbench.loggers import logger_specs
-
-    logger_specs(cfg["logging"], source)
 
 
 def _check_names(cfg: dict, source: str) -> None:

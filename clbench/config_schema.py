@@ -133,13 +133,40 @@ class Metrics(Section):
     reference_models: bool = False
 
 
+def _logger_name(name: str) -> str:
+    from clbench.loggers import SHORT_NAMES
+
+    if not name:
+        raise refuse("a logger's name is empty", _LOGGERS)
+    if name not in SHORT_NAMES and ":" not in name and "." not in name:
+        raise refuse(f"unknown logger '{name}'", did_you_mean(name, SHORT_NAMES))
+    return name
+
+
+def _loggers_once(items: list) -> list:
+    names = [item if isinstance(item, str) else item.class_path for item in items]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise refuse(f"logger '{twice[0]}' is named twice", "name each logger once")
+    return items
+
+
+_LOGGERS = "write e.g. loggers: [tensorboard, csv] or [{class_path: mlflow, init_args: {tracking_uri: 'file:./mlruns'}}]"
+LoggerName = Annotated[str, AfterValidator(_logger_name)]  # a short name (clbench.loggers) or an import path
+
+
+class Logger(Section):
+    class_path: LoggerName
+    init_args: dict[str, Any] | None = None
+
+
 class Logging(Section):
-    """Not part of the config hash (:data:`clbench.config.NON_SEMANTIC`); ``loggers`` are
-    checked by :func:`clbench.loggers.logger_specs`."""
+    """Not part of the config hash (:data:`clbench.config.NON_SEMANTIC`). Without ``loggers``,
+    TensorBoard alone if ``tensorboard`` (:func:`clbench.loggers.logger_specs`)."""
 
     tensorboard: bool = True
     progress: bool = True
-    loggers: list = None  # type: ignore[assignment]
+    loggers: Annotated[list[LoggerName | Logger], AfterValidator(_loggers_once)] = None  # type: ignore[assignment]
 
 
 class RunConfig(Section):

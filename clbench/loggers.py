@@ -39,41 +39,21 @@ SHORT_NAMES = {
     "mlflow": "lightning.pytorch.loggers:MLFlowLogger",
     "wandb": "lightning.pytorch.loggers:WandbLogger",
 }
-_FIX = "write e.g. loggers: [tensorboard, csv] or [{class_path: mlflow, init_args: {tracking_uri: 'file:./mlruns'}}]"
 
 
 def logger_specs(logging: dict, source: str = "config") -> list[dict]:
-    """``logging.loggers`` as ``[{class_path, init_args}]``, checked without importing anything;
-    without ``loggers``, TensorBoard alone if ``logging.tensorboard`` (the default) is on."""
+    """``logging.loggers`` as ``[{class_path, init_args}]``; without ``loggers``, TensorBoard
+    alone if ``logging.tensorboard`` (the default) is on. The names, their form and that none is
+    given twice are checked with the rest of the config (:class:`clbench.config_schema.Logging`)."""
+    from clbench.config_schema import Logging
+    from clbench.validation import check_fields
+
+    check_fields(logging, Logging, source, field="logging")
     items = logging.get("loggers")
     if items is None:
         return [{"class_path": "tensorboard", "init_args": {}}] if logging.get("tensorboard", True) else []
-    where = f"{source}: logging.loggers"
-    if not isinstance(items, list):
-        raise UserError(f"expected a list, got {type(items).__name__} {items!r}", where=where, fix=_FIX)
-    specs = []
-    for i, item in enumerate(items):
-        here = f"{where}[{i}]"
-        if isinstance(item, str):
-            item = {"class_path": item}
-        if not isinstance(item, dict) or not isinstance(item.get("class_path"), str) or not item["class_path"]:
-            raise UserError(f"expected a logger name or {{class_path, init_args}}, got {item!r}", where=here, fix=_FIX)
-        unknown = set(item) - {"class_path", "init_args"}
-        if unknown:
-            raise UserError(f"unknown key '{sorted(unknown)[0]}'", where=f"{here}", fix="use class_path and init_args")
-        name, args = item["class_path"], item.get("init_args") or {}
-        if not isinstance(args, dict):
-            raise UserError(f"expected a mapping, got {type(args).__name__}", where=f"{here}.init_args", fix=_FIX)
-        if name not in SHORT_NAMES and ":" not in name and "." not in name:
-            from clbench.errors import did_you_mean
-
-            raise UserError(f"unknown logger '{name}'", where=f"{here}.class_path", fix=did_you_mean(name, SHORT_NAMES))
-        specs.append({"class_path": name, "init_args": dict(args)})
-    names = [s["class_path"] for s in specs]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise UserError(f"logger '{twice[0]}' is named twice", where=where, fix="name each logger once")
-    return specs
+    return [{"class_path": item, "init_args": {}} if isinstance(item, str)
+            else {"class_path": item["class_path"], "init_args": dict(item.get("init_args") or {})} for item in items]
 
 
 def _defaults(name: str, folder: Path) -> dict[str, Any]:
