@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import Literal
-
 import numpy as np
 import torch
 
-from benchmarks.dirichlet import dirichlet_split
-from benchmarks.images import (Augment, ImageArray, batch_transform, check_image_size, dataset_root,
-                               image_transform, resolve_augment)
+from benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
+from benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageSize, Normalization, batch_transform,
+                               dataset_root, image_transform, resolve_augment)
 from clbench.data import ArrayDataset
 from clbench.errors import UserError
 from clbench.streams import StreamSpec, build_scenario
@@ -98,11 +96,10 @@ def load(root: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, lis
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), x_test, y_test, names)
 
 
-def cifar10_dirichlet(root: str, num_experiences: int = 5, alpha: float = 0.3, min_size: int = 1400,
-                      balanced: bool = True, partition_seed: int = 0, image_size: int = 32,
-                      augment: bool | dict = True, normalize: Literal["imagenet", "inception", "none"] = "imagenet"):
+def cifar10_dirichlet(root: str, num_experiences: NumExperiences = 5, alpha: Alpha = 0.3, min_size: MinSize = 1400,
+                      balanced: bool = True, partition_seed: int = 0, image_size: ImageSize = 32,
+                      augment: bool | AugmentOverrides = True, normalize: Normalization = "imagenet"):
     """CIFAR-10 cut into ``num_experiences`` Dirichlet(``alpha``) class-imbalanced partitions."""
-    check_image_size(image_size)
     aug = resolve_augment(augment, DEFAULT_AUGMENT)
     x_tr, y_tr, x_te, y_te, class_names = load(root)
     split = dirichlet_split(y_tr, y_te, num_experiences=num_experiences, alpha=alpha, min_size=min_size,

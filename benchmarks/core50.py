@@ -36,14 +36,17 @@ import os
 import pickle
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import AfterValidator, Field
 
-from benchmarks.images import (Augment, ImageArray, ImageFiles, NpzArray, check_image_size, dataset_root,
-                               derived_seed, image_transform, resolve_augment, stratified_split)
+from benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageFiles, ImageSize, Normalization, NpzArray,
+                               TestFraction, dataset_root, derived_seed, image_transform, resolve_augment,
+                               stratified_split)
 from clbench.errors import UserError
 from clbench.streams import StreamSpec, build_scenario
+from clbench.validation import ArgumentError, distinct
 
 SESSIONS = tuple(range(1, 12))
 NI_TRAIN_SESSIONS = (1, 2, 4, 5, 6, 8, 9, 11)
@@ -169,22 +172,16 @@ def scan_arrays(npz: Path, paths_file: Path, sessions: list[int], objects: list[
     return source, rows, parsed[rows, 0], parsed[rows, 1]
 
 
-def _check_subset(values: list[int] | None, allowed: tuple[int, ...], field: str, what: str) -> list[int]:
-    if values is None:
-        return list(allowed)
-    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v not in allowed]
-    if bad or not values or len(set(values)) != len(values):
-        raise UserError(f"invalid {what} {values!r}", where=f"benchmark.init_args.{field}",
-                        fix=f"a non-empty list of distinct {what} from {allowed[0]}..{allowed[-1]}"
-                            + (f" within {list(allowed)}" if len(allowed) < 11 else ""))
-    return sorted(values)
+# Session and object numbers as the dataset names them (s1..s11, o1..o50), each listed once.
+Sessions = Annotated[list[Annotated[int, Field(ge=1, le=11)]], Field(min_length=1), AfterValidator(distinct)]
+Objects = Annotated[list[Annotated[int, Field(ge=1, le=50)]], Field(min_length=1), AfterValidator(distinct)]
 
 
 def core50(root: str, protocol: Literal["domains11", "ni"] = "domains11",
-           labels: Literal["object", "category"] = "object", test_fraction: float = 0.2, split_seed: int = 0,
-           sessions: list[int] | None = None, objects: list[int] | None = None,
-           source: Literal["auto", "png", "npz"] = "auto", image_size: int = 224, augment: bool | dict = True,
-           normalize: Literal["imagenet", "inception", "none"] = "imagenet"):
+           labels: Literal["object", "category"] = "object", test_fraction: TestFraction = 0.2, split_seed: int = 0,
+           sessions: Sessions | None = None, objects: Objects | None = None,
+           source: Literal["auto", "png", "npz"] = "auto", image_size: ImageSize = 224,
+           augment: bool | AugmentOverrides = True, normalize: Normalization = "imagenet"):
     """CORe50 as a domain-incremental stream, one experience per session.
 
     ``sessions`` keeps only some of the protocol's experience sessions (``ni``: a subset of its
@@ -193,21 +190,16 @@ def core50(root: str, protocol: Literal["domains11", "ni"] = "domains11",
     folders, ``npz`` the ``core50_imgs.npz`` array (memory-mapped, nothing to decode), ``auto``
     the npz when both files are there and the folders otherwise.
     """
-    if protocol not in ("domains11", "ni"):
-        raise UserError(f"unknown protocol '{protocol}'", where="benchmark.init_args.protocol",
-                        fix="use domains11 (the thesis) or ni (standard NI)")
-    if labels not in ("object", "category"):
-        raise UserError(f"unknown labels '{labels}'", where="benchmark.init_args.labels",
-                        fix="use object (50 classes) or category (10 classes)")
-    if source not in ("auto", "png", "npz"):
-        raise UserError(f"unknown source '{source}'", where="benchmark.init_args.source", fix="use auto, png or npz")
-    check_image_size(image_size)
     aug = resolve_augment(augment, DEFAULT_AUGMENT)
     allowed = SESSIONS if protocol == "domains11" else NI_TRAIN_SESSIONS
-    exp_sessions = _check_subset(sessions, allowed, "sessions", "sessions")
+    outside = [s for s in sessions or () if s not in allowed]
+    if outside:
+        raise ArgumentError("benchmark", "sessions", f"session(s) {outside} are not training sessions of protocol "
+                            f"{protocol}", fix=f"choose from {list(allowed)}")
+    exp_sessions = sorted(sessions) if sessions is not None else list(allowed)
     if protocol == "ni" and sessions is not None:
         exp_sessions = [s for s in NI_TRAIN_SESSIONS if s in exp_sessions]  # keep the protocol's order
-    objs = _check_subset(objects, tuple(range(1, NUM_OBJECTS + 1)), "objects", "objects")
+    objs = sorted(objects) if objects is not None else list(range(1, NUM_OBJECTS + 1))
     needed = sorted(set(exp_sessions) | (set(NI_TEST_SESSIONS) if protocol == "ni" else set()))
 
     folder, arrays = locate(root)

@@ -13,15 +13,17 @@ train/test split is stratified by class and seeded.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Annotated, Callable, Literal
 
 import numpy as np
 import torch
+from pydantic import AfterValidator, Field
 
-from benchmarks.dirichlet import dirichlet_split
+from benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
+from benchmarks.images import TestFraction
 from clbench.data import ArrayDataset
-from clbench.errors import UserError, did_you_mean
 from clbench.streams import StreamSpec, build_scenario
+from clbench.validation import distinct
 
 DOMAIN_TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "rot0": lambda x: x,
@@ -32,16 +34,14 @@ DOMAIN_TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "flip": lambda x: torch.flip(x, dims=(-1,)),
 }
 DEFAULT_DOMAINS = ("rot0", "rot90", "rot180", "rot270", "invert")
+Domain = Literal[tuple(DOMAIN_TRANSFORMS)]
 
 
-def load_digits_split(test_fraction: float, seed: int, where: str = "benchmark.init_args"):
+def load_digits_split(test_fraction: TestFraction, seed: int):
     """(x_train, y_train, x_test, y_test) as tensors, x of shape (N, 1, 8, 8) in [0, 1]."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    if not 0.0 < test_fraction < 1.0:
-        raise UserError(f"test_fraction must be in (0, 1), got {test_fraction}", where=f"{where}.test_fraction",
-                        fix="use e.g. 0.25")
     digits = load_digits()
     x = (digits.images.astype(np.float32) / 16.0)[:, None]
     y = digits.target.astype(np.int64)
@@ -49,13 +49,10 @@ def load_digits_split(test_fraction: float, seed: int, where: str = "benchmark.i
     return torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te), torch.from_numpy(y_te)
 
 
-def digits_domains(domains: list[str] | None = None, test_fraction: float = 0.25, split_seed: int = 0):
+def digits_domains(domains: Annotated[list[Domain], Field(min_length=1), AfterValidator(distinct)] | None = None,
+                   test_fraction: TestFraction = 0.25, split_seed: int = 0):
     """Domain-incremental digits: one experience per transform in ``domains``."""
     domains = list(domains) if domains is not None else list(DEFAULT_DOMAINS)
-    for name in domains:
-        if name not in DOMAIN_TRANSFORMS:
-            raise UserError(f"unknown digits domain '{name}'", where="benchmark.init_args.domains",
-                            fix=did_you_mean(name, DOMAIN_TRANSFORMS))
     x_tr, y_tr, x_te, y_te = load_digits_split(test_fraction, split_seed)
     train = [ArrayDataset(DOMAIN_TRANSFORMS[d](x_tr).contiguous(), y_tr) for d in domains]
     test = [ArrayDataset(DOMAIN_TRANSFORMS[d](x_te).contiguous(), y_te) for d in domains]
@@ -66,8 +63,9 @@ def digits_domains(domains: list[str] | None = None, test_fraction: float = 0.25
     return build_scenario(spec, train, test, names=domains, classes=[list(range(10))] * len(domains))
 
 
-def digits_dirichlet(num_experiences: int = 5, alpha: float = 0.3, min_size: int = 20, balanced: bool = False,
-                     test_fraction: float = 0.25, split_seed: int = 0, partition_seed: int = 0):
+def digits_dirichlet(num_experiences: NumExperiences = 5, alpha: Alpha = 0.3, min_size: MinSize = 20,
+                     balanced: bool = False, test_fraction: TestFraction = 0.25, split_seed: int = 0,
+                     partition_seed: int = 0):
     """Class-imbalanced digits: Dirichlet(alpha) partitions of the training split."""
     x_tr, y_tr, x_te, y_te = load_digits_split(test_fraction, split_seed)
     split = dirichlet_split(y_tr.numpy(), y_te.numpy(), num_experiences=num_experiences, alpha=alpha,

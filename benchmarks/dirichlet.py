@@ -25,10 +25,17 @@ Choices the sources leave open, and what is done here:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
-from clbench.errors import UserError
+from clbench.validation import ArgumentError
+
+# The split's arguments as every Dirichlet benchmark declares them (checked from the config).
+NumExperiences = Annotated[int, Field(ge=1)]
+Alpha = Annotated[float, Field(gt=0)]  # the concentration: small is skewed
+MinSize = Annotated[int, Field(ge=0)]
 
 
 @dataclass
@@ -45,25 +52,22 @@ def _cut(indices: np.ndarray, fractions: np.ndarray) -> list[np.ndarray]:
     return np.split(indices, bounds)
 
 
-def dirichlet_split(train_labels, test_labels, *, num_experiences: int = 5, alpha: float = 0.3,
-                    min_size: int = 1, balanced: bool = False, seed: int = 0,
-                    max_tries: int = 1000, where: str = "benchmark.init_args") -> DirichletSplit:
-    """Partition train/test label arrays into ``num_experiences`` Dirichlet-skewed experiences."""
+def dirichlet_split(train_labels, test_labels, *, num_experiences: NumExperiences = 5, alpha: Alpha = 0.3,
+                    min_size: MinSize = 1, balanced: bool = False, seed: int = 0,
+                    max_tries: int = 1000) -> DirichletSplit:
+    """Partition train/test label arrays into ``num_experiences`` Dirichlet-skewed experiences.
+
+    The arguments are a benchmark's ``init_args`` (its signature declares their ranges); what
+    does not fit the labels is refused here, at that benchmark's field."""
     train_labels = np.asarray(train_labels)
     test_labels = np.asarray(test_labels)
-    if num_experiences < 1:
-        raise UserError(f"num_experiences must be >= 1, got {num_experiences}", where=f"{where}.num_experiences",
-                        fix="set num_experiences to a positive integer")
-    if not alpha > 0:
-        raise UserError(f"alpha must be > 0, got {alpha}", where=f"{where}.alpha",
-                        fix="use e.g. 0.3 (strong skew) or 0.5")
     n, P = len(train_labels), num_experiences
     if P > n:
-        raise UserError(f"{P} experiences cannot be cut from {n} training samples", where=f"{where}.num_experiences",
-                        fix=f"set num_experiences <= {n}")
+        raise ArgumentError("benchmark", "num_experiences", f"{P} experiences cannot be cut from {n} training samples",
+                            fix=f"set num_experiences <= {n}")
     if min_size * P > n:
-        raise UserError(f"min_size={min_size} x {P} experiences exceeds the {n} training samples",
-                        where=f"{where}.min_size", fix=f"set min_size <= {n // P}")
+        raise ArgumentError("benchmark", "min_size", f"min_size={min_size} x {P} experiences exceeds the {n} training "
+                            "samples", fix=f"set min_size <= {n // P}")
     classes = np.unique(np.concatenate([train_labels, test_labels]))
     rng = np.random.default_rng(seed)
     by_class = {c: rng.permutation(np.flatnonzero(train_labels == c)) for c in classes}
@@ -85,15 +89,15 @@ def dirichlet_split(train_labels, test_labels, *, num_experiences: int = 5, alph
         if sizes.min() >= min_size:
             break
     else:
-        raise UserError(f"no Dirichlet draw gave every experience >= {min_size} samples in {max_tries} tries "
-                        f"(alpha={alpha}, {P} experiences, {n} samples)", where=f"{where}.min_size",
-                        fix="lower min_size, raise alpha, or set balanced: true")
+        raise ArgumentError("benchmark", "min_size", f"no Dirichlet draw gave every experience >= {min_size} samples "
+                            f"in {max_tries} tries (alpha={alpha}, {P} experiences, {n} samples)",
+                            fix="lower min_size, raise alpha, or set balanced: true")
 
     train_parts = [np.sort(np.concatenate(p)) for p in pieces]
     if min(len(idx) for idx in train_parts) == 0:
         empty = [p for p, idx in enumerate(train_parts) if len(idx) == 0]
-        raise UserError(f"the Dirichlet split left experience(s) {empty} "
-                        "empty", where=f"{where}.min_size", fix="set min_size >= 1")
+        raise ArgumentError("benchmark", "min_size", f"the Dirichlet split left experience(s) {empty} empty",
+                            fix="set min_size >= 1")
     # Realised per-class fractions (after rounding) drive the test cut.
     counts = np.array([[int((train_labels[idx] == c).sum()) for c in classes] for idx in train_parts])
     totals = counts.sum(axis=0)
@@ -105,8 +109,8 @@ def dirichlet_split(train_labels, test_labels, *, num_experiences: int = 5, alph
     test_parts = [np.sort(np.concatenate(p)) for p in test_pieces]
     empty = [p for p, idx in enumerate(test_parts) if len(idx) == 0]
     if empty:
-        raise UserError(f"experience(s) {empty} received no test samples", where=f"{where}.min_size",
-                        fix="raise min_size or alpha so every experience holds enough of some class")
+        raise ArgumentError("benchmark", "min_size", f"experience(s) {empty} received no test samples",
+                            fix="raise min_size or alpha so every experience holds enough of some class")
 
     per_class = min(len(test_by_class[c]) for c in classes)
     global_test = np.sort(np.concatenate([test_by_class[c][:per_class] for c in classes]))

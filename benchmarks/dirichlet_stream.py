@@ -26,40 +26,39 @@ evaluation preprocessing).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from typing_extensions import NotRequired, TypedDict
 
-from benchmarks.dirichlet import dirichlet_split
-from clbench.errors import UserError
-
-WHERE = "benchmark.init_args"
+from benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
+from clbench.validation import ArgumentError, argument_path, mapping_argument
 
 
-def _source_scenario(source):
+@mapping_argument
+class Source(TypedDict):
+    """The stream to re-partition, written as a config's ``benchmark``: ``{class_path: core50, init_args: {...}}``."""
+
+    class_path: str
+    init_args: NotRequired[dict[str, Any] | None]
+
+
+def _source_scenario(source: Source):
     """Build the source benchmark; its own errors are re-addressed under ``source.init_args``."""
     from clbench import registry
     from clbench.build import check_init_args
 
-    where = f"{WHERE}.source"
-    if not isinstance(source, dict) or not isinstance(source.get("class_path"), str):
-        raise UserError(f"source must be a benchmark such as {{class_path: core50, init_args: {{...}}}}, got "
-                        f"{source!r}", where=where, fix="give source a class_path (see 'clbench list benchmarks')")
-    unknown = sorted(set(source) - {"class_path", "init_args"})
-    if unknown:
-        raise UserError(f"unknown key '{unknown[0]}'", where=f"{where}.{unknown[0]}",
-                        fix="a source has class_path and init_args")
+    where = argument_path("benchmark", "source")
     name, args = source["class_path"], source.get("init_args") or {}
     if name == "dirichlet":
-        raise UserError("the source is itself a Dirichlet stream", where=f"{where}.class_path",
-                        fix="give the stream to re-partition, e.g. core50")
+        raise ArgumentError("benchmark", "source.class_path", "the source is itself a Dirichlet stream",
+                            fix="give the stream to re-partition, e.g. core50")
     target = registry.resolve("benchmarks", name, where=f"{where}.class_path")
     check_init_args(target, args, f"{where}.init_args")
     try:
         return target(**args)
-    except UserError as err:
-        if err.where and err.where.startswith(WHERE):
-            err.where = f"{where}.init_args" + err.where[len(WHERE):]
-            err.args = (err.one_line(),)
-        raise
+    except ArgumentError as err:
+        raise err.nested("source") from None
 
 
 def _pool(datasets: list):
@@ -70,8 +69,8 @@ def _pool(datasets: list):
     return concat(datasets), owner
 
 
-def dirichlet(source: dict, alpha: float = 0.3, num_experiences: int = 5, min_size: int = 1, balanced: bool = True,
-              seed: int = 0):
+def dirichlet(source: Source, alpha: Alpha = 0.3, num_experiences: NumExperiences = 5, min_size: MinSize = 1,
+              balanced: bool = True, seed: int = 0):
     """The ``source`` stream's training data re-cut into Dirichlet(``alpha``) class-skewed experiences."""
     from clbench.data import subset, targets_of
     from clbench.streams import StreamSpec, build_scenario, ordered_experiences, spec_of
@@ -79,15 +78,15 @@ def dirichlet(source: dict, alpha: float = 0.3, num_experiences: int = 5, min_si
     scenario = _source_scenario(source)
     spec = spec_of(scenario)
     if spec.objective != "classification" or not spec.num_classes:
-        raise UserError(f"source '{source['class_path']}' is not a classification stream", where=f"{WHERE}.source",
-                        fix="a Dirichlet split needs integer class labels")
-    experiences = ordered_experiences(scenario, "default", where=f"{WHERE}.source")
+        raise ArgumentError("benchmark", "source", f"source '{source['class_path']}' is not a classification stream",
+                            fix="a Dirichlet split needs integer class labels")
+    experiences = ordered_experiences(scenario, "default", where=argument_path("benchmark", "source"))
     train, train_domain = _pool([exp.train for exp in experiences])
     tests = list({id(exp.test): exp.test for exp in experiences}.values())
     test, _ = _pool(tests)
     y_train, y_test = targets_of(train).numpy(), targets_of(test).numpy()
     split = dirichlet_split(y_train, y_test, num_experiences=num_experiences, alpha=alpha, min_size=min_size,
-                            balanced=balanced, seed=seed, where=WHERE)
+                            balanced=balanced, seed=seed)
     names = [f"part{p}" for p in range(num_experiences)]
     out = StreamSpec(name=f"dirichlet-{spec.name}", num_classes=spec.num_classes, input_shape=spec.input_shape,
                      scenario_type="instance-il", global_test=subset(test, split.global_test_indices),

@@ -48,15 +48,18 @@ memory-mapped npz is reopened in each worker rather than pickled.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Annotated, Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch.utils.data import Dataset
+from typing_extensions import TypedDict
 
-from clbench.errors import UserError, did_you_mean
+from clbench.errors import UserError
+from clbench.validation import ArgumentError, mapping_argument
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 NORMALIZATIONS = ("imagenet", "inception", "none")
@@ -299,54 +302,49 @@ class Augment:
     noise: float = 0.0
 
 
-def resolve_augment(augment: bool | dict, defaults: Augment, where: str = "benchmark.init_args.augment"
-                    ) -> Augment | None:
+@mapping_argument
+class AugmentOverrides(TypedDict, total=False):
+    """``augment: {...}`` in a config: some of :class:`Augment`'s fields (a test keeps the keys
+    equal), with their ranges; another key is refused."""
+
+    crop_scale: Annotated[list[Annotated[float, Field(gt=0, le=1)]], Field(min_length=2, max_length=2)] | None
+    flip: bool
+    color_jitter: Annotated[float, Field(ge=0, le=1)]
+    hue: Annotated[float, Field(ge=0, le=0.5)]
+    blur: Annotated[float, Field(ge=0, le=1)]
+    noise: Annotated[float, Field(ge=0, le=1)]
+
+# The arguments every image stream declares the same way (checked from the config).
+ImageSize = Annotated[int, Field(ge=1)]  # the side in pixels: 224 for a ViT/16, 32 for CIFAR-sized models
+TestFraction = Annotated[float, Field(gt=0, lt=1)]
+Normalization = Literal["imagenet", "inception", "none"]
+
+
+def resolve_augment(augment: bool | AugmentOverrides, defaults: Augment) -> Augment | None:
     """``augment`` from a config: ``true`` (the stream's defaults), ``false`` (none) or a mapping
     that overrides some of the defaults."""
     if augment is False:
         return None
     if augment is True:
         return defaults
-    if not isinstance(augment, dict):
-        raise UserError(f"expected true, false or a mapping, got {augment!r}", where=where,
-                        fix="e.g. augment: {crop_scale: [0.8, 1.0], color_jitter: 0.1}")
-    known = {f.name for f in fields(Augment)}
-    for key, value in augment.items():
-        if key not in known:
-            raise UserError(f"unknown augmentation '{key}'", where=f"{where}.{key}", fix=did_you_mean(key, known))
     out = replace(defaults, **augment)
     if out.crop_scale is not None:
-        scale = out.crop_scale
-        if not (isinstance(scale, (list, tuple)) and len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
-            raise UserError(f"crop_scale must be [low, high] with 0 < low <= high <= 1, got {scale!r}",
-                            where=f"{where}.crop_scale", fix="e.g. crop_scale: [0.7, 1.0], or null for no crop")
-        out = replace(out, crop_scale=(float(scale[0]), float(scale[1])))
-    for key, low, high in (("color_jitter", 0.0, 1.0), ("hue", 0.0, 0.5), ("blur", 0.0, 1.0), ("noise", 0.0, 1.0)):
-        value = getattr(out, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise UserError(f"{key} must be a number in [{low}, {high}], got {value!r}", where=f"{where}.{key}",
-                            fix=f"set {key} between {low} and {high}")
-    if not isinstance(out.flip, bool):
-        raise UserError(f"flip must be true or false, got {out.flip!r}", where=f"{where}.flip")
+        low, high = out.crop_scale
+        if low > high:
+            raise ArgumentError("benchmark", "augment.crop_scale", f"crop_scale must be [low, high] with low <= high, "
+                                f"got {list(out.crop_scale)!r}", fix="e.g. crop_scale: [0.7, 1.0], or null for no crop")
+        out = replace(out, crop_scale=(float(low), float(high)))
     return out
 
 
-def normalization(name: str, where: str = "benchmark.init_args.normalize") -> tuple[tuple, tuple] | None:
+def normalization(name: Normalization) -> tuple[tuple, tuple] | None:
     """(mean, std) for ``name``: ``imagenet`` (timm's default), ``inception`` (0.5/0.5, used by
     timm's augreg ViT weights) or ``none``."""
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 
     table = {"imagenet": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
              "inception": (IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD), "none": None}
-    if name not in table:
-        raise UserError(f"unknown normalization '{name}'", where=where, fix=did_you_mean(name, table))
     return table[name]
-
-
-def check_image_size(image_size: int, where: str = "benchmark.init_args.image_size") -> None:
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
-        raise UserError(f"image_size must be a positive integer, got {image_size!r}", where=where,
-                        fix="e.g. 224 for a ViT/16, 32 for CIFAR-sized models")
 
 
 def image_transform(image_size: int, augment: Augment | None, normalize: str = "imagenet", *,
@@ -403,13 +401,11 @@ def batch_transform(image_size: int, normalize: str = "imagenet") -> Callable:
 
 # -- splits ---------------------------------------------------------------------------------------
 
-def stratified_split(labels: np.ndarray, test_fraction: float, seed: int, *, where: str,
-                     field: str = "benchmark.init_args.test_fraction") -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(labels: np.ndarray, test_fraction: TestFraction, seed: int, *, where: str
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """(train positions, test positions) of a seeded class-stratified split (scikit-learn)."""
     from sklearn.model_selection import train_test_split
 
-    if not (isinstance(test_fraction, (int, float)) and 0.0 < test_fraction < 1.0):
-        raise UserError(f"test_fraction must be in (0, 1), got {test_fraction!r}", where=field, fix="use e.g. 0.2")
     positions = np.arange(len(labels))
     try:
         train, test = train_test_split(positions, test_size=test_fraction, stratify=labels, random_state=seed)

@@ -42,8 +42,8 @@ import torch
 from pydantic import Field
 from torch.utils.data import TensorDataset
 
-from clbench.errors import UserError
 from clbench.streams import StreamSpec, build_scenario
+from clbench.validation import ArgumentError
 
 Count = Annotated[int, Field(ge=1)]
 Scale = Annotated[float, Field(gt=0)]  # a standard deviation or a scale factor
@@ -66,11 +66,11 @@ def make_stream(seed: int, rounds: int, num_tasks: int = 6, num_clusters: int = 
                 signal_scale: float | None = None) -> SyntheticStream:
     """Draw the pool and every round at once (float64: Eq. 5 inverts ``X^T X``)."""
     if not 1 <= samples < dim:
-        raise UserError(f"need 1 <= samples < dim (overparameterised), got samples={samples}, dim={dim}",
-                        where="benchmark.init_args.samples", fix="use e.g. dim: 10, samples: 6")
+        raise ArgumentError("benchmark", "samples", f"need 1 <= samples < dim (overparameterised), got "
+                            f"samples={samples}, dim={dim}", fix="use e.g. dim: 10, samples: 6")
     if not 1 <= num_clusters <= num_tasks:
-        raise UserError(f"need 1 <= num_clusters <= num_tasks, got {num_clusters} and {num_tasks}",
-                        where="benchmark.init_args.num_clusters", fix="use e.g. num_tasks: 6, num_clusters: 3")
+        raise ArgumentError("benchmark", "num_clusters", f"need 1 <= num_clusters <= num_tasks, got {num_clusters} "
+                            f"and {num_tasks}", fix="use e.g. num_tasks: 6, num_clusters: 3")
     g = torch.Generator().manual_seed(seed)
     f64 = torch.float64
     clusters = torch.arange(num_tasks) % num_clusters

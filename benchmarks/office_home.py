@@ -20,15 +20,17 @@ px), and the loader workers then only augment.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import AfterValidator, Field
 
-from benchmarks.images import (Augment, ImageArray, ImageFiles, check_image_size, dataset_root, derived_seed,
-                               image_transform, list_images, preload_images, resolve_augment,
-                               stratified_split)
-from clbench.errors import UserError, did_you_mean
+from benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageFiles, ImageSize, Normalization,
+                               TestFraction, dataset_root, derived_seed, image_transform, list_images, preload_images,
+                               resolve_augment, stratified_split)
+from clbench.errors import UserError
 from clbench.streams import StreamSpec, build_scenario
+from clbench.validation import distinct
 
 FOLDER = "OfficeHomeDataset_10072016"
 # experience name -> folder name, in the thesis's order
@@ -61,17 +63,13 @@ def locate(root: str) -> Path:
     return base
 
 
-def _resolve_names(values: list[str] | None, allowed, field: str) -> list[str]:
-    if values is None:
-        return list(allowed)
-    if not values or len(set(values)) != len(values):
-        raise UserError(f"expected a non-empty list of distinct names, got {values!r}",
-                        where=f"benchmark.init_args.{field}", fix=f"choose from: {', '.join(allowed)}")
-    for v in values:
-        if v not in allowed:
-            raise UserError(f"unknown {field[:-1]} '{v}'", where=f"benchmark.init_args.{field}",
-                            fix=did_you_mean(str(v), allowed))
-    return [a for a in allowed if a in values]
+# Names chosen from the dataset's, each once; the stream keeps the dataset's order.
+Domains = Annotated[list[Literal[tuple(DOMAINS)]], Field(min_length=1), AfterValidator(distinct)]
+Classes = Annotated[list[Literal[CLASSES]], Field(min_length=1), AfterValidator(distinct)]
+
+
+def _in_order(values: list[str] | None, allowed) -> list[str]:
+    return list(allowed) if values is None else [a for a in allowed if a in values]
 
 
 def scan(base: Path, domains: list[str], classes: list[str]) -> dict[str, list[tuple[str, int]]]:
@@ -100,19 +98,18 @@ def scan(base: Path, domains: list[str], classes: list[str]) -> dict[str, list[t
     return out
 
 
-def office_home(root: str, domains: list[str] | None = None, classes: list[str] | None = None,
-                test_fraction: float = 0.2, split_seed: int = 0, image_size: int = 224, augment: bool | dict = True,
-                normalize: Literal["imagenet", "inception", "none"] = "imagenet", preload: bool = False):
+def office_home(root: str, domains: Domains | None = None, classes: Classes | None = None,
+                test_fraction: TestFraction = 0.2, split_seed: int = 0, image_size: ImageSize = 224,
+                augment: bool | AugmentOverrides = True, normalize: Normalization = "imagenet", preload: bool = False):
     """Office-Home as a domain-incremental stream, one experience per domain.
 
     ``domains`` keeps some of ``art``, ``clipart``, ``product``, ``real_world`` (the run order
     is set by the config's ``order``); ``classes`` keeps some of the 65 class folders (default:
     all, each required in every domain). ``preload`` decodes all images into memory first.
     """
-    check_image_size(image_size)
     aug = resolve_augment(augment, DEFAULT_AUGMENT)
-    use_domains = _resolve_names(domains, tuple(DOMAINS), "domains")
-    use_classes = _resolve_names(classes, CLASSES, "classes")
+    use_domains = _in_order(domains, tuple(DOMAINS))
+    use_classes = _in_order(classes, CLASSES)
     base = locate(root)
     samples = scan(base, use_domains, use_classes)
 

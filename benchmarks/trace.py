@@ -31,12 +31,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Annotated, Any, Literal, Sequence, get_args
 
 import numpy as np
+from pydantic import AfterValidator, Field
 from torch.utils.data import Dataset
 
-from clbench.errors import UserError, did_you_mean
+from clbench.errors import UserError
+from clbench.validation import distinct
 
 TASKS = ("C-STANCE", "FOMC", "MeetingBank", "Py150", "ScienceQA", "NumGLUE-cm", "NumGLUE-ds", "20Minuten")
 #: MH-MoE paper, appendix A.3.4 ("standard" is TRACE's default order).
@@ -48,7 +50,11 @@ ORDERS: dict[str, tuple[str, ...]] = {
 }
 SPLITS = ("train", "eval", "test")
 KEYS = ("prompt", "answer")
-SCORINGS = ("trace", "normalized")
+# The arguments TRACE streams declare (checked from the config).
+Tasks = Annotated[list[Literal[TASKS]], Field(min_length=1), AfterValidator(distinct)]
+Scoring = Literal["trace", "normalized"]
+SCORINGS = get_args(Scoring)
+ScenarioType = Literal["domain-il", "task-il"]
 FIX = 'each file must be a JSON list of {"prompt": "...", "answer": "..."} objects; re-extract the TRACE archive ' \
       "(see docs/datasets.md)"
 
@@ -165,19 +171,9 @@ def _char_position(raw: bytes, byte_offset: int) -> int:
     return len(head[skip:].decode("utf-8", errors="surrogateescape"))
 
 
-def check_tasks(tasks: Sequence[str] | None, where: str = "benchmark.init_args.tasks") -> list[str]:
-    """The requested tasks in TRACE's standard order, or a one-line error."""
-    if tasks is None:
-        return list(TASKS)
-    if isinstance(tasks, str) or not tasks:
-        raise UserError(f"expected a non-empty list of task names, got {tasks!r}", where=where,
-                        fix=f"e.g. [{', '.join(TASKS[:3])}]")
-    for task in tasks:
-        if task not in TASKS:
-            raise UserError(f"unknown TRACE task '{task}'", where=where, fix=did_you_mean(str(task), TASKS))
-    if len(set(tasks)) != len(tasks):
-        raise UserError("a task is listed more than once", where=where, fix="list each task once")
-    return [t for t in TASKS if t in tasks]
+def in_order(tasks: Sequence[str] | None) -> list[str]:
+    """The requested tasks (all by default) in TRACE's standard order."""
+    return list(TASKS) if tasks is None else [t for t in TASKS if t in tasks]
 
 
 def locate(root: str | Path, tasks: Sequence[str]) -> dict[str, Path]:
@@ -207,12 +203,6 @@ def locate(root: str | Path, tasks: Sequence[str]) -> dict[str, Path]:
     return found
 
 
-def _check_count(n: int | None, field: str) -> None:
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise UserError(f"{field} must be a positive integer or null (all records), got {n!r}",
-                        where=f"benchmark.init_args.{field}", fix="e.g. 500 (TRACE-0.5K: n_train 500, n_test 100)")
-
-
 def subsample(records: list[dict[str, str]], n: int | None, seed: int, task: str, split: str,
               where: str, field: str) -> list[dict[str, str]]:
     """``n`` records drawn without replacement (kept in file order), seeded by (seed, task, split)."""
@@ -226,26 +216,15 @@ def subsample(records: list[dict[str, str]], n: int | None, seed: int, task: str
     return [records[i] for i in keep]
 
 
-def check_scoring(scoring: str) -> str:
-    """``scoring`` if it names one of :data:`SCORINGS`, else a one-line error."""
-    if scoring not in SCORINGS:
-        raise UserError(f"unknown scoring {scoring!r}", where="benchmark.init_args.scoring",
-                        fix="trace (TRACE's own evaluation, comparable with papers) or normalized (lenient)")
-    return scoring
-
-
 def scenario_from_records(name: str, data: dict[str, tuple[list[dict], list[dict]]], *,
-                          scenario_type: str = "domain-il", sources: dict[str, tuple[str, str]] | None = None,
-                          scoring: str = "trace"):
+                          scenario_type: ScenarioType = "domain-il", sources: dict[str, tuple[str, str]] | None = None,
+                          scoring: Scoring = "trace"):
     """The Avalanche scenario of a TRACE-style stream: ``data`` maps each task (in stream
     order) to its (train, test) records; ``scoring`` picks the task metrics."""
     from clbench.metrics.text import TRACE_SCORINGS
     from clbench.streams import StreamSpec, build_scenario
 
-    if scenario_type not in ("domain-il", "task-il"):
-        raise UserError(f"unknown scenario_type '{scenario_type}'", where="benchmark.init_args.scenario_type",
-                        fix="domain-il (no task id at inference; TRACE's protocol) or task-il")
-    metrics = TRACE_SCORINGS[check_scoring(scoring)]
+    metrics = TRACE_SCORINGS[scoring]
     tasks = list(data)
     sources = sources or {}
     train = [TextRecords(data[t][0], sources.get(t, (None, None))[0]) for t in tasks]
@@ -257,20 +236,15 @@ def scenario_from_records(name: str, data: dict[str, tuple[list[dict], list[dict
                           domain_ids=[TASKS.index(t) if t in TASKS else i for i, t in enumerate(tasks)])
 
 
-def trace(root: str, tasks: list[str] | None = None, n_train: int | None = None, n_test: int | None = None,
-          subsample_seed: int = 0, test_split: Literal["test", "eval"] = "test",
-          scenario_type: Literal["domain-il", "task-il"] = "domain-il",
-          scoring: Literal["trace", "normalized"] = "trace"):
+def trace(root: str, tasks: Tasks | None = None, n_train: Annotated[int, Field(ge=1)] | None = None,
+          n_test: Annotated[int, Field(ge=1)] | None = None, subsample_seed: int = 0,
+          test_split: Literal["test", "eval"] = "test", scenario_type: ScenarioType = "domain-il",
+          scoring: Scoring = "trace"):
     """TRACE from ``root``: one experience per task (all 8, or ``tasks``), trained on
     ``train.json`` and tested on ``test.json`` (or ``eval.json``), optionally subsampled, and
-    scored by ``scoring`` (``trace``: TRACE's own evaluation; ``normalized``: lenient)."""
-    check_scoring(scoring)
-    names = check_tasks(tasks)
-    _check_count(n_train, "n_train")
-    _check_count(n_test, "n_test")
-    if test_split not in ("test", "eval"):
-        raise UserError(f"unknown test_split '{test_split}'", where="benchmark.init_args.test_split",
-                        fix="test (test.json) or eval (eval.json)")
+    scored by ``scoring`` (``trace``: TRACE's own evaluation; ``normalized``: lenient).
+    ``n_train``/``n_test``: records per task (null: all; TRACE-0.5K is 500/100)."""
+    names = in_order(tasks)
     folders = locate(root, names)
     data, sources = {}, {}
     for task in names:

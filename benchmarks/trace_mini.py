@@ -35,10 +35,13 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from typing import Callable, Literal
+from typing import Annotated, Callable
 
-from benchmarks.trace import SPLITS, TASKS, check_scoring, check_tasks, scenario_from_records, write_trace
+from pydantic import Field
+
+from benchmarks.trace import SPLITS, TASKS, ScenarioType, Scoring, Tasks, in_order, scenario_from_records, write_trace
 from clbench.errors import UserError
+from clbench.validation import ArgumentError
 
 Record = dict[str, str]
 
@@ -223,12 +226,8 @@ def generate(tasks: list[str] | None = None, n_train: int = 200, n_eval: int = 2
     own generator, and no prompt repeats within a task; a split's records therefore stay the
     same when a later split's size changes."""
     sizes = {"test": n_test, "eval": n_eval, "train": n_train}
-    for split, n in sizes.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise UserError(f"n_{split} must be a non-negative integer, got {n!r}",
-                            where=f"n_{split}", fix="e.g. 200")
     out = {}
-    for task in check_tasks(tasks):
+    for task in in_order(tasks):
         seen: set[str] = set()
         splits: dict[str, list[Record]] = {}
         for split in ("test", "eval", "train"):
@@ -238,8 +237,8 @@ def generate(tasks: list[str] | None = None, n_train: int = 200, n_eval: int = 2
             while len(records) < sizes[split]:
                 attempts += 1
                 if attempts > 200 * sizes[split] + 100:
-                    raise UserError(f"cannot draw {sizes[split]} distinct {split} prompts for {task}",
-                                    where=f"benchmark.init_args.n_{split}", fix="ask for fewer records")
+                    raise ArgumentError("benchmark", f"n_{split}", f"cannot draw {sizes[split]} distinct {split} "
+                                        f"prompts for {task}", fix="ask for fewer records")
                 record = GENERATORS[task](rng)
                 if record["prompt"] not in seen:
                     seen.add(record["prompt"])
@@ -249,18 +248,11 @@ def generate(tasks: list[str] | None = None, n_train: int = 200, n_eval: int = 2
     return out
 
 
-def trace_mini(tasks: list[str] | None = None, n_train: int = 200, n_test: int = 50, seed: int = 0,
-               scenario_type: Literal["domain-il", "task-il"] = "domain-il",
-               scoring: Literal["trace", "normalized"] = "trace"):
+def trace_mini(tasks: Tasks | None = None, n_train: Annotated[int, Field(ge=1)] = 200,
+               n_test: Annotated[int, Field(ge=1)] = 50, seed: int = 0, scenario_type: ScenarioType = "domain-il",
+               scoring: Scoring = "trace"):
     """The generated TRACE look-alike as a stream (built in memory; same orders, metrics,
     scorings and item format as ``trace``)."""
-    check_scoring(scoring)
-    if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
-        raise UserError(f"n_train must be a positive integer, got {n_train!r}", where="benchmark.init_args.n_train",
-                        fix="e.g. 200")
-    if isinstance(n_test, bool) or not isinstance(n_test, int) or n_test < 1:
-        raise UserError(f"n_test must be a positive integer, got {n_test!r}", where="benchmark.init_args.n_test",
-                        fix="e.g. 50")
     data = generate(tasks, n_train=n_train, n_eval=0, n_test=n_test, seed=seed)
     return scenario_from_records("trace-mini", {t: (d["train"], d["test"]) for t, d in data.items()},
                                  scenario_type=scenario_type, scoring=scoring)
@@ -279,13 +271,21 @@ def write_tokenizer(out_dir, vocab_size: int = TOKENIZER_VOCAB):
     return train_tiny_tokenizer(texts, out_dir, vocab_size=vocab_size, added_tokens=["<EOL>", "<STR_LIT>"])
 
 
+def _count(text: str) -> int:
+    """A record count on the command line (>= 0)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.trace_mini",
                                      description="Write trace-mini in TRACE's on-disk layout.")
     parser.add_argument("outdir")
-    parser.add_argument("--n-train", type=int, default=500)
-    parser.add_argument("--n-eval", type=int, default=50)
-    parser.add_argument("--n-test", type=int, default=100)
+    parser.add_argument("--n-train", type=_count, default=500)
+    parser.add_argument("--n-eval", type=_count, default=50)
+    parser.add_argument("--n-test", type=_count, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:

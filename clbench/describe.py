@@ -90,24 +90,49 @@ def arg_docs(doc: str | None) -> dict[str, str]:
 _SIGNS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 
-def _aliases(tree: ast.Module | None) -> dict[str, ast.expr]:
-    """Module-level ``Name = <annotation>`` assignments (``Positive = Annotated[int, Field(ge=1)]``)."""
-    out: dict[str, ast.expr] = {}
-    for node in tree.body if tree is not None else ():
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            out[node.targets[0].id] = node.value
-    return out
+class _Aliases:
+    """A file's module-level ``Name = <annotation>`` assignments (``Positive = Annotated[int,
+    Field(ge=1)]``) and ``TypedDict`` classes, and those it imports from another file (``from
+    benchmarks.images import ImageSize``), read from that file when first asked for."""
+
+    def __init__(self, tree: ast.Module | None, depth: int = 0):
+        self.tree, self.depth, self.names = tree, depth, {}
+        for node in tree.body if tree is not None else ():
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self.names[node.targets[0].id] = node.value
+            elif isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "TypedDict" for b in node.bases):
+                self.names[node.name] = node
+
+    def get(self, name: str) -> tuple[ast.AST, _Aliases] | None:
+        """What ``name`` stands for, and the aliases of the file it is written in."""
+        if name in self.names:
+            return self.names[name], self
+        target = _imported_from(self.tree, name) if self.tree is not None and self.depth < 4 else None
+        if target is None:
+            return None
+        path, attr = _source_file(target)
+        tree = _parse(path) if path is not None and path.is_file() else None
+        return _Aliases(tree, self.depth + 1).get(attr) if tree is not None else None
 
 
-def readable(node: ast.expr, aliases: dict[str, ast.expr] | None = None, depth: int = 0) -> str:
-    """An annotation as a reader wants it: aliases defined in the file expanded, ``Annotated[int,
-    Field(ge=1)]`` as ``int >= 1`` (``float in [0, 1]`` for both bounds); anything else as written."""
-    aliases = aliases or {}
+def _aliases(tree: ast.Module | None) -> _Aliases:
+    return _Aliases(tree)
+
+
+def readable(node: ast.expr, aliases: _Aliases | None = None, depth: int = 0) -> str:
+    """An annotation as a reader wants it: aliases defined in the file (or imported into it)
+    expanded, ``Annotated[int, Field(ge=1)]`` as ``int >= 1`` (``float in [0, 1]`` for both
+    bounds), a ``TypedDict`` as ``mapping of its keys``; anything else as written."""
+    aliases = aliases or _Aliases(None)
     again = (lambda n: readable(n, aliases, depth + 1))
     if depth > 8:
         return ast.unparse(node)
-    if isinstance(node, ast.Name) and node.id in aliases and isinstance(aliases[node.id], (ast.Subscript, ast.BinOp)):
-        return again(aliases[node.id])
+    found = aliases.get(node.id) if isinstance(node, ast.Name) else None
+    if found is not None and isinstance(found[0], (ast.Subscript, ast.BinOp)):
+        return readable(found[0], found[1], depth + 1)
+    if found is not None and isinstance(found[0], ast.ClassDef):
+        keys = [s.target.id for s in found[0].body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+        return f"mapping of {', '.join(keys)}"
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
         return f"{again(node.left)} | {again(node.right)}"
     if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
@@ -123,6 +148,9 @@ def readable(node: ast.expr, aliases: dict[str, ast.expr] | None = None, depth: 
                         f"{bounds[high[0]]}{']' if high[0] == 'le' else ')'}")
             return " ".join([base, *(f"{_SIGNS[k]} {bounds[k]}" for k in low + high)])
         if node.value.id == "Literal":
+            named = aliases.get(items[0].id) if len(items) == 1 and isinstance(items[0], ast.Name) else None
+            if named is not None and isinstance(named[0], ast.Tuple):  # Literal[TASKS], TASKS a tuple of names
+                return f"Literal[{', '.join(ast.unparse(e) for e in named[0].elts)}]"
             return ast.unparse(node)
         return f"{node.value.id}[{', '.join(again(i) for i in items)}]"
     return ast.unparse(node)

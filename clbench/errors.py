@@ -33,19 +33,21 @@ class UserError(Exception):
         return " ".join(text.split())
 
 
+def closest(name: str, choices) -> str | None:
+    """The choice ``name`` most likely misspells (rapidfuzz), or None."""
+    try:
+        from rapidfuzz import process
+    except ImportError:  # pragma: no cover - rapidfuzz is a hard dependency
+        return None
+    best = process.extractOne(name, sorted(choices), score_cutoff=60)
+    return best[0] if best else None
+
+
 def did_you_mean(name: str, choices) -> str:
     """``"did you mean 'x'? valid: a, b, c"``: the close match (rapidfuzz) and the full list."""
     choices = sorted(choices)
-    hint = ""
-    try:
-        from rapidfuzz import process
-
-        best = process.extractOne(name, choices, score_cutoff=60)
-        if best:
-            hint = f"did you mean '{best[0]}'? "
-    except ImportError:  # pragma: no cover - rapidfuzz is a hard dependency
-        pass
-    return f"{hint}valid: {', '.join(choices)}"
+    best = closest(name, choices)
+    return f"{f'did you mean {best!r}? ' if best else ''}valid: {', '.join(choices)}"
 
 
 class NonFiniteLoss(UserError):

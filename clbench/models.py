@@ -1,20 +1,25 @@
 """Model factories for the embedded and image streams.
 
 Every factory takes ``num_classes`` and ``input_shape`` (given by the stream) followed by its
-own keyword arguments (given by the config's ``model.init_args``) and returns a plain
-``nn.Module`` mapping a batch of inputs to class logits.
+own keyword arguments (given by the config's ``model.init_args``, their ranges declared in the
+signature and checked by :mod:`clbench.validation`) and returns a plain ``nn.Module`` mapping a
+batch of inputs to class logits.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
+from pydantic import Field
 from torch import nn
 
+Positive = Annotated[int, Field(ge=1)]
 
-def mlp(num_classes: int, input_shape: tuple[int, ...], hidden: int = 256, depth: int = 2,
-        dropout: float = 0.0) -> nn.Module:
-    """A ReLU multilayer perceptron on the flattened input."""
+
+def mlp(num_classes: int, input_shape: tuple[int, ...], hidden: Positive = 256, depth: Annotated[int, Field(ge=0)] = 2,
+        dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0) -> nn.Module:
+    """A ReLU multilayer perceptron on the flattened input (``depth: 0`` is a linear classifier)."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
     for _ in range(depth):
@@ -26,7 +31,7 @@ def mlp(num_classes: int, input_shape: tuple[int, ...], hidden: int = 256, depth
     return nn.Sequential(*layers)
 
 
-def cnn(num_classes: int, input_shape: tuple[int, ...], channels: int = 32, hidden: int = 128) -> nn.Module:
+def cnn(num_classes: int, input_shape: tuple[int, ...], channels: Positive = 32, hidden: Positive = 128) -> nn.Module:
     """Two 3x3 conv blocks (the second one pooled) and a linear head; sized for small images."""
     in_ch, h, w = input_shape
     return nn.Sequential(
@@ -38,8 +43,9 @@ def cnn(num_classes: int, input_shape: tuple[int, ...], channels: int = 32, hidd
     )
 
 
-def vit(num_classes: int, input_shape: tuple[int, ...], name: str | None = None, patch_size: int = 2,
-        embed_dim: int = 64, depth: int = 4, num_heads: int = 4, mlp_ratio: float = 2.0,
+def vit(num_classes: int, input_shape: tuple[int, ...], name: str | None = None, patch_size: Positive = 2,
+        embed_dim: Positive = 64, depth: Positive = 4, num_heads: Positive = 4,
+        mlp_ratio: Annotated[float, Field(gt=0)] = 2.0,
         pretrained: bool = False, checkpoint_path: str = "") -> nn.Module:
     """A timm Vision Transformer.
 

@@ -23,6 +23,10 @@ The rules, for values that come from YAML:
 
 The value passed to the component is the one from the config, unchanged: validation decides,
 it does not convert.
+
+What one parameter's annotation cannot say (two arguments that do not go together, an argument
+that does not fit the data or the model) the component refuses with :class:`ArgumentError`,
+which words the field path (``strategy.init_args.top_k``) in one place.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ import typing
 from collections.abc import Callable as AbcCallable
 from pathlib import PurePath
 from typing import Annotated, Any, Literal, Union
+
+from typing_extensions import is_typeddict
+
+from clbench.errors import UserError, closest
+
+# The config sections a plugin's arguments live under.
+Component = Literal["benchmark", "model", "strategy", "objective"]
 
 # pydantic error types that say "the type is right, the value is out of range"
 _CONSTRAINTS = {
@@ -53,6 +64,35 @@ _EXPECTED = {
     "sequence_str": "list", "iterable_type": "list", "dict_type": "mapping", "none_required": "null",
     "path_type": "path", "callable_type": "callable", "model_type": "mapping", "model_attributes_type": "mapping",
 }
+
+
+def argument_path(component: Component, field: str = "") -> str:
+    """Where argument ``field`` of the config's ``component`` sits: ``strategy.init_args.top_k``
+    (without a field, the component's ``init_args`` as a whole)."""
+    return f"{component}.init_args" + (f".{field}" if field else "")
+
+
+class ArgumentError(UserError):
+    """A plugin's refusal of one of its ``init_args`` that its signature cannot declare.
+
+    Each argument's own type and range belong in the signature (``Annotated[int, Field(ge=1)]``,
+    ``Literal[...]``) and are checked before the plugin is called; this is for the rest: arguments
+    that do not go together (``top_k`` above ``num_experts``) and an argument that does not fit
+    the data or the model it meets (``min_size`` x experiences above the samples, a layer index
+    beyond the depth). ``component`` is the config section, ``field`` the argument, with a path
+    below it where the value is a mapping (``config.vocab_size``), or empty for the arguments as a
+    whole. The builder prefixes the config file (:func:`clbench.build._locate`).
+    """
+
+    def __init__(self, component: Component, field: str, what: str, fix: str | None = None):
+        self.component, self.field = component, field
+        super().__init__(what, where=argument_path(component, field), fix=fix)
+
+    def nested(self, under: str) -> ArgumentError:
+        """This error about a plugin built from argument ``under`` of another plugin of the same
+        component (a Dirichlet stream's ``source``): the field becomes ``under.init_args.field``."""
+        return ArgumentError(self.component, f"{under}.init_args" + (f".{self.field}" if self.field else ""),
+                             self.what, self.fix)
 
 
 class Invalid(Exception):
@@ -97,15 +137,34 @@ def _yaml_form(annotation: Any) -> Any:
         return annotation
 
 
+_RULES = {"strict": True, "arbitrary_types_allowed": True, "allow_inf_nan": False}
+
+
+def mapping_argument(cls: type) -> type:
+    """Mark a ``TypedDict`` that declares a mapping argument (``augment: {hue: 0.1}``): its
+    values are checked by this module's rules and a key it does not declare is refused."""
+    from pydantic import ConfigDict
+
+    cls.__pydantic_config__ = ConfigDict(extra="forbid", **_RULES)
+    return cls
+
+
+def distinct(items: list) -> list:
+    """For ``Annotated[list[...], AfterValidator(distinct)]``: a list argument that names each
+    item once (sessions, domains, tasks)."""
+    if len(set(items)) != len(items):
+        raise ValueError("must list each item once")
+    return items
+
+
 @functools.lru_cache(maxsize=1024)
 def _adapter(annotation: Any):
     from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return TypeAdapter(annotation)  # a model carries its own rules (model_config)
-    config = ConfigDict(strict=True, arbitrary_types_allowed=True, allow_inf_nan=False)
+    if (isinstance(annotation, type) and issubclass(annotation, BaseModel)) or is_typeddict(annotation):
+        return TypeAdapter(annotation)  # a model carries its own rules (model_config, mapping_argument)
     try:
-        return TypeAdapter(_yaml_form(annotation), config=config)
+        return TypeAdapter(_yaml_form(annotation), config=ConfigDict(**_RULES))
     except Exception:  # noqa: BLE001 - pydantic cannot check it (forward reference...): accept anything
         return None
 
@@ -150,6 +209,18 @@ def _expected(error: dict) -> str:
     return _EXPECTED.get(kind, error["msg"].removeprefix("Input should be ").removeprefix("a valid "))
 
 
+def _literal_values(error: dict) -> list[str]:
+    """The names a ``literal_error`` allows (pydantic words them ``'a', 'b' or 'c'``)."""
+    import ast
+
+    text = error["ctx"]["expected"].replace(" or ", ", ")
+    try:
+        values = ast.literal_eval(f"[{text}]")
+    except (ValueError, SyntaxError):
+        return []
+    return [v for v in values if isinstance(v, str)]
+
+
 def check_value(value: Any, annotation: Any) -> None:
     """Raise :class:`Invalid` unless ``value`` fits ``annotation`` (see the module's rules)."""
     if annotation is Any or annotation is typing.Any:
@@ -180,22 +251,28 @@ def check_value(value: Any, annotation: Any) -> None:
         if group[0]["type"] == "missing":
             raise Invalid(path, f"missing '{group[0]['loc'][-1]}'") from None
         limits = [e for e in group if e["type"] in _CONSTRAINTS]
+        failed = [e for e in group if e["type"] == "value_error"]  # an AfterValidator's refusal (distinct)
+        if failed and not limits:
+            raise Invalid(path, f"{failed[0]['ctx']['error']}, got {here!r}", limit=True) from None
         if limits:
             error = limits[0]
             bounds = {k: int(v) if isinstance(v, float) and v.is_integer() else v  # "> 0", not "> 0.0"
                       for k, v in error.get("ctx", {}).items()}
             raise Invalid(path, f"{_CONSTRAINTS[error['type']].format(**bounds)}, got {here!r}", limit=True) from None
+        extra = [e for e in group if e["type"] == "extra_forbidden"]  # a key a TypedDict does not declare
+        if extra:
+            raise Invalid(path, f"unknown key {extra[0]['loc'][-1]!r}") from None
         expected = " or ".join(dict.fromkeys(_expected(e) for e in group))
-        raise Invalid(path, f"expected {expected}{' as a key' if is_key else ''}, got {type(here).__name__} {here!r}") \
-            from None
+        names = [v for e in group if e["type"] == "literal_error" for v in _literal_values(e)]
+        hint = closest(here, names) if isinstance(here, str) and names else None  # a misspelt name
+        raise Invalid(path, f"expected {expected}{' as a key' if is_key else ''}, got {type(here).__name__} {here!r}"
+                      + (f"; did you mean {hint!r}?" if hint else "")) from None
 
 
 def check_fields(data: Any, model: Any, where: str, field: str = "") -> None:
     """Check a file's ``data`` (a config, a suite; or its section ``field``) against its pydantic
     ``model``; the first problem is a one-line :class:`~clbench.errors.UserError` at
     ``<where>: <field path>``."""
-    from clbench.errors import UserError
-
     try:
         check_value(data, model)
     except Invalid as err:
@@ -263,6 +340,8 @@ def describe(annotation: Any) -> str:
     """An annotation as a config author reads it: ``float | Tensor``, ``list[int]``, ``int >= 1``."""
     if annotation is type(None):
         return "null"
+    if is_typeddict(annotation):
+        return f"mapping of {', '.join(annotation.__annotations__)}"
     if annotation is dict or (isinstance(annotation, type) and hasattr(annotation, "model_fields")):
         return "mapping"  # a section of a file (a pydantic model)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)

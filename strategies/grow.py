@@ -58,11 +58,9 @@ from torch.utils._pytree import tree_map
 from clbench.data import make_loader
 from clbench.errors import UserError
 from clbench.strategy import Strategy
+from clbench.validation import ArgumentError
 from strategies.ewc import compute_device
 from strategies.grow_layers import MLP, find_mlps, grow_mlp
-
-WHERE = "strategy.init_args"
-
 
 def shared(scores: dict[str, float]) -> dict[str, float]:
     """Rank 0's probe scores on every rank (under data parallelism), so that all ranks grow the
@@ -131,7 +129,7 @@ class Grow(Strategy):
     def candidates(self, model: nn.Module) -> list[MLP]:
         mlps = find_mlps(model)
         if not mlps:
-            raise UserError(f"{type(model).__name__} has no MLP the grow strategy can widen", where=WHERE,
+            raise UserError(f"{type(model).__name__} has no MLP the grow strategy can widen", where="strategy",
                             fix="use a model with gate/up/down projections, timm Mlp blocks (fc1/fc2) or "
                                 "Linear-activation-Linear in an nn.Sequential")
         if self.layers == "all":
@@ -144,9 +142,9 @@ class Grow(Strategy):
             elif isinstance(entry, str) and entry in names:
                 chosen.append(names[entry])
             else:
-                raise UserError(f"layers names {entry!r}, which is not one of the model's {len(mlps)} MLPs",
-                                where=f"{WHERE}.layers", fix=f"use indices 0..{len(mlps) - 1} or names: "
-                                                             + ", ".join(list(names)[:8]))
+                raise ArgumentError("strategy", "layers", f"layers names {entry!r}, which is not one of the model's "
+                                    f"{len(mlps)} MLPs", fix=f"use indices 0..{len(mlps) - 1} or names: "
+                                                            + ", ".join(list(names)[:8]))
         return list(dict.fromkeys(chosen))
 
     def update_magnitudes(self, module, experience, mlps: list[MLP]) -> dict[str, float]:

@@ -30,8 +30,8 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from clbench.errors import UserError
 from clbench.strategy import Strategy
+from clbench.validation import ArgumentError
 
 ADAPTER = "default"
 
@@ -78,9 +78,8 @@ def add_adapter(model: nn.Module, config: Any, name: str) -> None:
             warnings.filterwarnings("ignore", message=".*Already found a `peft_config`.*")
             inject_adapter_in_model(config, target, adapter_name=name)
     except ValueError as err:
-        raise UserError(f"cannot add LoRA adapters: {str(err).splitlines()[0]}",
-                        where="strategy.init_args.target_modules",
-                        fix="name the linear layers to adapt, e.g. [q_proj, v_proj]") from None
+        raise ArgumentError("strategy", "target_modules", f"cannot add LoRA adapters: {str(err).splitlines()[0]}",
+                            fix="name the linear layers to adapt, e.g. [q_proj, v_proj]") from None
     for n, p in model.named_parameters():
         if "lora_" not in n:
             p.requires_grad_(False)
@@ -91,9 +90,9 @@ def refuse_other_adapters(model: nn.Module, strategy: str) -> None:
     (``model.init_args.lora``): peft would run only one of them, silently."""
     found = adapter_names(model)
     if found:
-        raise UserError(f"the model already has LoRA adapters ({', '.join(found)}); {strategy} adds its own",
-                        where="model.init_args.lora",
-                        fix=f"remove lora from the model's init_args, or use another strategy than {strategy}")
+        raise ArgumentError("model", "lora", f"the model already has LoRA adapters ({', '.join(found)}); {strategy} "
+                            "adds its own", fix=f"remove lora from the model's init_args, or use another strategy "
+                                                f"than {strategy}")
 
 
 def activate(model: nn.Module, names: list[str], trainable: list[str]) -> None:

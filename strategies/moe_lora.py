@@ -32,9 +32,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from clbench.errors import UserError
 from clbench.lm import moe_adapters
 from clbench.strategy import Strategy
+from clbench.validation import ArgumentError
 from strategies.lora import lora_target, refuse_other_adapters
 
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -61,7 +61,6 @@ class _MoELoRA(Strategy):
         super().__init__()
         # Each argument's type and range is declared above and checked from the config
         # (clbench.validation); what depends on two arguments or on the method is checked here.
-        where = "strategy.init_args"
         checks = [
             ("top_k", top_k is None or top_k <= num_experts,
              f"an integer in [1, num_experts = {num_experts}]" + (", or null for dense gating"
@@ -73,8 +72,9 @@ class _MoELoRA(Strategy):
             checks.append(("top_k", False, "an integer: MH-MoE routes top-k within each head"))
         for name, ok, fix in checks:
             if not ok:
-                raise UserError(f"{name} = {locals()[name]!r} is not valid for {self.kind}",
-                                where=f"{where}.{name}", fix=f"give {fix}")
+                value = {"top_k": top_k, "heads": heads}[name]
+                raise ArgumentError("strategy", name, f"{name} = {value!r} is not valid for {self.kind}",
+                                    fix=f"give {fix}")
         self.num_experts, self.top_k, self.r, self.alpha, self.heads = num_experts, top_k, r, alpha, heads
         self.match_lora_rank, self.top1_gate, self.dropout = match_lora_rank, top1_gate, dropout
         self.balance_weight, self.target_modules, self.layers = balance_weight, target_modules, layers
@@ -95,14 +95,14 @@ class _MoELoRA(Strategy):
         target = lora_target(module.model)
         found = moe_adapters.matching_linears(target, self.target_modules or MLP, self.layers)
         if not found:
-            raise UserError(f"{self.kind}: no linear module named {self.target_modules or MLP} to adapt",
-                            where="strategy.init_args.target_modules",
-                            fix="name the model's linear layers, e.g. [gate_proj, up_proj, down_proj]")
+            raise ArgumentError("strategy", "target_modules", f"{self.kind}: no linear module named "
+                                f"{self.target_modules or MLP} to adapt",
+                                fix="name the model's linear layers, e.g. [gate_proj, up_proj, down_proj]")
         shapes = [(m.in_features, m.out_features) for _, m in found]
         bad = sorted({i for i, _ in shapes if i % self.heads})
         if bad:
-            raise UserError(f"heads = {self.heads} does not divide the input widths {bad}",
-                            where="strategy.init_args.heads", fix="give a common divisor of the input widths")
+            raise ArgumentError("strategy", "heads", f"heads = {self.heads} does not divide the input widths {bad}",
+                                fix="give a common divisor of the input widths")
         if self.match_lora_rank is not None:
             budget = sum(moe_adapters.param_counts(i, o, kind="lora", num_experts=1, top_k=1,
                                                    r=self.match_lora_rank)["active"] for i, o in shapes)

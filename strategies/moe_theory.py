@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from clbench.errors import UserError
 from clbench.metrics import routing
 from clbench.strategy import Strategy
+from clbench.validation import ArgumentError
 
 NOISE_SALT = 2 ** 40  # routing noise is drawn from seed + salt, apart from the data's seed
 
@@ -197,8 +198,8 @@ class MoETheoryModel(nn.Module):
         d = self.dim
         rounds = inputs[:, -1].long()
         if int(rounds.max()) >= len(self.routed):
-            raise UserError(f"round {int(rounds.max())} is beyond max_rounds={len(self.routed)}",
-                            where="model.init_args.max_rounds", fix="raise max_rounds to the stream's rounds")
+            raise ArgumentError("model", "max_rounds", f"round {int(rounds.max())} is beyond max_rounds="
+                                f"{len(self.routed)}", fix="raise max_rounds to the stream's rounds")
         return inputs[:, :d].double(), inputs[:, d:2 * d].double(), rounds
 
     def forward(self, inputs: Tensor) -> Tensor:

@@ -69,10 +69,10 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from clbench.errors import UserError
 from clbench.lm import moses_layers
 from clbench.lm.moses_layers import TaskState
 from clbench.strategy import Strategy
+from clbench.validation import ArgumentError
 from strategies.lora import lora_target, refuse_other_adapters
 
 IGNORE = -100
@@ -159,8 +159,8 @@ class MoSEs(Strategy):
         super().__init__()
         # Types and ranges are declared above and checked from the config (clbench.validation).
         if top_k > num_experts:
-            raise UserError(f"top_k = {top_k} is more than num_experts = {num_experts}",
-                            where="strategy.init_args.top_k", fix=f"give an integer in [1, {num_experts}]")
+            raise ArgumentError("strategy", "top_k", f"top_k = {top_k} is more than num_experts = {num_experts}",
+                                fix=f"give an integer in [1, {num_experts}]")
         self.num_experts, self.top_k, self.r, self.alpha, self.density = num_experts, top_k, r, alpha, density
         self.prompt_length, self.pull_weight, self.task_inference = prompt_length, pull_weight, task_inference
         self.protect, self.target_modules, self.layers = protect, target_modules, layers
@@ -195,8 +195,9 @@ class MoSEs(Strategy):
                                     num_tasks=len(self.experiences), num_experts=self.num_experts, top_k=self.top_k,
                                     r=self.r, alpha=self.alpha, density=self.density)
         if not names:
-            raise UserError(f"moses: no linear module named {self.target_modules or ['q_proj', 'v_proj']} to adapt",
-                            where="strategy.init_args.target_modules", fix="name attention projections, e.g. [q_proj, v_proj]")
+            raise ArgumentError("strategy", "target_modules", f"moses: no linear module named "
+                                f"{self.target_modules or ['q_proj', 'v_proj']} to adapt",
+                                fix="name attention projections, e.g. [q_proj, v_proj]")
         embed = decoder.get_input_embeddings()
         deeper = self._deeper_layers(decoder)
         self.prompts = TaskPrompts(len(self.experiences), self.prompt_length, embed.embedding_dim,
@@ -225,8 +226,8 @@ class MoSEs(Strategy):
             return []
         blocks = getattr(decoder, "layers", None)
         if not isinstance(blocks, nn.ModuleList):
-            raise UserError(f"moses: {type(decoder).__name__} has no 'layers' list to prompt layer by layer",
-                            where="strategy.init_args.deep_prompts", fix="set deep_prompts: false")
+            raise ArgumentError("strategy", "deep_prompts", f"moses: {type(decoder).__name__} has no 'layers' list "
+                                "to prompt layer by layer", fix="set deep_prompts: false")
         chosen = range(len(blocks)) if self.layers is None else sorted(set(self.layers))
         return [blocks[i] for i in chosen if 0 < i < len(blocks)]
 

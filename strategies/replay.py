@@ -41,9 +41,9 @@ from pydantic import Field
 from torch.utils.data import WeightedRandomSampler
 
 from clbench.data import ShardedSampler, concat, shard_of, subset, targets_of
-from clbench.errors import UserError
 from clbench.seeding import derive
 from clbench.strategy import Strategy
+from clbench.validation import ArgumentError
 
 
 def seeded_generator(seed: int, *keys: object) -> torch.Generator:
@@ -204,9 +204,9 @@ class Replay(Strategy):
         try:
             return targets_of(experience.train).long().cpu()
         except (KeyError, IndexError, TypeError, ValueError):
-            raise UserError(f"class-balanced replay needs class labels, and the samples of '{experience.name}' "
-                            "have none", where="strategy.init_args.policy",
-                            fix="use policy: reservoir for this stream") from None
+            raise ArgumentError("strategy", "policy", "class-balanced replay needs class labels, and the samples "
+                                f"of '{experience.name}' have none",
+                                fix="use policy: reservoir for this stream") from None
 
     def _class_balanced(self, new, labels, generator):
         """Shrink each class to its new quota (a uniform subsample stays uniform), then stream

@@ -20,6 +20,14 @@ LIGHTNING_NOISE = ["ignore:You defined a `validation_step`",
                    "ignore:The '(train|val)_dataloader' does not have many workers"]
 
 
+def checked(target, where: str = "benchmark.init_args", **init_args):
+    """``target(**init_args)`` after the check a run makes of them first (their annotations)."""
+    from clbench.build import check_init_args
+
+    check_init_args(target, init_args, where)
+    return target(**init_args)
+
+
 def smoke(**changes) -> dict:
     """The smoke suite as a dict, with top-level keys replaced."""
     import yaml

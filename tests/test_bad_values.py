@@ -246,6 +246,24 @@ MOE_THEORY = {"benchmark": {"class_path": "moe-regression", "init_args": {"round
      "cfg.yaml: strategy.init_args.eta: eta must be > 0, got -0.5"),
     ({**MOE_THEORY, "strategy": {"class_path": "moe_theory", "init_args": {"eta": 0}}},
      "cfg.yaml: strategy.init_args.eta: eta must be > 0, got 0"),
+    ({"benchmark": {"class_path": "digits-dirichlet", "init_args": {"num_experiences": 0}}},
+     "cfg.yaml: benchmark.init_args.num_experiences: num_experiences must be >= 1, got 0 "
+     "(give num_experiences a value of type int >= 1)"),
+    ({"benchmark": {"class_path": "digits-domains", "init_args": {"domains": ["rot0", "rot90", "rot0"]}}},
+     "cfg.yaml: benchmark.init_args.domains: domains must list each item once, got ['rot0', 'rot90', 'rot0']"),
+    ({"objective": {"class_path": "classification", "init_args": {"class_weights": {"capp": 3}}}},
+     "cfg.yaml: objective.init_args.class_weights.capp: unknown key 'capp' (set class_weights to mapping of alpha, "
+     "cap | 'auto' | bool | null)"),
+    ({"benchmark": {"class_path": "core50", "init_args": {"root": "nowhere", "augment": {"hue": 0.7}}}},
+     "cfg.yaml: benchmark.init_args.augment.hue: augment.hue must be <= 0.5, got 0.7 (give augment a value of type "
+     "bool | mapping of crop_scale, flip, color_jitter, hue, blur, noise)"),
+    ({**MOE_THEORY, "benchmark": {"class_path": "moe-regression", "init_args": {"dim": 4, "samples": 6}}},
+     "cfg.yaml: benchmark.init_args.samples: need 1 <= samples < dim (overparameterised), got samples=6, dim=4 "
+     "(use e.g. dim: 10, samples: 6)"),
+    ({"benchmark": {"class_path": "dirichlet", "init_args": {
+        "source": {"class_path": "digits-dirichlet", "init_args": {"num_experiences": 5000}}}}},
+     "cfg.yaml: benchmark.init_args.source.init_args.num_experiences: 5000 experiences cannot be cut from 1347 "
+     "training samples (set num_experiences <= 1347)"),
 ])
 def test_bad_setting_of_a_built_in_component_is_one_line(tmp_path, capsys, changes, message):
     assert run_refused(capsys, tmp_path, tiny_config(**changes)).startswith(message)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import crash_at, tiny_config
+from helpers import checked, crash_at, tiny_config
 
 TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
@@ -25,7 +25,7 @@ def _objective(model, **kwargs):
     from clbench.objectives.causal_lm import CausalLanguageModeling
     from clbench.streams import StreamSpec
 
-    objective = CausalLanguageModeling(**kwargs)
+    objective = checked(CausalLanguageModeling, "objective.init_args", **kwargs)
     objective.setup(StreamSpec(name="t", objective="causal_lm"), [])
     objective.attach(model)
     return objective
@@ -124,8 +124,10 @@ def test_chat_template_wraps_prompts_and_keeps_the_loss_on_the_answer_and_its_en
     with pytest.raises(UserError, match="tokenizer has no chat template") as err:
         _objective(model, chat_template=True)  # the trace-mini tokenizer has none
     assert err.value.where == "objective.init_args.chat_template"
-    with pytest.raises(UserError, match="true or false"):
+    with pytest.raises(UserError, match=r"objective\.init_args\.chat_template: expected bool, got str 'yes'"):
         _objective(chat_model, chat_template="yes")
+    with pytest.raises(UserError, match=r"objective\.init_args\.max_length: max_length must be >= 2, got 1"):
+        _objective(chat_model, max_length=1)
 
 
 def test_trace_scoring_scores_the_generation_as_decoded_and_lenient_scoring_stripped(model):

@@ -18,6 +18,7 @@ from clbench.errors import UserError
 from clbench.lm.fixtures import sample_texts, tiny_config, write_tiny_model
 from clbench.lm.models import hf_causal_lm, parameter_counts
 from clbench.lm.tokenizer import train_tiny_tokenizer
+from helpers import checked
 
 ADDED = ["<NUM_LIT>", "<STR_LIT>"]
 _attempts: list = []
@@ -208,11 +209,11 @@ def test_missing_pad_token_becomes_eos(tok_dir, tmp_path):
 # --- dtype, attention, gradient checkpointing ------------------------------------------------
 
 def test_bad_dtype_and_attention_are_one_line_errors(model_dir):
-    with pytest.raises(UserError, match="unknown dtype 'bf16'") as err:
-        hf_causal_lm(path=str(model_dir), dtype="bf16")
-    assert err.value.where == "model.init_args.dtype" and "bfloat16" in str(err.value)
+    with pytest.raises(UserError, match="expected one of 'float32', 'bfloat16', 'float16', got str 'bf16'") as err:
+        checked(hf_causal_lm, "model.init_args", path=str(model_dir), dtype="bf16")
+    assert err.value.where == "model.init_args.dtype"
     with pytest.raises(UserError, match="did you mean 'sdpa'"):
-        hf_causal_lm(path=str(model_dir), attn_implementation="spda")
+        checked(hf_causal_lm, "model.init_args", path=str(model_dir), attn_implementation="spda")
 
 
 def test_flash_attention_is_refused_when_it_cannot_run(model_dir):

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.core50 import CATEGORY_NAMES, NI_TEST_SESSIONS, NI_TRAIN_SESSIONS, core50
+from benchmarks.core50 import CATEGORY_NAMES, NI_TEST_SESSIONS, NI_TRAIN_SESSIONS, NUM_OBJECTS, SESSIONS, core50
 from benchmarks.images import ImageArray, ImageFiles, NpzArray
 from clbench.errors import UserError
+from helpers import checked
 from clbench.fixtures import write_core50
 from clbench.streams import ordered_experiences, resolve_order
 
@@ -26,9 +27,10 @@ def root(tmp_path_factory) -> Path:
 
 
 def build(root, **kw):
+    """The stream, its arguments checked first as a run checks them."""
     kw.setdefault("objects", OBJECTS)
     kw.setdefault("image_size", 8)
-    return core50(str(root), **kw)
+    return checked(core50, root=str(root), **kw)
 
 
 def all_pngs(root: Path, sessions) -> set[str]:
@@ -152,10 +154,20 @@ def test_training_transform_is_random_and_evaluation_is_not(root):
     assert torch.equal(plain.train[0][0], plain.train[0][0])
 
 
+def test_augment_mapping_declares_every_augmentation():
+    from dataclasses import fields
+
+    from benchmarks.images import Augment, AugmentOverrides
+
+    assert list(AugmentOverrides.__annotations__) == [f.name for f in fields(Augment)]
+    assert (SESSIONS[-1], NUM_OBJECTS) == (11, 50)  # the bounds Sessions and Objects declare
+
+
 def test_augment_mapping_is_checked(root):
-    with pytest.raises(UserError, match="unknown augmentation 'jiter'"):
+    with pytest.raises(UserError, match=r"init_args\.augment\.jiter: unknown key 'jiter'"):
         build(root, augment={"jiter": 0.1})
-    with pytest.raises(UserError, match="crop_scale"):
+    with pytest.raises(UserError, match=r"init_args\.augment\.crop_scale: crop_scale must be \[low, high\] with "
+                                        r"low <= high"):
         build(root, augment={"crop_scale": [0.9, 0.5]})
 
 

@@ -15,6 +15,7 @@ from benchmarks.office_home import CLASSES, DOMAINS, FOLDER, office_home
 from clbench.errors import UserError
 from clbench.fixtures import write_office_home
 from clbench.streams import ordered_experiences
+from helpers import checked
 
 PER_CLASS = 5
 
@@ -75,8 +76,9 @@ def test_subsets_renumber_labels(base):
     assert [e.name for e in exps] == ["art", "real_world"] and [e.domain_id for e in exps] == [0, 3]
     for path, y in zip(exps[1].train.paths.tolist(), exps[1].train.targets.tolist()):
         assert Path(path).parent.name == ["Backpack", "TV", "Webcam"][y]
-    with pytest.raises(UserError, match="did you mean 'clipart'"):
-        office_home(str(base), domains=["clip_art"])
+    with pytest.raises(UserError, match=r"init_args\.domains\[0\]: expected one of .*got str 'clip_art'; "
+                                        "did you mean 'clipart'"):
+        checked(office_home, root=str(base), domains=["clip_art"])
 
 
 def test_split_seed_reproduces_and_changes_the_split(base):

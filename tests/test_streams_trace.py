@@ -14,6 +14,7 @@ from benchmarks.trace_mini import generate, trace_mini
 from clbench.errors import UserError
 from clbench.metrics.text import make_text_metric
 from clbench.streams import ordered_experiences, resolve_order
+from helpers import checked
 
 N_TRAIN, N_EVAL, N_TEST = 30, 5, 12
 
@@ -106,24 +107,26 @@ def test_subsampling_is_seeded_reproducible_and_independent_of_the_task_subset(r
         assert positions == sorted(positions)  # a subset, kept in file order
     with pytest.raises(UserError, match=rf"train\.json: n_train=31 but the file holds {N_TRAIN} records"):
         trace(str(root), tasks=["FOMC"], n_train=N_TRAIN + 1)
-    with pytest.raises(UserError, match="n_test must be a positive integer"):
-        trace(str(root), n_test=0)
+    with pytest.raises(UserError, match=r"benchmark\.init_args\.n_test: n_test must be >= 1, got 0"):
+        checked(trace, root=str(root), n_test=0)
 
 
 def test_task_and_argument_errors(root, tmp_path):
-    with pytest.raises(UserError, match="unknown TRACE task 'FOMCC'.*did you mean 'FOMC'"):
-        trace(str(root), tasks=["FOMCC"])
-    with pytest.raises(UserError, match="more than once"):
-        trace(str(root), tasks=["FOMC", "FOMC"])
+    with pytest.raises(UserError, match=r"init_args\.tasks\[0\]: expected one of .*got str 'FOMCC'; "
+                                        r"did you mean 'FOMC'"):
+        checked(trace, root=str(root), tasks=["FOMCC"])
+    with pytest.raises(UserError, match=r"init_args\.tasks: tasks must list each item once"):
+        checked(trace, root=str(root), tasks=["FOMC", "FOMC"])
     with pytest.raises(UserError, match="TRACE root does not exist"):
         trace(str(tmp_path / "nowhere"))
     with pytest.raises(UserError, match="scenario_type"):
-        trace(str(root), tasks=["FOMC"], scenario_type="class-il")
+        checked(trace, root=str(root), tasks=["FOMC"], scenario_type="class-il")
     assert trace(str(root), tasks=["FOMC"], scenario_type="task-il").clbench.scenario_type == "task-il"
-    with pytest.raises(UserError, match=r"benchmark\.init_args\.scoring: unknown scoring .lenient."):
-        trace(str(root), tasks=["FOMC"], scoring="lenient")
-    with pytest.raises(UserError, match="unknown scoring"):
-        trace_mini(tasks=["FOMC"], n_train=2, n_test=2, scoring="TRACE")
+    with pytest.raises(UserError, match=r"benchmark\.init_args\.scoring: expected one of 'trace', 'normalized', got "
+                                        r"str 'lenient'"):
+        checked(trace, root=str(root), tasks=["FOMC"], scoring="lenient")
+    with pytest.raises(UserError, match="scoring: expected one of"):
+        checked(trace_mini, tasks=["FOMC"], n_train=2, n_test=2, scoring="TRACE")
 
 
 def _error(copy, **kw) -> str:

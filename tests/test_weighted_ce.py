@@ -15,7 +15,7 @@ from clbench.errors import UserError
 from clbench.objectives.classification import DEFAULT_CAP, Classification, inverse_frequency
 from clbench.runner import run
 from clbench.streams import Experience, StreamSpec
-from helpers import tiny_config
+from helpers import checked, tiny_config
 
 WEIGHTED = {"class_path": "classification", "init_args": {"class_weights": {"alpha": "auto", "cap": 4}}}
 DIRICHLET = {"class_path": "digits-dirichlet", "init_args": {"num_experiences": 3, "alpha": 0.3}}
@@ -85,17 +85,19 @@ def test_an_explicit_alpha_list_is_used_and_capped():
     assert objective.summary()["class_weights"]["per_experience"] == [[1.0, 2.0, 10.0]]
 
 
-@pytest.mark.parametrize("class_weights, field", [
-    ({"alpha": "auto", "cap": 0.5}, "cap"),
-    ({"alpha": "inverse"}, "alpha"),
-    ({"alpha": [1.0, -1.0, 1.0]}, "alpha"),
-    ({"alpha": "auto", "capp": 3}, "capp"),
-    ("sometimes", "class_weights"),
+@pytest.mark.parametrize("class_weights, where, what", [
+    ({"alpha": "auto", "cap": 0.5}, "class_weights.cap", "class_weights.cap must be >= 1, got 0.5"),
+    ({"alpha": "inverse"}, "class_weights.alpha", "got str 'inverse'"),
+    ({"alpha": [1.0, -1.0, 1.0]}, "class_weights.alpha[1]", "class_weights.alpha[1] must be > 0, got -1.0"),
+    ({"alpha": "auto", "capp": 3}, "class_weights.capp", "unknown key 'capp'"),
+    ({"cap": float("inf")}, "class_weights.cap", "must be a finite number"),
+    ("sometimes", "class_weights", "got str 'sometimes'"),
 ])
-def test_bad_settings_are_one_line_errors(class_weights, field):
+def test_bad_settings_are_one_line_errors(class_weights, where, what):
     with pytest.raises(UserError) as err:
-        Classification(class_weights=class_weights)
-    assert field in str(err.value) and "\n" not in str(err.value)
+        checked(Classification, "objective.init_args", class_weights=class_weights)
+    assert err.value.where == f"objective.init_args.{where}" and what in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_an_alpha_list_of_the_wrong_length_is_refused():

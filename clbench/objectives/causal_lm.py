@@ -48,15 +48,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
 
 from clbench.errors import UserError
 from clbench.metrics import routing
 from clbench.objectives.base import Objective
+from clbench.validation import ArgumentError
+
+Tokens = Annotated[int, Field(ge=1)]  # a number of generated tokens
 
 IGNORE = -100
 POSITION_BUCKETS = 4
@@ -172,13 +176,8 @@ class CausalLanguageModeling(Objective):
     model_args: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, task_metrics: dict[str, str] | None = None, default_metric: str = "exact_match",
-                 max_length: int = 512, max_new_tokens: int | dict[str, int] = 32, chat_template: bool = False):
-        if not isinstance(max_length, int) or max_length < 2:
-            raise UserError(f"max_length must be an integer >= 2, got {max_length!r}",
-                            where="objective.init_args.max_length", fix="e.g. 512 (2048 for TRACE)")
-        if not isinstance(chat_template, bool):
-            raise UserError(f"chat_template must be true or false, got {chat_template!r}",
-                            where="objective.init_args.chat_template")
+                 max_length: Annotated[int, Field(ge=2)] = 512,
+                 max_new_tokens: Tokens | dict[str, Tokens] = 32, chat_template: bool = False):
         self.chat_template = chat_template
         self.task_metrics = dict(task_metrics or {})
         self.default_metric = default_metric
@@ -203,9 +202,9 @@ class CausalLanguageModeling(Objective):
             raise UserError(f"the causal-LM objective needs a model with a tokenizer, got {type(model).__name__}",
                             where="model", fix="use model: {class_path: hf_causal_lm, ...}")
         if self.chat_template and not getattr(tokenizer, "chat_template", None):
-            raise UserError("chat_template is true but the model's tokenizer has no chat template",
-                            where="objective.init_args.chat_template",
-                            fix="set chat_template: false (plain prompts), or use an instruct model's tokenizer")
+            raise ArgumentError("objective", "chat_template", "chat_template is true but the model's tokenizer has no "
+                                "chat template",
+                                fix="set chat_template: false (plain prompts), or use an instruct model's tokenizer")
         self.tokenizer = tokenizer
         self.model = model  # whether it has routing layers (perhaps injected later) decides the test batches
 

@@ -23,19 +23,28 @@ evaluation scores are the unweighted metrics.
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
+from typing_extensions import TypedDict
 
-from clbench.errors import UserError
 from clbench.objectives.base import Objective
+from clbench.validation import ArgumentError, mapping_argument
 
 #: The default largest class weight (the thesis caps weights but does not say at what).
 DEFAULT_CAP = 10.0
-WHERE = "objective.init_args.class_weights"
+
+
+@mapping_argument
+class ClassWeights(TypedDict, total=False):
+    """``class_weights: {alpha: auto | [w_0, ...], cap: 10}``: inverse frequency or one positive
+    weight per class, capped at ``cap`` (null: no cap)."""
+
+    alpha: Literal["auto"] | Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)]
+    cap: Annotated[float, Field(ge=1)] | None
 
 
 def inverse_frequency(labels, num_classes: int, cap: float | None = DEFAULT_CAP) -> Tensor:
@@ -56,29 +65,16 @@ def inverse_frequency(labels, num_classes: int, cap: float | None = DEFAULT_CAP)
     return weights.float()
 
 
-def _settings(class_weights: Any) -> tuple[str | list[float], float | None] | None:
-    """``(alpha, cap)`` from the ``class_weights`` argument; a one-line error when malformed."""
+def _settings(class_weights: ClassWeights | Literal["auto"] | bool | None
+              ) -> tuple[str | list[float], float | None] | None:
+    """``(alpha, cap)`` from the ``class_weights`` argument (checked against its annotation)."""
     if class_weights is None or class_weights is False:
         return None
     if class_weights is True or class_weights == "auto":
         return "auto", DEFAULT_CAP
-    if not isinstance(class_weights, dict):
-        raise UserError(f"expected a mapping such as {{alpha: auto, cap: 10}}, got {class_weights!r}", where=WHERE,
-                        fix="write class_weights: {alpha: auto, cap: 10}")
-    unknown = sorted(set(class_weights) - {"alpha", "cap"})
-    if unknown:
-        raise UserError(f"unknown key '{unknown[0]}'", where=f"{WHERE}.{unknown[0]}", fix="the keys are alpha and cap")
     alpha = class_weights.get("alpha", "auto")
     cap = class_weights.get("cap", DEFAULT_CAP)
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 1 <= cap < math.inf):
-        raise UserError(f"cap must be a number >= 1 (or null for none), got {cap!r}", where=f"{WHERE}.cap",
-                        fix=f"use e.g. cap: {DEFAULT_CAP:g}")
     if alpha != "auto":
-        ok = isinstance(alpha, list) and alpha and all(
-            isinstance(a, (int, float)) and not isinstance(a, bool) and 0 < a < math.inf for a in alpha)
-        if not ok:
-            raise UserError(f"alpha must be 'auto' or a list of positive weights, got {alpha!r}",
-                            where=f"{WHERE}.alpha", fix="use alpha: auto, or one weight per class")
         alpha = [float(a) for a in alpha]
     return alpha, None if cap is None else float(cap)
 
@@ -97,7 +93,8 @@ class Classification(Objective):
 
     model_args: ClassVar[tuple[str, ...]] = ("num_classes", "input_shape")
 
-    def __init__(self, imbalance: bool | None = None, class_weights: dict | str | bool | None = None):
+    def __init__(self, imbalance: bool | None = None,
+                 class_weights: ClassWeights | Literal["auto"] | bool | None = None):
         """``imbalance``: G-mean and MAUC on every column; ``None`` follows the stream.
         ``class_weights``: weighted cross-entropy for training (``None``: unweighted)."""
         self.imbalance = imbalance
@@ -112,11 +109,12 @@ class Classification(Objective):
         if self.weighting is not None:
             alpha = self.weighting[0]
             if not self.num_classes:
-                raise UserError("class weights need the stream's number of classes", where=WHERE,
-                                fix="remove class_weights for this stream")
+                raise ArgumentError("objective", "class_weights", "class weights need the stream's number of classes",
+                                    fix="remove class_weights for this stream")
             if alpha != "auto" and len(alpha) != self.num_classes:
-                raise UserError(f"alpha lists {len(alpha)} weights for {self.num_classes} classes",
-                                where=f"{WHERE}.alpha", fix=f"give {self.num_classes} weights, or alpha: auto")
+                raise ArgumentError("objective", "class_weights.alpha", f"alpha lists {len(alpha)} weights for "
+                                    f"{self.num_classes} classes",
+                                    fix=f"give {self.num_classes} weights, or alpha: auto")
 
     def model_kwargs(self, spec) -> dict[str, Any]:
         return {"num_classes": spec.num_classes, "input_shape": tuple(spec.input_shape)}
@@ -135,8 +133,8 @@ class Classification(Objective):
         try:
             return inverse_frequency(targets_of(dataset), self.num_classes, cap)
         except ValueError as err:
-            raise UserError(f"cannot weight classes: {err}", where=WHERE,
-                            fix="check the stream's labels against its num_classes") from None
+            raise ArgumentError("objective", "class_weights", f"cannot weight classes: {err}",
+                                fix="check the stream's labels against its num_classes") from None
 
     def begin_experience(self, experience) -> None:
         """Before an experience (or the pretraining set) trains: its class weights."""

@@ -52,7 +52,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 from torch import nn
 
-from clbench.errors import UserError
+from clbench.validation import ArgumentError
 from clbench.vision.moe import MoEMLP
 
 LABELS: dict[str, dict] = {
@@ -69,7 +69,6 @@ Label = Literal["ViT", "MoE", "MoE-many", "MoE_ensemble_LR_scale", "EMA router",
 RouterName = Literal["switch", "ema_centroid", "prototype"]
 Positive = Annotated[int, Field(ge=1)]
 Multiplier = Annotated[float, Field(gt=0)]  # a learning-rate multiplier
-ARGS = "model.init_args"  # where this model's settings live in a run config
 DEFAULTS = {"num_experts": 4, "top_k": 1, "router": "switch", "num_shared": 0, "shared_lr_mult": None,
             "moe_blocks": None}
 
@@ -91,7 +90,7 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
 
     Each argument's type and range is declared above and checked before the run builds anything
     (:mod:`clbench.validation`); what depends on several arguments is checked here, as a
-    one-line :class:`~clbench.errors.UserError` naming the argument.
+    one-line :class:`~clbench.validation.ArgumentError` naming the argument.
     """
     import timm
     from timm.models.vision_transformer import VisionTransformer
@@ -103,11 +102,11 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
     experts, shared = opts["num_experts"], opts["num_shared"]
     dense = label == "ViT" or opts["moe_blocks"] == []
     if experts + shared == 0 and not dense:
-        raise UserError("an MoE layer needs at least one expert, routed (num_experts) or shared (num_shared)",
-                        where=f"{ARGS}.num_experts", fix="set num_experts >= 1, or use label: ViT for the dense model")
+        raise ArgumentError("model", "num_experts", "an MoE layer needs at least one expert, routed (num_experts) or "
+                            "shared (num_shared)", fix="set num_experts >= 1, or use label: ViT for the dense model")
     if experts and opts["top_k"] > experts and not dense:
-        raise UserError(f"top_k = {opts['top_k']} is more than num_experts = {experts}", where=f"{ARGS}.top_k",
-                        fix=f"choose top_k between 1 and {experts}")
+        raise ArgumentError("model", "top_k", f"top_k = {opts['top_k']} is more than num_experts = {experts}",
+                            fix=f"choose top_k between 1 and {experts}")
 
     in_ch, h, w = input_shape
     if name is None:
@@ -126,25 +125,27 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
             load_dense_weights(model, weights_path)
         except (OSError, ValueError, RuntimeError, EOFError, UnpicklingError, SafetensorError) as err:
             detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise UserError(f"cannot load {weights_path}: {detail}", where=f"{ARGS}.weights_path",
-                            fix="give a dense ViT state dict (.pth, .bin or .safetensors) of this architecture, "
-                                "written completely") from None
+            raise ArgumentError("model", "weights_path", f"cannot load {weights_path}: {detail}",
+                                fix="give a dense ViT state dict (.pth, .bin or .safetensors) of this architecture, "
+                                    "written completely") from None
 
     blocks = model.blocks
     chosen = default_moe_blocks(len(blocks)) if opts["moe_blocks"] is None else list(opts["moe_blocks"])
     outside = [index for index in chosen if not 0 <= index < len(blocks)]
     if outside:
-        raise UserError(f"block(s) {outside} do not exist: this ViT has {len(blocks)} blocks",
-                        where=f"{ARGS}.moe_blocks", fix=f"list 0-based block indices in 0..{len(blocks) - 1}")
+        raise ArgumentError("model", "moe_blocks", f"block(s) {outside} do not exist: this ViT has {len(blocks)} "
+                            "blocks",
+                            fix=f"list 0-based block indices in 0..{len(blocks) - 1}")
     if not chosen and label != "ViT":
-        raise UserError("no block is an MoE block, so this is the dense ViT", where=f"{ARGS}.moe_blocks",
-                        fix="list the blocks whose MLP becomes MoE, or use label: ViT for the dense model")
+        raise ArgumentError("model", "moe_blocks", "no block is an MoE block, so this is the dense ViT",
+                            fix="list the blocks whose MLP becomes MoE, or use label: ViT for the dense model")
     try:
         return _mixture(model, chosen, opts, router_args=router_args, level=level, pool=pool,
                         expert_mlp_ratio=expert_mlp_ratio, expert_lr_mult=expert_lr_mult,
                         shared_combine=shared_combine, copy=bool(weights_path) or expert_init == "copy")
     except ValueError as err:  # the layers' and routers' own checks (router_args, multipliers): all settings
-        raise UserError(str(err), where=ARGS, fix="see docs/moe-vit.md for the arguments and their ranges") from None
+        raise ArgumentError("model", "", str(err),
+                            fix="see docs/moe-vit.md for the arguments and their ranges") from None
 
 
 def default_moe_blocks(depth: int) -> list[int]:
