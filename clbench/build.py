@@ -50,7 +50,7 @@ def check_init_args(target: Callable, init_args: dict, where: str, provided: tup
             check_value(value, annotation)
         except Invalid as err:
             what = f"{key}{err.path} {err.what}" if err.limit else err.what  # "mem_size must be >= 0, got -5"
-            raise UserError(what, where=f"{where}.{key}{err.path}", fix=fix_for(key, annotation)) from None
+            raise UserError(what, where=f"{where}.{key}{err.path}", fix=err.fix or fix_for(key, annotation)) from None
     missing = [n for n, p in named.items() if p.default is inspect.Parameter.empty and n not in init_args
                and p.kind is not p.VAR_KEYWORD]
     if missing:

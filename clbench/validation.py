@@ -238,6 +238,9 @@ def check_value(value: Any, annotation: Any) -> None:
     except ValidationError as err:
         errors = err.errors(include_url=False)
         placed = [(_real_path(value, e), e) for e in errors]
+        # A union's branch that refused the value as a whole (bool, for a mapping) gives way to
+        # one that went inside it (the mapping's own key).
+        placed = [item for item in placed if item[0][0]] or placed
         # The first field with a problem (a model reports them in field order), and in it the
         # deepest place: in a union, the branch whose container the value matched.
         first = _FIRST_STEP.match(placed[0][0][0]).group(0)
