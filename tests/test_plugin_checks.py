@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib.util
 import re
 import textwrap
 from pathlib import Path
@@ -22,18 +23,42 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every file that defines a strategy, a benchmark, an objective or a model factory. Layers the
-# factories assemble (grow_layers, the ViT-MoE's routers) keep their ValueError preconditions,
-# as torch's own layers do: a factory's signature is where a config's value is checked.
-PLUGIN_FILES = sorted(
-    [*(p for p in ROOT.glob("strategies/*.py") if p.name != "grow_layers.py"), *ROOT.glob("benchmarks/*.py"),
-     *ROOT.glob("clbench/objectives/*.py"), ROOT / "clbench/models.py", ROOT / "clbench/vision/vit_moe.py",
-     ROOT / "clbench/lm/models.py", ROOT / "clbench/lm/gguf_checkpoints.py"])
+KINDS = ("strategies", "benchmarks", "models", "objectives")
+
+
+def _module_file(*names: str) -> Path | None:
+    """The source file of the first module of ``names`` that exists."""
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:
+            continue
+        if spec is not None and spec.origin:
+            return Path(spec.origin)
+    return None
+
+
+def _plugin_files() -> list[Path]:
+    """Every file that defines a registered strategy, benchmark, model factory or objective, the
+    other files of the built-in strategies' and benchmarks' folders (their shared helpers), and
+    the GGUF weights' module (the causal LM's paths). Layers the factories assemble (the grow
+    strategy's MLP surgery, the ViT-MoE's routers) keep their ValueError preconditions, as
+    torch's own layers do: a factory's signature is where a config's value is checked."""
+    from clbench import registry
+
+    files = {_module_file(target.split(":")[0]) for kind in KINDS for target in registry.available(kind).values()}
+    for folder in ("strategies", "benchmarks"):
+        files |= {path for path in (ROOT / folder).glob("*.py") if path.name != "grow_layers.py"}
+    files.add(_module_file("clbench.lm.gguf_checkpoints", "clbench.models.lm.gguf"))
+    return sorted({path.resolve() for path in files if path is not None and path.resolve().is_relative_to(ROOT)})
+
+
+PLUGIN_FILES = _plugin_files()
 # The checks of one value that stay, and why no signature can hold them.
 KEPT = {
-    ("clbench/lm/models.py", "architecture not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"):
+    "architecture not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES":
         "transformers' model types are known only once transformers is imported, which a config check avoids",
-    ("clbench/lm/gguf_checkpoints.py", "name not in PRESETS"):
+    "name not in PRESETS":
         "the NAME of `clbench models fetch NAME`, a command-line argument, not an init_args value",
 }
 # Calls a pure value check may make (anything else, such as path.exists(), reads the world).
@@ -117,22 +142,25 @@ def handwritten_paths(source: str) -> list[str]:
     return found
 
 
+def _condition(found: str) -> str:
+    return found.split(": if ", 1)[1]
+
+
 def test_every_kept_check_is_still_there():
-    for (file, check), why in KEPT.items():
-        assert why and check in {c.split(": if ", 1)[1] for c in single_argument_checks((ROOT / file).read_text())}
+    found = {_condition(c) for path in PLUGIN_FILES for c in single_argument_checks(path.read_text())}
+    assert all(why for why in KEPT.values()) and set(KEPT) <= found
 
 
 def test_the_scan_covers_the_plugin_files():
-    assert all(path.is_file() for path in PLUGIN_FILES)
-    assert {"replay.py", "core50.py", "vit_moe.py", "causal_lm.py", "gguf_checkpoints.py"} \
+    assert len(PLUGIN_FILES) >= 30 and all(path.is_file() for path in PLUGIN_FILES)
+    assert {"replay.py", "core50.py", "images.py", "vit_moe.py", "classification.py"} \
         <= {path.name for path in PLUGIN_FILES}
 
 
 @pytest.mark.parametrize("path", PLUGIN_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_plugin_checks_an_argument_by_hand(path):
     source = path.read_text(encoding="utf-8")
-    kept = {check for file, check in KEPT if ROOT / file == path}
-    assert [c for c in single_argument_checks(source) if c.split(": if ", 1)[1] not in kept] == [], \
+    assert [c for c in single_argument_checks(source) if _condition(c) not in KEPT] == [], \
         "declare the range in the signature (Annotated[int, Field(ge=1)], Literal[...]) instead"
     assert handwritten_paths(source) == [], "refuse through clbench.validation.ArgumentError(component, field, ...)"
 
