@@ -17,7 +17,7 @@ from pydantic import Field
 
 from clbench import registry
 from clbench.errors import UserError, did_you_mean
-from clbench.validation import Invalid, check_value, fix_for
+from clbench.validation import Invalid, argument_path, check_value, fix_for
 
 
 def check_init_args(target: Callable, init_args: dict, where: str, provided: tuple[str, ...] = ()) -> None:
@@ -116,13 +116,14 @@ def preflight(cfg: dict, source: str) -> None:
     if cfg.get("objective"):
         objective = _objective_class(cfg["objective"]["class_path"], f"{source}: objective.class_path")
         model_args = objective.model_args
-        check_init_args(objective, cfg["objective"]["init_args"], f"{source}: objective.init_args")
+        check_init_args(objective, cfg["objective"]["init_args"], f"{source}: {argument_path('objective')}")
     else:
         model_args = ("num_classes", "input_shape", "output_dim")
     for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", model_args)):
         target = registry.resolve(kind, cfg[key]["class_path"], where=f"{source}: {key}.class_path")
-        check_init_args(target, cfg[key]["init_args"], f"{source}: {key}.init_args", provided=provided)
-    check_init_args(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: strategy.init_args")
+        check_init_args(target, cfg[key]["init_args"], f"{source}: {argument_path(key)}", provided=provided)
+    check_init_args(_strategy_class(cfg, source), cfg["strategy"]["init_args"],
+                    f"{source}: {argument_path('strategy')}")
     optimizer_factory(cfg, source)
     scheduler_factory(cfg, source)
 
@@ -131,7 +132,7 @@ def build_benchmark(cfg: dict, source: str):
     spec = cfg["benchmark"]
     where = f"{source}: benchmark.class_path"
     target = registry.resolve("benchmarks", spec["class_path"], where=where)
-    scenario = _call(target, spec["init_args"], f"{source}: benchmark.init_args", source)
+    scenario = _call(target, spec["init_args"], f"{source}: {argument_path('benchmark')}", source)
     _check_stream(scenario, spec["class_path"], where)
     return scenario
 
@@ -180,12 +181,13 @@ def build_model(cfg: dict, stream_spec, source: str, objective=None):
         objective = Classification()
     spec = cfg["model"]
     target = registry.resolve("models", spec["class_path"], where=f"{source}: model.class_path")
-    return _call(target, spec["init_args"], f"{source}: model.init_args", source,
+    return _call(target, spec["init_args"], f"{source}: {argument_path('model')}", source,
                  **objective.model_kwargs(stream_spec))
 
 
 def build_strategy(cfg: dict, source: str):
-    return _call(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: strategy.init_args", source)
+    return _call(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: {argument_path('strategy')}",
+                 source)
 
 
 # Short optimizer names; anything else is an import path (torch.optim.SGD, my.module:MyOpt).
