@@ -237,7 +237,12 @@ MOE_THEORY = {"benchmark": {"class_path": "moe-regression", "init_args": {"round
      "cfg.yaml: model.init_args.router: expected one of 'switch', 'ema_centroid', 'prototype', got str 'topk'"),
     ({"model": _vit(top_k=0)}, "cfg.yaml: model.init_args.top_k: top_k must be >= 1, got 0"),
     ({"model": _vit(router_args={"gate": "hard"})},
-     "cfg.yaml: model.init_args: gate must be one of"),
+     "cfg.yaml: model.init_args.router_args.gate: expected one of 'straight_through', 'normalized', 'raw', "
+     "got str 'hard'"),
+    ({"model": _vit(router_args={"alpha": 0.3})},
+     "cfg.yaml: model.init_args.router_args.alpha: router 'switch' has no option 'alpha' (did you mean "),
+    ({"model": _vit(router_args={"lr_mult": -1.0})},
+     "cfg.yaml: model.init_args.router_args.lr_mult: router_args.lr_mult must be > 0, got -1.0"),
     ({**MOE_THEORY, "model": {**MOE_THEORY["model"], "init_args": {"num_experts": 0}}},
      "cfg.yaml: model.init_args.num_experts: num_experts must be >= 1, got 0"),
     ({**MOE_THEORY, "benchmark": {"class_path": "moe-regression", "init_args": {"sigma0": -1}}},
@@ -347,6 +352,17 @@ def test_vit_moe_names_match_its_labels_and_routers():
 
     assert set(typing.get_args(Label)) == set(LABELS)
     assert set(typing.get_args(RouterName)) == {*ROUTERS, "prototype"}
+
+
+def test_router_args_declare_every_routers_options():
+    import typing
+
+    from clbench.vision.vit_moe import RouterArgs, RouterName, router_options
+
+    options = {name: router_options(name) for name in typing.get_args(RouterName)}
+    assert set(RouterArgs.__annotations__) == set().union(*options.values())
+    assert "lr_mult" in options["switch"] and "lr_mult" not in options["ema_centroid"]
+    assert options["prototype"] == {"alpha", "std_weight", "metric", "temperature", "freeze_trunk"}
 
 
 def test_constraints_in_signatures_are_shown_as_ranges_by_clbench_show(capsys):

@@ -47,12 +47,15 @@ Choices:
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated, Literal
 
 from pydantic import Field
 from torch import nn
+from typing_extensions import TypedDict
 
-from clbench.validation import ArgumentError
+from clbench.errors import did_you_mean
+from clbench.validation import ArgumentError, mapping_argument
 from clbench.vision.moe import MoEMLP
 
 LABELS: dict[str, dict] = {
@@ -69,6 +72,40 @@ Label = Literal["ViT", "MoE", "MoE-many", "MoE_ensemble_LR_scale", "EMA router",
 RouterName = Literal["switch", "ema_centroid", "prototype"]
 Positive = Annotated[int, Field(ge=1)]
 Multiplier = Annotated[float, Field(gt=0)]  # a learning-rate multiplier
+Unit = Annotated[float, Field(ge=0, le=1)]
+Weight = Annotated[float, Field(ge=0)]  # a loss weight
+
+
+@mapping_argument
+class RouterArgs(TypedDict, total=False):
+    """``router_args``: the options of every router (docs/moe-vit.md), with their ranges; each
+    router takes only its own (its class's parameters: a test keeps the keys equal)."""
+
+    # switch and ema_centroid
+    gate: Literal["straight_through", "normalized", "raw"]
+    balance_weight: Weight
+    anneal_steps: Annotated[int, Field(ge=0)]
+    balance_on: Literal["probs", "assignments"]
+    # switch
+    lr_mult: Multiplier
+    # ema_centroid
+    alpha_fast: Unit
+    alpha_slow: Unit
+    beta: Unit
+    blend: Literal["scores", "centroid"]
+    temperature: Annotated[float, Field(gt=0)]  # also the prototype router's
+    margin: float
+    repel_k: Annotated[int, Field(ge=0)]
+    lambda_align: Weight
+    lambda_cons: Weight
+    lambda_fast: Weight
+    lambda_slow: Weight
+    detach_latent: bool
+    # prototype
+    alpha: Unit
+    std_weight: Unit
+    metric: Literal["cosine", "w2"]
+    freeze_trunk: bool
 DEFAULTS = {"num_experts": 4, "top_k": 1, "router": "switch", "num_shared": 0, "shared_lr_mult": None,
             "moe_blocks": None}
 
@@ -79,7 +116,7 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
             moe_blocks: list[Annotated[int, Field(ge=0)]] | None = None,
             num_experts: Annotated[int, Field(ge=0)] | None = None, top_k: Positive | None = None,
             num_shared: Annotated[int, Field(ge=0)] | None = None, router: RouterName | None = None,
-            router_args: dict | None = None, level: Literal["image", "token"] = "image",
+            router_args: RouterArgs | None = None, level: Literal["image", "token"] = "image",
             pool: Literal["mean", "cls"] = "mean", expert_mlp_ratio: Annotated[float, Field(gt=0)] | None = None,
             expert_lr_mult: Multiplier | list[Multiplier] | None = None,
             shared_lr_mult: Multiplier | list[Multiplier] | None = None,
@@ -107,6 +144,11 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
     if experts and opts["top_k"] > experts and not dense:
         raise ArgumentError("model", "top_k", f"top_k = {opts['top_k']} is more than num_experts = {experts}",
                             fix=f"choose top_k between 1 and {experts}")
+    takes = router_options(opts["router"])
+    other = [key for key in router_args or {} if key not in takes]
+    if other:
+        raise ArgumentError("model", f"router_args.{other[0]}", f"router '{opts['router']}' has no option "
+                            f"'{other[0]}'", fix=did_you_mean(other[0], takes))
 
     in_ch, h, w = input_shape
     if name is None:
@@ -146,6 +188,19 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
     except ValueError as err:  # the layers' and routers' own checks (router_args, multipliers): all settings
         raise ArgumentError("model", "", str(err),
                             fix="see docs/moe-vit.md for the arguments and their ranges") from None
+
+
+def router_options(router: str) -> set[str]:
+    """The ``router_args`` keys ``router`` takes: its class's parameters and its bases'."""
+    from clbench.vision import prototype
+    from clbench.vision.routers import ROUTERS
+
+    classes = [prototype.PrototypeRouter, prototype.PrototypeViT] if router == "prototype" else \
+        ROUTERS[router].__mro__
+    given = {"self", "dim", "num_experts", "top_k", "prefix", "vit", "split"}  # set by the harness
+    return {name for cls in classes if cls is not nn.Module and "__init__" in vars(cls)
+            for name, p in inspect.signature(cls.__init__).parameters.items()
+            if name not in given and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def default_moe_blocks(depth: int) -> list[int]:
