@@ -159,11 +159,13 @@ def test_a_new_domain_initialises_the_next_expert_from_one_image_per_class():
 
 def test_arguments_that_do_not_apply_are_refused():
     """One-line errors at model.init_args (the runner names the config file)."""
-    with pytest.raises(UserError, match="suffix"):
+    with pytest.raises(UserError, match=r"^model\.init_args\.moe_blocks: .*suffix"):
         _tiny(router="prototype", moe_blocks=[1, 2])
-    with pytest.raises(UserError, match="top_k=1"):
+    with pytest.raises(UserError, match=r"^model\.init_args\.top_k: .*top_k = 2 does not apply \(set top_k: 1\)"):
         _tiny(router="prototype", top_k=2)
-    with pytest.raises(UserError, match="expert_mlp_ratio"):
+    with pytest.raises(UserError, match=r"^model\.init_args\.level: "):
+        _tiny(router="prototype", level="token")
+    with pytest.raises(UserError, match=r"^model\.init_args\.expert_mlp_ratio: .*does not take expert_mlp_ratio"):
         _tiny(router="prototype", expert_mlp_ratio=0.5)
     with pytest.raises(UserError, match="metric"):
         _tiny(router="prototype", router_args={"metric": "l1"})

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clbench.metrics import routing
+from clbench.validation import ArgumentError
 
 METRICS = ("cosine", "w2")
 
@@ -259,13 +260,15 @@ def build(vit: nn.Module, blocks: list[int], num_experts: int, top_k: int, num_s
     """``vit_moe``'s prototype variant: checks the arguments that do not apply, then wraps ``vit``."""
     depth = len(vit.blocks)
     if blocks and blocks != list(range(blocks[0], depth)):
-        raise ValueError(f"router 'prototype' splits the final blocks: moe_blocks must be a suffix "
-                         f"range(k, {depth}), got {blocks}")
-    if top_k != 1 or num_shared or level != "image":
-        raise ValueError("router 'prototype' routes each image once to one path: use top_k=1, num_shared=0, "
-                         "level='image'")
+        raise ArgumentError("model", "moe_blocks", f"router 'prototype' splits the final blocks: moe_blocks must be a "
+                            f"suffix range(k, {depth}), got {blocks}", fix=f"e.g. moe_blocks: [{depth - 1}]")
+    for field, value, wanted in (("top_k", top_k, 1), ("num_shared", num_shared, 0), ("level", level, "image")):
+        if value != wanted:
+            raise ArgumentError("model", field, f"router 'prototype' routes each image once to one path, so "
+                                f"{field} = {value!r} does not apply", fix=f"set {field}: {wanted}")
     given = [name for name, value in unsupported.items() if value is not None]
     if given:
-        raise ValueError(f"router 'prototype' does not take {', '.join(given)}")
+        raise ArgumentError("model", given[0], f"router 'prototype' does not take {', '.join(given)}",
+                            fix=f"remove {', '.join(given)}")
     split = blocks[0] if blocks else depth
     return PrototypeViT(vit, split, num_experts, **(router_args or {}))
