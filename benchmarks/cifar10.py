@@ -7,7 +7,7 @@ is an (N, 3072) uint8 array (channel-major 32x32 RGB) and ``b"labels"`` a list o
 parent.
 
 The training set is cut into ``num_experiences`` Dirichlet(``alpha``) label-skewed partitions
-by :func:`benchmarks.dirichlet.dirichlet_split` with the thesis's settings (seeds_004 section
+by :func:`clbench.benchmarks.dirichlet.dirichlet_split` with the thesis's settings (seeds_004 section
 3.1 and appendix B: 5 partitions, alpha 0.3 or 0.5, ``min_size=1400``, ``balanced=true``). Each
 partition's test split follows its training class mix, and the whole official test set, which
 has 1,000 images of every class, is the balanced global test set for G-mean and MAUC.
@@ -15,7 +15,7 @@ has 1,000 images of every class, is the balanced global test set for G-mean and 
 Augmentations default to the thesis's CIFAR-10 set: flip, colour jitter, blur and noise, no
 crop (its ``balancedcifar10testing`` runs add a random crop: set ``augment: {crop_scale: [0.8,
 1.0]}``). Training images are augmented per sample from the in-memory uint8 array; test
-splits are :class:`clbench.data.ArrayDataset` with a batch-aware transform.
+splits are :class:`clbench.data.datasets.ArrayDataset` with a batch-aware transform.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
-from benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageSize, Normalization, batch_transform,
+from clbench.benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
+from clbench.benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageSize, Normalization, batch_transform,
                                dataset_root, image_transform, resolve_augment)
-from clbench.data import ArrayDataset
+from clbench.data.datasets import ArrayDataset
 from clbench.errors import UserError
-from clbench.streams import StreamSpec, build_scenario
+from clbench.data.streams import StreamSpec, build_scenario
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))

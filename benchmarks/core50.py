@@ -41,12 +41,12 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import AfterValidator, Field
 
-from benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageFiles, ImageSize, Normalization, NpzArray,
+from clbench.benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageFiles, ImageSize, Normalization, NpzArray,
                                TestFraction, dataset_root, derived_seed, image_transform, resolve_augment,
                                stratified_split)
 from clbench.errors import UserError
-from clbench.streams import StreamSpec, build_scenario
-from clbench.validation import ArgumentError, distinct
+from clbench.data.streams import StreamSpec, build_scenario
+from clbench.config.validation import ArgumentError, distinct
 
 SESSIONS = tuple(range(1, 12))
 NI_TRAIN_SESSIONS = (1, 2, 4, 5, 6, 8, 9, 11)

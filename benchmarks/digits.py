@@ -8,7 +8,7 @@ train/test split is stratified by class and seeded.
   *whole* split (as in Rotated MNIST): the same digits, seen differently, all 10 classes in
   every domain.
 * ``digits-dirichlet``: class-imbalanced. The training split is cut into ``num_experiences``
-  Dirichlet-skewed partitions (:mod:`benchmarks.dirichlet`), with a balanced global test set.
+  Dirichlet-skewed partitions (:mod:`clbench.benchmarks.dirichlet`), with a balanced global test set.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, Field
 
-from benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
-from benchmarks.images import TestFraction
-from clbench.data import ArrayDataset
-from clbench.streams import StreamSpec, build_scenario
-from clbench.validation import distinct
+from clbench.benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
+from clbench.benchmarks.images import TestFraction
+from clbench.data.datasets import ArrayDataset
+from clbench.data.streams import StreamSpec, build_scenario
+from clbench.config.validation import distinct
 
 DOMAIN_TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "rot0": lambda x: x,

@@ -30,7 +30,7 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
-from clbench.validation import ArgumentError
+from clbench.config.validation import ArgumentError
 
 # The split's arguments as every Dirichlet benchmark declares them (checked from the config).
 NumExperiences = Annotated[int, Field(ge=1)]

@@ -11,7 +11,7 @@
 
 The source stream is built through the registry, its experiences' training sets are pooled
 (in the source's own order) and the pool is re-partitioned into ``num_experiences``
-class-skewed experiences by :func:`benchmarks.dirichlet.dirichlet_split`, the algorithm
+class-skewed experiences by :func:`clbench.benchmarks.dirichlet.dirichlet_split`, the algorithm
 ``digits-dirichlet`` and ``cifar10-dirichlet`` use. The source's test sets are pooled the same
 way (a test set shared by several experiences, as in CORe50's NI protocol, counted once): each
 experience's test split follows its training class mix, and a class-balanced subsample of the
@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from typing_extensions import NotRequired, TypedDict
 
-from benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
-from clbench.validation import ArgumentError, argument_path, mapping_argument
+from clbench.benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
+from clbench.config.validation import ArgumentError, argument_path, mapping_argument
 
 
 @mapping_argument
@@ -45,8 +45,8 @@ class Source(TypedDict):
 
 def _source_scenario(source: Source):
     """Build the source benchmark; its own errors are re-addressed under ``source.init_args``."""
-    from clbench import registry
-    from clbench.build import check_init_args
+    from clbench.plugins import registry
+    from clbench.plugins.build import check_init_args
 
     where = argument_path("benchmark", "source")
     name, args = source["class_path"], source.get("init_args") or {}
@@ -63,7 +63,7 @@ def _source_scenario(source: Source):
 
 def _pool(datasets: list):
     """One dataset over ``datasets`` and each sample's position in the list."""
-    from clbench.data import concat
+    from clbench.data.datasets import concat
 
     owner = np.concatenate([np.full(len(d), i) for i, d in enumerate(datasets)])
     return concat(datasets), owner
@@ -72,8 +72,8 @@ def _pool(datasets: list):
 def dirichlet(source: Source, alpha: Alpha = 0.3, num_experiences: NumExperiences = 5, min_size: MinSize = 1,
               balanced: bool = True, seed: int = 0):
     """The ``source`` stream's training data re-cut into Dirichlet(``alpha``) class-skewed experiences."""
-    from clbench.data import subset, targets_of
-    from clbench.streams import StreamSpec, build_scenario, ordered_experiences, spec_of
+    from clbench.data.datasets import subset, targets_of
+    from clbench.data.streams import StreamSpec, build_scenario, ordered_experiences, spec_of
 
     scenario = _source_scenario(source)
     spec = spec_of(scenario)

@@ -10,7 +10,7 @@ Two per-sample datasets feed every image stream:
 Both are per-sample on purpose: the training augmentations are random *per image*, and
 torchvision's v2 transforms draw one set of parameters per call, so a batch-level call would
 crop, flip and jitter a whole batch identically. Deterministic evaluation transforms do not
-have that problem, so in-memory test splits use :class:`clbench.data.ArrayDataset` with a
+have that problem, so in-memory test splits use :class:`clbench.data.datasets.ArrayDataset` with a
 batch-aware transform (one call per batch, no per-sample overhead).
 
 The pipeline (:func:`image_transform`) follows the thesis (seeds_004 section 3.7): "resized all
@@ -59,7 +59,7 @@ from torch.utils.data import Dataset
 from typing_extensions import TypedDict
 
 from clbench.errors import UserError
-from clbench.validation import ArgumentError, mapping_argument
+from clbench.config.validation import ArgumentError, mapping_argument
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 NORMALIZATIONS = ("imagenet", "inception", "none")

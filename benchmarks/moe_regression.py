@@ -42,8 +42,8 @@ import torch
 from pydantic import Field
 from torch.utils.data import TensorDataset
 
-from clbench.streams import StreamSpec, build_scenario
-from clbench.validation import ArgumentError
+from clbench.data.streams import StreamSpec, build_scenario
+from clbench.config.validation import ArgumentError
 
 Count = Annotated[int, Field(ge=1)]
 Scale = Annotated[float, Field(gt=0)]  # a standard deviation or a scale factor
@@ -88,7 +88,7 @@ def make_stream(seed: int, rounds: int, num_tasks: int = 6, num_clusters: int = 
 
 def round_inputs(x: torch.Tensor, xbar: torch.Tensor, t: int) -> torch.Tensor:
     """Rows ``[x, xbar, t]`` (the layout the ``moe_theory`` model reads). They stay float64, so
-    the runner sees the same numbers as :func:`strategies.moe_theory.simulate`."""
+    the runner sees the same numbers as :func:`clbench.strategies.moe_theory.simulate`."""
     n = x.shape[0]
     return torch.cat([x, xbar.expand(n, -1), torch.full((n, 1), float(t), dtype=x.dtype)], 1)
 

@@ -25,12 +25,12 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import AfterValidator, Field
 
-from benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageFiles, ImageSize, Normalization,
+from clbench.benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageFiles, ImageSize, Normalization,
                                TestFraction, dataset_root, derived_seed, image_transform, list_images, preload_images,
                                resolve_augment, stratified_split)
 from clbench.errors import UserError
-from clbench.streams import StreamSpec, build_scenario
-from clbench.validation import distinct
+from clbench.data.streams import StreamSpec, build_scenario
+from clbench.config.validation import distinct
 
 FOLDER = "OfficeHomeDataset_10072016"
 # experience name -> folder name, in the thesis's order

@@ -38,7 +38,7 @@ from pydantic import AfterValidator, Field
 from torch.utils.data import Dataset
 
 from clbench.errors import UserError
-from clbench.validation import distinct
+from clbench.config.validation import distinct
 
 TASKS = ("C-STANCE", "FOMC", "MeetingBank", "Py150", "ScienceQA", "NumGLUE-cm", "NumGLUE-ds", "20Minuten")
 #: MH-MoE paper, appendix A.3.4 ("standard" is TRACE's default order).
@@ -222,7 +222,7 @@ def scenario_from_records(name: str, data: dict[str, tuple[list[dict], list[dict
     """The Avalanche scenario of a TRACE-style stream: ``data`` maps each task (in stream
     order) to its (train, test) records; ``scoring`` picks the task metrics."""
     from clbench.metrics.text import TRACE_SCORINGS
-    from clbench.streams import StreamSpec, build_scenario
+    from clbench.data.streams import StreamSpec, build_scenario
 
     metrics = TRACE_SCORINGS[scoring]
     tasks = list(data)

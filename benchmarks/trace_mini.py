@@ -19,7 +19,7 @@ a rule a tiny model can learn from a few hundred examples:
 Generation is deterministic (``random.Random`` seeded per task and split). Prompts are unique
 within a task across train, eval and test, so the test set checks more than recall.
 
-    python -m benchmarks.trace_mini OUTDIR [--n-train 500 --n-eval 50 --n-test 100 --seed 0]
+    python -m clbench.benchmarks.trace_mini OUTDIR [--n-train 500 --n-eval 50 --n-test 100 --seed 0]
 
 writes the set in TRACE's on-disk layout (``OUTDIR/<Task>/{train,eval,test}.json``), readable by
 the ``trace`` benchmark.
@@ -39,9 +39,9 @@ from typing import Annotated, Callable
 
 from pydantic import Field
 
-from benchmarks.trace import SPLITS, TASKS, ScenarioType, Scoring, Tasks, in_order, scenario_from_records, write_trace
+from clbench.benchmarks.trace import SPLITS, TASKS, ScenarioType, Scoring, Tasks, in_order, scenario_from_records, write_trace
 from clbench.errors import UserError
-from clbench.validation import ArgumentError
+from clbench.config.validation import ArgumentError
 
 Record = dict[str, str]
 
@@ -263,7 +263,7 @@ TOKENIZER_VOCAB = 1024
 
 def write_tokenizer(out_dir, vocab_size: int = TOKENIZER_VOCAB):
     """Train the trace-mini tokenizer on the default set (seed 0, every split) and save it."""
-    from clbench.lm.tokenizer import train_tiny_tokenizer
+    from clbench.data.tokenizer import train_tiny_tokenizer
 
     data = generate(n_train=500, n_eval=50, n_test=100, seed=0)
     texts = [text for splits in data.values() for records in splits.values() for r in records
@@ -280,7 +280,7 @@ def _count(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.trace_mini",
+    parser = argparse.ArgumentParser(prog="python -m clbench.benchmarks.trace_mini",
                                      description="Write trace-mini in TRACE's on-disk layout.")
     parser.add_argument("outdir")
     parser.add_argument("--n-train", type=_count, default=500)

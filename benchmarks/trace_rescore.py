@@ -1,7 +1,7 @@
 """Both scorings of TRACE runs from their recorded generations: how far TRACE's own scoring
 (``scoring: trace``) and the lenient one (``scoring: normalized``) put the same outputs apart.
 
-    python -m benchmarks.trace_rescore PATH [PATH ...]
+    python -m clbench.benchmarks.trace_rescore PATH [PATH ...]
 
 ``PATH`` is a run folder (``result.json`` beside ``predictions/<task>.jsonl``, as ``clbench run``
 writes it) or a leaderboard directory, whose runs' generations stay in ``runs/<hash>/predictions/``
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from clbench.errors import UserError
-from clbench.record import Status
+from clbench.results.record import Status
 
 FIX = "give run folders written by 'clbench run', or a leaderboard directory that still holds its runs/ folder"
 
@@ -92,7 +92,7 @@ def table(scores: dict[str, dict[str, list[float]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.trace_rescore",
+    parser = argparse.ArgumentParser(prog="python -m clbench.benchmarks.trace_rescore",
                                      description="Score TRACE runs' recorded generations both ways.")
     parser.add_argument("paths", nargs="+", help="run folders or leaderboard directories")
     args = parser.parse_args(argv)

@@ -1,5 +1,19 @@
 """clbench: a continual-learning benchmark harness on PyTorch Lightning.
 
+A map, in the order a run goes through it. A YAML config is read and checked by
+:mod:`clbench.config`; the names in it (``naive``, ``digits-domains``, ``mlp``) are found and built
+by :mod:`clbench.plugins`. The benchmark gives a stream from :mod:`clbench.data` (Avalanche
+scenarios, datasets, fixtures in official layouts) and the model comes from :mod:`clbench.models`
+(factories, vision and language models, and the layers strategies insert). The continual loop
+is :mod:`clbench.engine`: the runner drives Lightning experience by experience through one
+LightningModule that wraps the model, a strategy (the plugin API is :mod:`clbench.strategy`; the
+built-in methods are :mod:`clbench.strategies`, the built-in streams :mod:`clbench.benchmarks`)
+and the stream's objective (:mod:`clbench.objectives`), scored by :mod:`clbench.metrics`
+(torchmetrics). What a run reports is :mod:`clbench.results`; suites of runs, their entries,
+tables, page and checks are :mod:`clbench.leaderboard`; :mod:`clbench.cli` is the command and
+:mod:`clbench.api` the same from Python. :mod:`clbench.errors` holds the one error type for bad
+input; :mod:`clbench.io` and :mod:`clbench.lease` are atomic writes and file locks.
+
 Importing this package is cheap on purpose (no torch): the CLI's fast commands rely on it.
 Heavy modules are imported where they are used.
 """

@@ -49,8 +49,8 @@ class RunResult:
     @property
     def single_stage(self) -> bool:
         """Whether the run trained once on the whole stream (joint training: one row of R), as it
-        recorded (:func:`clbench.record.single_stage`)."""
-        from clbench.record import single_stage
+        recorded (:func:`clbench.results.record.single_stage`)."""
+        from clbench.results.record import single_stage
 
         return single_stage(self.record)
 
@@ -60,7 +60,7 @@ class RunResult:
         import json
 
         from clbench.errors import UserError
-        from clbench.outputs import RESULT
+        from clbench.engine.outputs import RESULT
 
         path = Path(folder) / RESULT
         if not path.is_file():
@@ -70,8 +70,8 @@ class RunResult:
 
 def load_config(config: str | Path | dict, overrides: Iterable[str] = ()) -> dict:
     """A resolved, checked config from a YAML file or a mapping, with ``key.path=value`` overrides."""
-    from clbench.config import load_config as load_file
-    from clbench.config import resolve_config
+    from clbench.config.load import load_config as load_file
+    from clbench.config.load import resolve_config
 
     overrides = list(overrides)
     if isinstance(config, dict):
@@ -93,7 +93,7 @@ def run(config: str | Path | dict, output: str | Path | None = None, *, override
         import torch
 
         torch.set_num_threads(threads)
-    from clbench.runner import run as run_config
+    from clbench.engine.runner import run as run_config
 
     record = run_config(cfg, output, source=source, resume=resume, overwrite=overwrite, progress=progress)
     return RunResult.from_record(record, output)
@@ -120,7 +120,7 @@ class Leaderboard:
         return rows
 
     def results(self) -> list[RunResult]:
-        from clbench.record import Status
+        from clbench.results.record import Status
 
         return [RunResult.from_record(e) for e in self.entries if e.get("status") == Status.OK]
 

@@ -1,6 +1,6 @@
 """A lock on a path that several processes (on one host or on many sharing a filesystem) respect.
 
-Used for a run's output folder (:mod:`clbench.outputs`: one ``clbench run`` at a time per
+Used for a run's output folder (:mod:`clbench.engine.outputs`: one ``clbench run`` at a time per
 folder) and for a leaderboard's grid points (:mod:`clbench.leaderboard.lock`).
 
 The lock is filelock's ``SoftFileLease`` (the ``filelock`` package, already installed with

@@ -2,7 +2,7 @@
 
 A strategy is a subclass of :class:`Strategy`. The harness owns the loop: for each experience
 the runner calls ``before_experience``, builds the training data through ``train_dataset`` and
-``train_loader``, lets a Lightning ``Trainer`` fit the :class:`~clbench.module.ContinualModule`
+``train_loader``, lets a Lightning ``Trainer`` fit the :class:`~clbench.engine.module.ContinualModule`
 (which calls ``prepare_batch``, ``training_loss``, ``on_after_backward`` and
 ``on_before_optimizer_step`` from the matching Lightning hooks), evaluates, and then calls
 ``after_experience``. Every hook has a do-nothing default, so a method overrides only what it
@@ -48,8 +48,8 @@ import torch
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader, Dataset
 
-    from clbench.module import ContinualModule
-    from clbench.streams import Experience
+    from clbench.engine.module import ContinualModule
+    from clbench.data.streams import Experience
 
 
 class Strategy:
@@ -62,7 +62,7 @@ class Strategy:
     #: Whether it also works with sharded parameters (``trainer.strategy: fsdp``): a method that
     #: reads or copies whole parameter tensors (Fisher, teachers, gradient projection) says False,
     #: and so does one that creates parameters after :meth:`before_sharding` (see
-    #: :mod:`clbench.sharding`). True only where a test runs the method sharded.
+    #: :mod:`clbench.engine.sharding`). True only where a test runs the method sharded.
     supports_sharded: ClassVar[bool] = False
     #: Train once on the union of all experiences instead of one experience at a time (joint).
     single_stage: ClassVar[bool] = False

@@ -1,5 +1,5 @@
 """Fig. 2 and App. A.7 of "Theory on Mixture-of-Experts in Continual Learning", measured with
-the vectorised simulation (``strategies.moe_theory.simulate``):
+the vectorised simulation (``clbench.strategies.moe_theory.simulate``):
 
     python examples/moe_theory_figures.py                       # plots into moe-theory-figures/
     python examples/moe_theory_figures.py --seeds 10 --rounds 2000 --output DIR
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from strategies.moe_theory import simulate
+from clbench.strategies.moe_theory import simulate
 
 SIGMA0 = 0.4
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from clbench.metrics.theory import forgetting_curve, generalisation_curve
-from clbench.record import Status
+from clbench.results.record import Status
 
 
 def curves(board: Path) -> dict[tuple[int, bool], list[tuple[torch.Tensor, torch.Tensor]]]:

@@ -2,10 +2,10 @@
 
 Two ``ContinualModule``s with ``seq_lora`` (r = 8 on the query and value projections, the
 strategy's defaults) on one randomly initialised Qwen3 (built once by
-``clbench.lm.models.hf_causal_lm``, then deep-copied, so both start from the same weights and
-the same adapter), each fitted by its own Trainer from ``clbench.trainer.make_trainer``: one with
+``clbench.models.lm.causal_lm.hf_causal_lm``, then deep-copied, so both start from the same weights and
+the same adapter), each fitted by its own Trainer from ``clbench.engine.trainer.make_trainer``: one with
 ``strategy: ddp``, one with ``strategy: fsdp`` (FSDP2 on the decoder blocks,
-:mod:`clbench.sharding`). Both read the same batches: trace-mini prompts joined to exactly
+:mod:`clbench.engine.sharding`). Both read the same batches: trace-mini prompts joined to exactly
 ``--seq-len`` tokens, collated once by the causal-LM objective, each rank reading its shard
 through the runner's loader. One epoch of ``--steps`` batches per round and contender (a
 ``fit``, as the runner runs one per experience); one untimed warm-up round, then ``--rounds``
@@ -78,15 +78,15 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    from benchmarks.trace_mini import generate
-    from clbench.data import run_loader
-    from clbench.lm.models import hf_causal_lm
-    from clbench.module import ContinualModule
+    from clbench.benchmarks.trace_mini import generate
+    from clbench.data.datasets import run_loader
+    from clbench.models.lm.causal_lm import hf_causal_lm
+    from clbench.engine.module import ContinualModule
     from clbench.objectives.causal_lm import CausalLanguageModeling
-    from clbench.seeding import seed_all
-    from clbench.streams import StreamSpec
-    from clbench.trainer import make_trainer, quiet_lightning
-    from strategies.lora import SeqLoRA
+    from clbench.engine.seeding import seed_all
+    from clbench.data.streams import StreamSpec
+    from clbench.engine.trainer import make_trainer, quiet_lightning
+    from clbench.strategies.lora import SeqLoRA
 
     quiet_lightning()
     cuda = args.device == "cuda"

@@ -46,7 +46,7 @@ round and their median reported; on CUDA the clock is read after a synchronise:
   a training step of the dense ViT against ``vit_moe`` (8 experts, top-1, MoE in the last 4
   blocks, experts of the dense MLP's width: equal active parameters) at image and at token
   level. Goal moe/dense <= 1.25; MFU with 6N + attention per token.
-- ``trace_grid``: ``clbench.runner.run`` over trace-mini (standard order) for seq_ft, seq_lora,
+- ``trace_grid``: ``clbench.engine.runner.run`` over trace-mini (standard order) for seq_ft, seq_lora,
   o_lora, loramoe, mh_moe, moses with the 0.6B architecture (TRACE's training settings,
   ``precision: bf16-mixed``): wall time per run split into train, generation (evaluation),
   checkpoint and the rest, and from it an estimate of the full TRACE grid (the six methods x 4
@@ -195,7 +195,7 @@ class Context:
 
     def trainer(self):
         """A Trainer as the runner makes one (``make_trainer``), on this device."""
-        from clbench.trainer import make_trainer
+        from clbench.engine.trainer import make_trainer
 
         return make_trainer({"trainer": {"accelerator": "gpu" if self.cuda else "cpu", "devices": 1},
                              "train": {"deterministic": self.deterministic}}, "perf/gpu_report.py")
@@ -257,11 +257,11 @@ class LanguageModel:
     """The randomly initialised Qwen3 of the profile, the causal-LM objective, and trace-mini batches."""
 
     def __init__(self, ctx: Context, new_tokens: int = 0):
-        from benchmarks.trace_mini import generate
-        from clbench.lm.models import hf_causal_lm
+        from clbench.benchmarks.trace_mini import generate
+        from clbench.models.lm.causal_lm import hf_causal_lm
         from clbench.objectives.causal_lm import CausalLanguageModeling
-        from clbench.seeding import seed_all
-        from clbench.streams import StreamSpec
+        from clbench.engine.seeding import seed_all
+        from clbench.data.streams import StreamSpec
         from lm_throughput import SIZES
 
         p = ctx.p
@@ -297,7 +297,7 @@ class LanguageModel:
     def module(self, strategy, lr: float = 1e-4):
         import torch
 
-        from clbench.module import ContinualModule
+        from clbench.engine.module import ContinualModule
 
         module = ContinualModule(copy.deepcopy(self.initial), strategy, self.objective,
                                  optimizer=lambda params: torch.optim.AdamW(params, lr=lr), columns=[None])
@@ -307,9 +307,9 @@ class LanguageModel:
 
 def lm_strategies(heads: int) -> dict:
     """The four training set-ups: name -> (strategy factory, frozen base)."""
-    from strategies.lora import SeqLoRA
-    from strategies.moe_lora import LoRAMoE, MHMoE
-    from strategies.seq_ft import SeqFT
+    from clbench.strategies.lora import SeqLoRA
+    from clbench.strategies.moe_lora import LoRAMoE, MHMoE
+    from clbench.strategies.seq_ft import SeqFT
 
     mlp = ["gate_proj", "up_proj", "down_proj"]
     return {"full": (SeqFT, False),
@@ -395,7 +395,7 @@ def part_generation(ctx: Context) -> list[Record]:
 
 def part_teardown(ctx: Context) -> list[Record]:
     """Lightning's moves of the module between fits and validates, timed where they happen."""
-    from strategies.seq_ft import SeqFT
+    from clbench.strategies.seq_ft import SeqFT
 
     p = ctx.p
     lm = LanguageModel(ctx, new_tokens=p["gen_new"])
@@ -461,7 +461,7 @@ def part_teardown(ctx: Context) -> list[Record]:
 
 def part_vit(ctx: Context) -> list[Record]:
     torch = ctx.torch
-    from clbench.vision.vit_moe import vit_moe
+    from clbench.models.vision.vit_moe import vit_moe
 
     v = ctx.p["vit"]
     shape = (3, v["img"], v["img"])
@@ -550,12 +550,12 @@ def grid_config(ctx: Context, strategy: str) -> dict:
 
 
 def part_trace_grid(ctx: Context, out: Path) -> list[Record]:
-    """Each run through ``clbench.runner.run``; the checkpoint writes are timed by wrapping the
+    """Each run through ``clbench.engine.runner.run``; the checkpoint writes are timed by wrapping the
     runner's ``_save_checkpoint`` for the part's duration."""
     import shutil
 
-    from clbench.config import resolve_config
-    from clbench.runner import ContinualRun, run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import ContinualRun, run
 
     g = ctx.p["grid"]
     tasks = len(g["tasks"]) if g["tasks"] else TRACE_TASKS
@@ -771,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--budget-s: must be positive, got {args.budget_s:g}")
     chosen = [p for p in PARTS if p in (args.only or PARTS)]
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # as clbench.runner.run does
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # as clbench.engine.runner.run does
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -780,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from clbench.trainer import quiet_lightning
+    from clbench.engine.trainer import quiet_lightning
 
     quiet_lightning()
     torch.use_deterministic_algorithms(args.deterministic)

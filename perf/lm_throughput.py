@@ -1,7 +1,7 @@
 """Language-model throughput: training and generation tokens/s through clbench and a plain loop.
 
 Both contenders get the same randomly initialised Qwen3 (built once by
-``clbench.lm.models.hf_causal_lm`` with the ``trace-mini`` tokenizer, then deep-copied) and the
+``clbench.models.lm.causal_lm.hf_causal_lm`` with the ``trace-mini`` tokenizer, then deep-copied) and the
 same batches: collated once by the causal-LM objective's ``TextCollator`` and served to both by
 one ``DataLoader`` over that list (``batch_size=None``). Batches stay on the CPU; each side moves
 them to the device per step (Lightning by itself, the plain loop with ``.to``).
@@ -9,7 +9,7 @@ them to the device per step (Lightning by itself, the plain loop with ``.to``).
 - Training, one epoch of ``--steps`` batches per round, each row exactly ``--seq-len`` tokens
   (trace-mini prompts joined until long enough; the collator cuts them from the left; the loss
   is on the answer tokens). clbench: ``ContinualModule`` (base ``Strategy``, objective
-  ``CausalLanguageModeling``) fitted by one Trainer from ``clbench.trainer.make_trainer``, its
+  ``CausalLanguageModeling``) fitted by one Trainer from ``clbench.engine.trainer.make_trainer``, its
   ``fit_loop.max_epochs`` raised by one per round, as the runner does per experience. Plain: a
   fresh AdamW per round (Lightning builds one per ``fit``), forward, the objective's shifted
   cross-entropy written out, backward, step, zero_grad. Tokens: the batches' attention-mask sum.
@@ -138,21 +138,21 @@ def main() -> None:
 
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # as clbench.runner.run does
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # as clbench.engine.runner.run does
     import torch
     from torch.utils.data import DataLoader
 
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
 
-    from benchmarks.trace_mini import generate
-    from clbench.lm.models import hf_causal_lm
-    from clbench.module import ContinualModule
+    from clbench.benchmarks.trace_mini import generate
+    from clbench.models.lm.causal_lm import hf_causal_lm
+    from clbench.engine.module import ContinualModule
     from clbench.objectives.causal_lm import CausalLanguageModeling
-    from clbench.seeding import seed_all
+    from clbench.engine.seeding import seed_all
     from clbench.strategy import Strategy
-    from clbench.streams import StreamSpec
-    from clbench.trainer import make_trainer, quiet_lightning
+    from clbench.data.streams import StreamSpec
+    from clbench.engine.trainer import make_trainer, quiet_lightning
 
     quiet_lightning()
     cuda = args.device == "cuda"

@@ -1,6 +1,6 @@
 """Training-step time of the LoRA-expert layers against one plain LoRA, on the same model and batch.
 
-Three copies of one randomly initialised Qwen3 (``clbench.lm.models.hf_causal_lm``, the
+Three copies of one randomly initialised Qwen3 (``clbench.models.lm.causal_lm.hf_causal_lm``, the
 ``trace-mini`` tokenizer) get, on the MLP's gate/up/down projections: ``seq_lora`` (peft LoRA,
 rank ``--lora-rank``), ``loramoe`` (K = 4, top-1) and ``mh_moe`` (``--heads`` heads, K = 4,
 top-1), the two mixtures at the rank matching the LoRA's active parameters
@@ -36,7 +36,7 @@ class _Module:  # what strategy.setup reads: the model
 
 
 def build(args):
-    from clbench.lm.models import hf_causal_lm
+    from clbench.models.lm.causal_lm import hf_causal_lm
 
     torch.manual_seed(0)
     heads = max(1, args.hidden // 64)
@@ -47,8 +47,8 @@ def build(args):
 
 
 def adapted(base, method: str, args):
-    from strategies.lora import SeqLoRA
-    from strategies.moe_lora import LoRAMoE, MHMoE
+    from clbench.strategies.lora import SeqLoRA
+    from clbench.strategies.moe_lora import LoRAMoE, MHMoE
 
     mlp = ["gate_proj", "up_proj", "down_proj"]
     if method == "seq_lora":

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from strategies.moe_theory import simulate
+from clbench.strategies.moe_theory import simulate
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Forward+backward time of the ViT MoE MLP layer against the dense MLP at equal active parameters.
 
 The dense layer is timm's ``Mlp`` (``dim -> hidden -> dim``, GELU); the MoE layer is
-``clbench.vision.moe.MoEMLP`` with ``--experts`` experts of that same shape, top-1 switch
+``clbench.models.vision.moe.MoEMLP`` with ``--experts`` experts of that same shape, top-1 switch
 routing, at ``--level`` (image or token): every token passes through one expert, so both do
 the same matrix products and the MoE adds the router, the sort, one gather and one scatter.
 One random batch ``(--batch-size, --tokens, --dim)`` is shared. A step is forward, a sum of
@@ -39,7 +39,7 @@ def step_time(layer, x, steps: int, device: str) -> float:
 def main(argv: list[str] | None = None) -> list[float]:
     from timm.layers import Mlp
 
-    from clbench.vision.moe import MoEMLP
+    from clbench.models.vision.moe import MoEMLP
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=192)

@@ -9,7 +9,7 @@ two fresh processes, in alternating order:
 * *cold*: runs the command with nothing imported, so each library import falls inside the
   phase that first needs it (what a profile of a plain ``clbench run`` shows).
 
-The command is ``clbench.cli.main(["run", ...])`` stopped at the first ``Trainer.fit`` or
+The command is ``clbench.cli.main.main(["run", ...])`` stopped at the first ``Trainer.fit`` or
 ``Trainer.validate``. Phases are exclusive (a phase nested in another is not counted twice);
 "other set-up" is the rest (argument parsing, output checks, Trainer arguments, loaders, the
 strategy's set-up). A first, untimed process lists the modules a run imports.
@@ -117,14 +117,14 @@ def instrument(phases: Phases) -> None:
         on_init(module.Trainer, "Trainer set-up")
         module.Trainer.fit = module.Trainer.validate = stop
 
-    when_imported("clbench.config", lambda m: on_attr(m, "load_config", "config load"))
-    when_imported("clbench.build", lambda m: [on_attr(m, "preflight", "preflight"),
+    when_imported("clbench.config.load", lambda m: on_attr(m, "load_config", "config load"))
+    when_imported("clbench.plugins.build", lambda m: [on_attr(m, "preflight", "preflight"),
                                               on_attr(m, "build_strategy", "strategy build"),
                                               on_attr(m, "build_benchmark", "stream build"),
                                               on_attr(m, "build_model", "model build")])
-    when_imported("clbench.streams", lambda m: [on_attr(m, "spec_of", "stream build"),
+    when_imported("clbench.data.streams", lambda m: [on_attr(m, "spec_of", "stream build"),
                                                 on_attr(m, "ordered_experiences", "stream build")])
-    when_imported("clbench.module", lambda m: on_init(getattr(m, "ContinualModule", None), "module set-up"))
+    when_imported("clbench.engine.module", lambda m: on_init(getattr(m, "ContinualModule", None), "module set-up"))
     when_imported("lightning.pytorch.trainer.trainer", trainer)
 
 
@@ -155,7 +155,7 @@ def child(args: argparse.Namespace) -> None:
     imports = import_libraries(modules)
     phases = Phases()
     instrument(phases)
-    from clbench.cli import build_parser, main
+    from clbench.cli.main import build_parser, main
 
     output = tempfile.mkdtemp(prefix="clbench-startup-")
     argv = ["run", "-c", args.config, "-o", str(Path(output) / "run"), "--no-progress"]

@@ -37,7 +37,7 @@ import torch
 from pydantic import Field
 
 from clbench.strategy import Strategy
-from strategies.replay import memory_dataset, seeded_generator, with_memory
+from clbench.strategies.replay import memory_dataset, seeded_generator, with_memory
 
 
 def project(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> torch.Tensor:

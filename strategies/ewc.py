@@ -37,11 +37,11 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_leaves, tree_map
 
-from clbench.data import make_loader, subset
+from clbench.data.datasets import make_loader, subset
 from clbench.errors import UserError
 from clbench.objectives.base import Objective
 from clbench.strategy import Strategy
-from strategies.replay import seeded_generator
+from clbench.strategies.replay import seeded_generator
 
 _CHUNK_BUDGET = 2**28  # per-sample gradient numbers held at once when the chunk size is automatic
 

@@ -51,9 +51,9 @@ import torch
 from pydantic import Field
 from torch.utils._pytree import tree_leaves, tree_map
 
-from clbench.data import make_loader
+from clbench.data.datasets import make_loader
 from clbench.strategy import Strategy
-from strategies.replay import loader_batch_size, memory_dataset, seeded_generator
+from clbench.strategies.replay import loader_batch_size, memory_dataset, seeded_generator
 
 _RIDGE = 1e-10  # relative to the mean diagonal of G Gᵀ; grown on a failed factorisation
 

@@ -3,7 +3,7 @@
 Adila, Mazzawi, Dherin, Gonzalvo, "Grow, Don't Overwrite: Fine-tuning Without Forgetting".
 Before training on a new task, the MLP of each selected layer is widened from p to k·p hidden
 units by copying its up-projection k times and stacking its down-projection k times scaled by
-1/k (strategies/grow_layers.py), so the grown model computes exactly the function it had. Then
+1/k (clbench/models/layers/grow.py), so the grown model computes exactly the function it had. Then
 only part of the model trains:
 
 * ``freeze`` (G-Freeze, the paper's default): only the new copies, the up/gate rows and the
@@ -55,12 +55,12 @@ from pydantic import Field
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from clbench.data import make_loader
+from clbench.data.datasets import make_loader
 from clbench.errors import UserError
 from clbench.strategy import Strategy
-from clbench.validation import ArgumentError
-from strategies.ewc import compute_device
-from strategies.grow_layers import MLP, find_mlps, grow_mlp
+from clbench.config.validation import ArgumentError
+from clbench.strategies.ewc import compute_device
+from clbench.models.layers.grow import MLP, find_mlps, grow_mlp
 
 def shared(scores: dict[str, float]) -> dict[str, float]:
     """Rank 0's probe scores on every rank (under data parallelism), so that all ranks grow the
@@ -156,7 +156,7 @@ class Grow(Strategy):
         before = {q: model.get_submodule(q).weight.detach().clone() for m in mlps for q in m.linears}
         optimizer = module.make_optimizer(list(model.parameters()))
         objective = module.objective
-        from clbench import seeding
+        from clbench.engine import seeding
 
         loader = make_loader(experience.train, self.probe_batch_size, shuffle=True,
                              seed=seeding.derive(self.seed, "grow-probe", experience.position),

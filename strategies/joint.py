@@ -7,7 +7,7 @@ the joint stage); scores that need intermediate stages (BWT, FWT, forgetting) ar
 and recorded as null.
 """
 
-from clbench.data import concat
+from clbench.data.datasets import concat
 from clbench.strategy import Strategy
 
 

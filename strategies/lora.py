@@ -5,7 +5,7 @@ The adapter baseline of the continual instruction-tuning papers (MH-MoE's "SeqLo
 a frozen pretrained model once, and the same adapter parameters are trained sequentially across
 all tasks with nothing against forgetting. Other methods (EWC, GEM) run "on top of the SeqLoRA
 setup" as their own strategy on a model whose only trainable parameters are an adapter's
-(``hf_causal_lm``'s ``lora`` option); the helpers here are shared with :mod:`strategies.o_lora`.
+(``hf_causal_lm``'s ``lora`` option); the helpers here are shared with :mod:`clbench.strategies.o_lora`.
 
 The adapter is made by peft (``inject_adapter_in_model`` on ``module.model.hf``, or on the
 model itself when it has no ``hf``): each targeted ``nn.Linear`` becomes a peft LoRA layer whose
@@ -31,7 +31,7 @@ from pydantic import Field
 from torch import nn
 
 from clbench.strategy import Strategy
-from clbench.validation import ArgumentError
+from clbench.config.validation import ArgumentError
 
 ADAPTER = "default"
 

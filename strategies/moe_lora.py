@@ -1,7 +1,7 @@
 """LoRAMoE and MH-MoE: mixtures of LoRA experts on a frozen causal LM, trained on every task in turn.
 
 Both replace the targeted linear modules of the frozen model by
-:class:`clbench.lm.moe_adapters.MoELoRALinear` (see there for the layer, its gating and the
+:class:`clbench.models.layers.moe_lora.MoELoRALinear` (see there for the layer, its gating and the
 top-1 router-gradient choice) in :meth:`setup`, and train only the experts and routers over the
 whole stream: no task ids, boundaries or replay (MH-MoE, Sec. 5.1 and App. A.3.4).
 
@@ -21,7 +21,7 @@ MH-MoE splits it like any input (App. A.3.3, item 2). Every transformer layer is
 Budget: the paper tunes ranks "so that the number of activated parameters is comparable across
 methods". ``r`` sets the rank directly; ``match_lora_rank=r0`` instead picks, at setup, the rank
 whose active parameters per token (experts used + routers,
-:func:`~clbench.lm.moe_adapters.param_counts`) over the adapted modules come closest to those
+:func:`~clbench.models.layers.moe_lora.param_counts`) over the adapted modules come closest to those
 of one plain LoRA of rank r0 on the same modules. ``active_params`` and ``total_params`` are
 then set on the strategy (and recorded through :meth:`hparams`).
 """
@@ -32,10 +32,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from clbench.lm import moe_adapters
+from clbench.models.layers import moe_lora as moe_layers
 from clbench.strategy import Strategy
-from clbench.validation import ArgumentError
-from strategies.lora import lora_target, refuse_other_adapters
+from clbench.config.validation import ArgumentError
+from clbench.strategies.lora import lora_target, refuse_other_adapters
 
 MLP = ["gate_proj", "up_proj", "down_proj"]
 
@@ -46,7 +46,7 @@ Weight = Annotated[float, Field(ge=0)]
 Rate = Annotated[float, Field(ge=0, lt=1)]
 ModuleNames = Annotated[list[str], Field(min_length=1)]
 LayerIndices = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-Top1Gate = Literal["probability", "renormalized"]  # moe_adapters.TOP1_GATES (a test keeps them equal)
+Top1Gate = Literal["probability", "renormalized"]  # moe_layers.TOP1_GATES (a test keeps them equal)
 
 
 class _MoELoRA(Strategy):
@@ -60,7 +60,7 @@ class _MoELoRA(Strategy):
                  layers: LayerIndices | None = None):
         super().__init__()
         # Each argument's type and range is declared above and checked from the config
-        # (clbench.validation); what depends on two arguments or on the method is checked here.
+        # (clbench.config.validation); what depends on two arguments or on the method is checked here.
         checks = [
             ("top_k", top_k is None or top_k <= num_experts,
              f"an integer in [1, num_experts = {num_experts}]" + (", or null for dense gating"
@@ -93,7 +93,7 @@ class _MoELoRA(Strategy):
         super().setup(module, experiences, seed)
         refuse_other_adapters(module.model, self.kind)
         target = lora_target(module.model)
-        found = moe_adapters.matching_linears(target, self.target_modules or MLP, self.layers)
+        found = moe_layers.matching_linears(target, self.target_modules or MLP, self.layers)
         if not found:
             raise ArgumentError("strategy", "target_modules", f"{self.kind}: no linear module named "
                                 f"{self.target_modules or MLP} to adapt",
@@ -104,19 +104,19 @@ class _MoELoRA(Strategy):
             raise ArgumentError("strategy", "heads", f"heads = {self.heads} does not divide the input widths {bad}",
                                 fix="give a common divisor of the input widths")
         if self.match_lora_rank is not None:
-            budget = sum(moe_adapters.param_counts(i, o, kind="lora", num_experts=1, top_k=1,
+            budget = sum(moe_layers.param_counts(i, o, kind="lora", num_experts=1, top_k=1,
                                                    r=self.match_lora_rank)["active"] for i, o in shapes)
-            self.r = moe_adapters.rank_for_budget(budget, shapes, **self.layer_args())
-        counts = [moe_adapters.param_counts(i, o, r=self.r, **self.layer_args()) for i, o in shapes]
+            self.r = moe_layers.rank_for_budget(budget, shapes, **self.layer_args())
+        counts = [moe_layers.param_counts(i, o, r=self.r, **self.layer_args()) for i, o in shapes]
         self.active_params = sum(c["active"] for c in counts)
         self.total_params = sum(c["total"] for c in counts)
         self._inject(module.model)
 
     def _inject(self, model) -> None:
         target = lora_target(model)
-        if moe_adapters.moe_layers(target):
+        if moe_layers.moe_layers(target):
             return
-        moe_adapters.inject(target, self.target_modules or MLP, self.layers, r=self.r, alpha=self.alpha,
+        moe_layers.inject(target, self.target_modules or MLP, self.layers, r=self.r, alpha=self.alpha,
                             top1_gate=self.top1_gate, dropout=self.dropout, balance_weight=self.balance_weight,
                             **self.layer_args())
         for name, p in model.named_parameters():

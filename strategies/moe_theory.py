@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from clbench.errors import UserError
 from clbench.metrics import routing
 from clbench.strategy import Strategy
-from clbench.validation import ArgumentError
+from clbench.config.validation import ArgumentError
 
 NOISE_SALT = 2 ** 40  # routing noise is drawn from seed + salt, apart from the data's seed
 
@@ -137,14 +137,14 @@ def simulate(seeds: list[int], rounds: int, num_experts: int, *, terminate: bool
     """Algorithm 1 on ``len(seeds)`` independent streams at once. Seed ``s`` draws the data of
     ``moe_regression(seed=s)``, and the routing noise from ``noise_seeds`` (default: ``seeds``).
     A runner run draws its noise from its strategy seed,
-    ``clbench.seeding.derive(run_seed, "strategy")``. Pass that seed to reproduce the run.
+    ``clbench.engine.seeding.derive(run_seed, "strategy")``. Pass that seed to reproduce the run.
 
     Returns per-round ``(B, T)`` tensors: ``expert``, ``task``, ``error`` (E_t), ``forgetting``
     (F_t), ``generalisation`` (G_t), ``theta_sum`` (max |sum_m theta_m|) and ``gate_step``
     (``||theta_{t+1} - theta_t||``). It also returns
     ``stopped_at`` ``(B,)``, and ``experts``/``theta``/``truths``/``clusters`` at the end.
     """
-    from benchmarks.moe_regression import make_stream
+    from clbench.benchmarks.moe_regression import make_stream
     from clbench.metrics.theory import RoundErrors
 
     streams = [make_stream(s, rounds, **stream_args) for s in seeds]
@@ -214,7 +214,7 @@ class MoETheoryModel(nn.Module):
 
 def moe_theory_model(input_shape, output_dim: int = 1, num_experts: Annotated[int, Field(ge=1)] = 5,
                      max_rounds: Annotated[int, Field(ge=1)] = 4096):
-    """Model factory (config ``model: {class_path: strategies.moe_theory:moe_theory_model}``)."""
+    """Model factory (config ``model: {class_path: clbench.strategies.moe_theory:moe_theory_model}``)."""
     return MoETheoryModel(input_shape, output_dim, num_experts, max_rounds)
 
 
@@ -244,7 +244,7 @@ class MoETheory(Strategy):
         model = module.model
         if not isinstance(model, MoETheoryModel):
             raise UserError(f"moe_theory needs its own model, got {type(model).__name__}", where="model.class_path",
-                            fix="use model: {class_path: strategies.moe_theory:moe_theory_model}")
+                            fix="use model: {class_path: clbench.strategies.moe_theory:moe_theory_model}")
         self.noise = routing_noise(seed, len(experiences), model.num_experts, self.lam)
         self.state = GateState.zeros(1, model.num_experts)
         self.t1 = default_explore(model.num_experts, self.eta) if self.explore is None else self.explore

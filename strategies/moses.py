@@ -1,6 +1,6 @@
 """MoSEs: Mixtures of SubExperts with per-task masks, prompts and keys on a frozen causal LM.
 
-:class:`~clbench.lm.moses_layers.MoSELinear` replaces the targeted attention projections (the
+:class:`~clbench.models.layers.moses.MoSELinear` replaces the targeted attention projections (the
 layer, its masks and the straight-through estimator are described there). Per task t the
 strategy keeps a binary mask set m^t in every layer, a prompt e_t (L_e × D) and a key k_t (D),
 all stored by the experience's **name** in a slot table (``slots``), so any task order works.
@@ -69,11 +69,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from clbench.lm import moses_layers
-from clbench.lm.moses_layers import TaskState
+from clbench.models.layers import moses as moses_layers
+from clbench.models.layers.moses import TaskState
 from clbench.strategy import Strategy
-from clbench.validation import ArgumentError
-from strategies.lora import lora_target, refuse_other_adapters
+from clbench.config.validation import ArgumentError
+from clbench.strategies.lora import lora_target, refuse_other_adapters
 
 IGNORE = -100
 IDENTIFY_BATCH = 64  # test prompts embedded at once when measuring task identification
@@ -157,7 +157,7 @@ class MoSEs(Strategy):
                  layers: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None,
                  deep_prompts: bool = True):
         super().__init__()
-        # Types and ranges are declared above and checked from the config (clbench.validation).
+        # Types and ranges are declared above and checked from the config (clbench.config.validation).
         if top_k > num_experts:
             raise ArgumentError("strategy", "top_k", f"top_k = {top_k} is more than num_experts = {num_experts}",
                                 fix=f"give an integer in [1, {num_experts}]")

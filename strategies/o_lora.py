@@ -22,7 +22,7 @@ Choices:
 * λ1 = 0.5 and λ2 = 0, the released code's defaults (its ``lamda_1``, ``lamda_2``; the extracts
   of the papers reporting O-LoRA on TRACE give no values). The λ2 term follows the code: the sum of
   the (unsquared) L2 norms of the current A and B; off by default, as there.
-* LoRA settings as :mod:`strategies.lora` (r = 8, α = 32, dropout 0.1: the released code's;
+* LoRA settings as :mod:`clbench.strategies.lora` (r = 8, α = 32, dropout 0.1: the released code's;
   query and value projections, as its TRACE port).
 * Task boundaries are the experiences; inference needs no task id (all LoRAs always run).
 * Each task's LoRA is initialised from its own seed (the strategy's seed and the task index),
@@ -41,9 +41,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from clbench.sharding import full
+from clbench.engine.sharding import full
 from clbench.strategy import Strategy
-from strategies.lora import (activate, adapter_names, add_adapter, lora_config, lora_layers,
+from clbench.strategies.lora import (activate, adapter_names, add_adapter, lora_config, lora_layers,
                              refuse_other_adapters)
 
 
@@ -118,7 +118,7 @@ class OLoRA(Strategy):
 
     def _create(self, module, upto: int) -> None:
         """Make the adapters of tasks ``created .. upto - 1``, each from its own seed."""
-        from clbench.seeding import derive
+        from clbench.engine.seeding import derive
 
         while self.created < upto:
             with torch.random.fork_rng(devices=[]):

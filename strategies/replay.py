@@ -40,10 +40,10 @@ import torch
 from pydantic import Field
 from torch.utils.data import WeightedRandomSampler
 
-from clbench.data import ShardedSampler, concat, shard_of, subset, targets_of
-from clbench.seeding import derive
+from clbench.data.datasets import ShardedSampler, concat, shard_of, subset, targets_of
+from clbench.engine.seeding import derive
 from clbench.strategy import Strategy
-from clbench.validation import ArgumentError
+from clbench.config.validation import ArgumentError
 
 
 def seeded_generator(seed: int, *keys: object) -> torch.Generator:

@@ -1,11 +1,11 @@
 """Sequential full fine-tuning (SeqFT): every weight trained on each task in turn.
 
-The language-model papers' name for :mod:`strategies.naive`: nothing against forgetting, all
+The language-model papers' name for :mod:`clbench.strategies.naive`: nothing against forgetting, all
 parameters trainable. It is a separate entry so a TRACE leaderboard can list it under the name
 the papers use; its behaviour and results are those of ``naive``.
 """
 
-from strategies.naive import Naive
+from clbench.strategies.naive import Naive
 
 
 class SeqFT(Naive):

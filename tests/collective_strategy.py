@@ -2,7 +2,7 @@
 layers to widen: under several processes the process group must exist before a stage's first
 fit, a resumed run's first stage included. Named by import path in the DDP resume test."""
 
-from strategies.naive import Naive
+from clbench.strategies.naive import Naive
 
 
 class CollectiveNaive(Naive):

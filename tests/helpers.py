@@ -22,7 +22,7 @@ LIGHTNING_NOISE = ["ignore:You defined a `validation_step`",
 
 def checked(target, where: str = "benchmark.init_args", **init_args):
     """``target(**init_args)`` after the check a run makes of them first (their annotations)."""
-    from clbench.build import check_init_args
+    from clbench.plugins.build import check_init_args
 
     check_init_args(target, init_args, where)
     return target(**init_args)
@@ -47,7 +47,7 @@ def write_suite(folder: Path, data: dict, name: str = "suite.yaml") -> Path:
 
 def tiny_config(**overrides) -> dict:
     """A raw config (before resolution) for a 3-domain digits stream, one epoch, a small MLP."""
-    from clbench.config import deep_merge
+    from clbench.config.load import deep_merge
 
     base = {
         "seed": 0,
@@ -61,13 +61,13 @@ def tiny_config(**overrides) -> dict:
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):
-    """``python -m clbench.cli ARGS`` in a subprocess; returns the CompletedProcess."""
+    """``python -m clbench.cli.main ARGS`` in a subprocess; returns the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=cwd or REPO, env=full_env,
+    return subprocess.run([sys.executable, "-m", "clbench.cli.main", *args], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 
-# Python's own warning filters in a new process (``python -m clbench.cli`` with no -W options),
+# Python's own warning filters in a new process (``python -m clbench.cli.main`` with no -W options),
 # oldest last, as ``warnings.filters`` lists them: what a user's terminal shows.
 _FRESH_PROCESS_FILTERS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
                           ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
@@ -132,7 +132,7 @@ class Outcome:
 
 
 def cli_in_process(capfd, *args: str, folders: tuple[Path, ...] = ()) -> Outcome:
-    """``clbench ARGS`` through the console script's own function, :func:`clbench.cli.main`, in
+    """``clbench ARGS`` through the console script's own function, :func:`clbench.cli.main.main`, in
     this process: the exit status it returns or exits with, and everything written to file
     descriptors 1 and 2 meanwhile (``capfd``, a pytest fixture). The warnings a new process would
     print are added to stderr as Python prints them; an exception that escapes ``main`` is
@@ -141,7 +141,7 @@ def cli_in_process(capfd, *args: str, folders: tuple[Path, ...] = ()) -> Outcome
 
     What only a new process shows (warnings at import, exit through the interpreter) needs
     :func:`run_cli`."""
-    from clbench.cli import main
+    from clbench.cli.main import main
 
     capfd.readouterr()  # drop whatever came before
     with process_state_kept(*folders), warnings.catch_warnings(record=True) as shown:
@@ -199,12 +199,12 @@ class Crash(Exception):
 
 
 def crash_at(monkeypatch, point: str, cfg: dict, output: Path) -> None:
-    """Run ``cfg`` into ``output`` and stop it dead at fault ``point`` (``clbench.faults`` syntax,
+    """Run ``cfg`` into ``output`` and stop it dead at fault ``point`` (``clbench.engine.faults`` syntax,
     e.g. ``stage:2:step:5``), leaving what a killed process leaves: its last checkpoint."""
     import pytest
 
-    from clbench import faults
-    from clbench.runner import run
+    from clbench.engine import faults
+    from clbench.engine.runner import run
 
     def die() -> None:
         raise Crash

@@ -6,10 +6,10 @@ it found it: by default the output folder holds a previous finished run and ``--
 passed, so a bad config must not destroy the run it would replace. The table is mirrored in
 ``docs/reliability.md``.
 
-Each case is its own test. It calls the console script's function, ``clbench.cli.main``, in the
+Each case is its own test. It calls the console script's function, ``clbench.cli.main.main``, in the
 test process (:func:`helpers.cli_in_process`: the status it returns or exits with, everything
 written to stdout and stderr, the warnings a new process would print). A representative few
-(``process=True``: one per layer of checks) also run as a separate ``python -m clbench.cli``
+(``process=True``: one per layer of checks) also run as a separate ``python -m clbench.cli.main``
 process with its own time limit, for what only a new process shows: warnings printed while
 importing, and the status the interpreter exits with.
 """
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from clbench.config import deep_merge
+from clbench.config.load import deep_merge
 from clbench.errors import UserError
 from helpers import REPO, cli_in_process, run_cli, tiny_config
 
@@ -79,7 +79,7 @@ def _write_file(name: str, text: str) -> Callable[[Path], None]:
 
 
 def _core50_corrupt(d: Path) -> None:
-    from clbench.fixtures import write_core50
+    from clbench.data.fixtures import write_core50
 
     write_core50(d / "core50", sessions=[1, 2], objects=[1, 2], frames=3, size=8)
     (d / "core50" / "core50_128x128" / "s2" / "o1" / "C_02_01_001.png").write_bytes(b"not a png at all")
@@ -114,7 +114,7 @@ GGUF_RUN = {**BASE, "benchmark": {"class_path": "trace-mini", "init_args": {"tas
             "objective": {"class_path": "causal_lm", "init_args": {"max_length": 64, "max_new_tokens": 2}},
             "strategy": "seq_ft"}
 
-CORE50 = {"class_path": "benchmarks.core50:core50",
+CORE50 = {"class_path": "clbench.benchmarks.core50:core50",
           "init_args": {"root": "{dir}/core50", "sessions": [1, 2], "objects": [1, 2], "image_size": 8,
                         "augment": False}}
 
@@ -129,7 +129,7 @@ CASES = [
     # -- keys and types
     Case("unknown top-level key", config={**BASE, "sed": 1}, message=("{cfg}: sed", "did you mean 'seed'")),
     Case("unknown nested key", config=cfg(train={"epoch": 2}), message=("{cfg}: train.epoch", "did you mean 'epochs'")),
-    Case("missing required key", config={**BASE, "benchmark": {"class_path": "benchmarks.core50:core50"}},
+    Case("missing required key", config={**BASE, "benchmark": {"class_path": "clbench.benchmarks.core50:core50"}},
          message=("{cfg}: benchmark.init_args", "missing required argument(s) root", "add root")),
     Case("wrong type", config=cfg(train={"epochs": "three"}), message=("{cfg}: train.epochs", "expected int", "str")),
     Case("bool where int expected", config=cfg(train={"epochs": True}), message=("{cfg}: train.epochs", "bool")),
@@ -272,7 +272,7 @@ def _subst(value: Any, d: Path, out: Path, config: Path) -> Any:
 def _snapshot(root: Path) -> dict[str, bytes | None]:
     """Every path under ``root``, with its bytes (None for folders). A killed run's stale
     folder lock (``.clbench-run.lock``) is left out: the next run may take it over and clear it."""
-    from clbench.outputs import RUN_LOCK
+    from clbench.engine.outputs import RUN_LOCK
 
     out = {}
     for path in sorted(root.rglob("*")):
@@ -288,7 +288,7 @@ def interrupted_run(tmp_path_factory) -> Path:
     config = d / "config.yaml"
     config.write_text(yaml.safe_dump(BASE))
     env = {**os.environ, "CLBENCH_TEST_KILL_AT": "stage:1:step:0"}
-    proc = subprocess.run([sys.executable, "-m", "clbench.cli", "run", "--config", str(config), "--output",
+    proc = subprocess.run([sys.executable, "-m", "clbench.cli.main", "run", "--config", str(config), "--output",
                            str(d / "out"), "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == -9, proc.stderr
@@ -407,7 +407,7 @@ def _misbehaving_handler(how: str):
 @pytest.mark.parametrize("how", ["traceback", "warning", "library log", "C-level write", "disk"])
 def test_a_command_that_misbehaves_fails_the_check(how, tmp_path, capfd, monkeypatch):
     """The in-process run sees what a user would: each misbehaviour makes a case fail."""
-    from clbench.commands import run
+    from clbench.cli import run
 
     case = Case("missing config file", config=BASE, message=("the bad input",), output="none")
     argv, out = _prepare(case, tmp_path, None)

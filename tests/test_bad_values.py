@@ -3,7 +3,7 @@
 Numbers follow YAML 1.2 (``lr: 1e-3`` is a float), every ``init_args`` value is checked against
 its parameter's annotation by pydantic (containers, ``Literal``, ``Union``, constraints in the
 signature), and a built-in component's bad setting is one line, exit 2, before any training.
-Most cases run the CLI in this process (``clbench.cli.main``): a subprocess would prove nothing
+Most cases run the CLI in this process (``clbench.cli.main.main``): a subprocess would prove nothing
 more, and each case stays well under a second after the first import.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clbench.cli import main
-from clbench.config import load_yaml_text
+from clbench.cli.main import main
+from clbench.config.load import load_yaml_text
 from helpers import tiny_config, write_suite, smoke
 
 
@@ -188,8 +188,8 @@ def test_containers_are_checked_item_by_item(tmp_path, capsys, init_args, messag
 
 
 def test_a_list_is_accepted_for_a_tuple_and_an_int_for_a_float(tmp_path):
-    from clbench.build import preflight
-    from clbench.config import resolve_config
+    from clbench.plugins.build import preflight
+    from clbench.config.load import resolve_config
 
     (tmp_path / "weighted.py").write_text(PLUGIN)
     cfg = resolve_config(tiny_config(
@@ -220,7 +220,7 @@ def _vit(**init_args) -> dict:
 
 
 MOE_THEORY = {"benchmark": {"class_path": "moe-regression", "init_args": {"rounds": 4}},
-              "model": {"class_path": "strategies.moe_theory:moe_theory_model", "init_args": {"num_experts": 3}},
+              "model": {"class_path": "clbench.strategies.moe_theory:moe_theory_model", "init_args": {"num_experts": 3}},
               "strategy": {"class_path": "moe_theory"}, "train": {"batch_size": 64}}
 
 
@@ -279,8 +279,8 @@ def _count(model) -> int:
 
 
 def test_a_shallow_vit_moe_still_has_an_moe_block_and_its_experts_count():
-    from clbench.vision.moe import MoEMLP
-    from clbench.vision.vit_moe import default_moe_blocks, vit_moe
+    from clbench.models.vision.moe import MoEMLP
+    from clbench.models.vision.vit_moe import default_moe_blocks, vit_moe
 
     assert default_moe_blocks(12) == [8, 9, 10, 11] and default_moe_blocks(6) == [4, 5]
     assert default_moe_blocks(2) == [1] and default_moe_blocks(1) == [0]
@@ -294,7 +294,7 @@ def test_a_shallow_vit_moe_still_has_an_moe_block_and_its_experts_count():
 def test_truncated_vit_weights_are_one_line(tmp_path, capsys):
     from safetensors.torch import save_file
 
-    from clbench.vision.vit_moe import vit_moe
+    from clbench.models.vision.vit_moe import vit_moe
 
     dense = vit_moe(10, (1, 8, 8), label="ViT", **VIT["init_args"])
     path = tmp_path / "dense.safetensors"
@@ -305,11 +305,11 @@ def test_truncated_vit_weights_are_one_line(tmp_path, capsys):
 
 
 def test_truncated_pretrained_language_model_is_one_line(tmp_path):
-    from clbench.build import _call
+    from clbench.plugins.build import _call
     from clbench.errors import UserError
-    from clbench.lm.fixtures import sample_texts, write_tiny_model
-    from clbench.lm.models import hf_causal_lm
-    from clbench.lm.tokenizer import train_tiny_tokenizer
+    from clbench.models.lm.fixtures import sample_texts, write_tiny_model
+    from clbench.models.lm.causal_lm import hf_causal_lm
+    from clbench.data.tokenizer import train_tiny_tokenizer
 
     tokenizer = train_tiny_tokenizer(sample_texts(50), tmp_path / "tok", vocab_size=300)
     folder = tmp_path / "model"
@@ -327,7 +327,7 @@ def listing(n: int = 3):
 
 
 def empty():
-    from clbench.streams import StreamSpec, build_scenario
+    from clbench.data.streams import StreamSpec, build_scenario
 
     return build_scenario(StreamSpec(name="empty"), [], [], [])
 '''
@@ -347,8 +347,8 @@ def test_benchmark_that_returns_no_stream_is_one_line(tmp_path, capsys, factory,
 def test_vit_moe_names_match_its_labels_and_routers():
     import typing
 
-    from clbench.vision.routers import ROUTERS
-    from clbench.vision.vit_moe import LABELS, Label, RouterName
+    from clbench.models.vision.routers import ROUTERS
+    from clbench.models.vision.vit_moe import LABELS, Label, RouterName
 
     assert set(typing.get_args(Label)) == set(LABELS)
     assert set(typing.get_args(RouterName)) == {*ROUTERS, "prototype"}
@@ -357,7 +357,7 @@ def test_vit_moe_names_match_its_labels_and_routers():
 def test_router_args_declare_every_routers_options():
     import typing
 
-    from clbench.vision.vit_moe import RouterArgs, RouterName, router_options
+    from clbench.models.vision.vit_moe import RouterArgs, RouterName, router_options
 
     options = {name: router_options(name) for name in typing.get_args(RouterName)}
     assert set(RouterArgs.__annotations__) == set().union(*options.values())
@@ -389,8 +389,8 @@ class Plain(torch.optim.SGD):
 
 def test_optimizer_trial_build_reports_a_type_error_instead_of_swallowing_it(tmp_path):
     """Without annotations only the optimizer itself can refuse a value; its TypeError is one line too."""
-    from clbench.build import optimizer_factory
-    from clbench.config import resolve_config
+    from clbench.plugins.build import optimizer_factory
+    from clbench.config.load import resolve_config
     from clbench.errors import UserError
 
     (tmp_path / "plain_opt.py").write_text(UNANNOTATED_OPTIMIZER)
@@ -414,9 +414,9 @@ def test_strategy_literals_match_the_names_their_code_knows():
     import inspect
     import typing
 
-    from clbench.lm.moe_adapters import TOP1_GATES
-    from strategies.moe_lora import LoRAMoE
-    from strategies.moses import INFERENCE, MoSEs
+    from clbench.models.layers.moe_lora import TOP1_GATES
+    from clbench.strategies.moe_lora import LoRAMoE
+    from clbench.strategies.moses import INFERENCE, MoSEs
 
     def choices(cls, name):
         return set(typing.get_args(typing.get_type_hints(cls.__init__)[name]))

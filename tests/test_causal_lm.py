@@ -15,7 +15,7 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "nu
 
 @pytest.fixture(scope="module")
 def model():
-    from clbench.lm.models import hf_causal_lm
+    from clbench.models.lm.causal_lm import hf_causal_lm
 
     torch.manual_seed(0)
     return hf_causal_lm(architecture="qwen3", tokenizer="trace-mini", config=TINY).eval()
@@ -23,7 +23,7 @@ def model():
 
 def _objective(model, **kwargs):
     from clbench.objectives.causal_lm import CausalLanguageModeling
-    from clbench.streams import StreamSpec
+    from clbench.data.streams import StreamSpec
 
     objective = checked(CausalLanguageModeling, "objective.init_args", **kwargs)
     objective.setup(StreamSpec(name="t", objective="causal_lm"), [])
@@ -82,10 +82,10 @@ def test_batched_generation_from_left_padded_prompts_equals_one_prompt_at_a_time
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """A tiny random Llama whose tokenizer has a ChatML chat template, turns ending with <|im_end|> (its eos)."""
-    from clbench.lm.fixtures import CHAT_TEMPLATE, sample_texts
-    from clbench.lm.fixtures import tiny_config as lm_config
-    from clbench.lm.models import hf_causal_lm
-    from clbench.lm.tokenizer import train_tiny_tokenizer
+    from clbench.models.lm.fixtures import CHAT_TEMPLATE, sample_texts
+    from clbench.models.lm.fixtures import tiny_config as lm_config
+    from clbench.models.lm.causal_lm import hf_causal_lm
+    from clbench.data.tokenizer import train_tiny_tokenizer
     from transformers import AutoTokenizer
 
     folder = train_tiny_tokenizer(sample_texts(), tmp_path_factory.mktemp("chat") / "tok", vocab_size=300)
@@ -155,7 +155,7 @@ def test_trace_scoring_scores_the_generation_as_decoded_and_lenient_scoring_stri
 
 
 def _lm_config(**overrides) -> dict:
-    from clbench.config import resolve_config
+    from clbench.config.load import resolve_config
 
     raw = tiny_config(benchmark={"class_path": "trace-mini",
                                  "init_args": {"tasks": ["FOMC", "NumGLUE-cm"], "n_train": 64, "n_test": 12}},
@@ -169,7 +169,7 @@ def _lm_config(**overrides) -> dict:
 
 
 def test_a_trace_format_stream_runs_resumes_and_keeps_its_generations(tmp_path, monkeypatch):
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     cfg = _lm_config()
     reference = run(cfg, tmp_path / "reference")
@@ -195,8 +195,8 @@ def test_routing_units_are_the_unpadded_teacher_forced_tokens_with_their_composi
     (no padding, no decoding steps), labelled by position and frequency bucket."""
     from clbench.metrics import RoutingRecorder
     from clbench.objectives.causal_lm import FREQUENCY_BUCKETS, POSITION_BUCKETS, CausalLanguageModeling
-    from clbench.streams import StreamSpec
-    from strategies.moe_lora import LoRAMoE
+    from clbench.data.streams import StreamSpec
+    from clbench.strategies.moe_lora import LoRAMoE
     from test_strategies_llm import build, lm, stream
 
     experiences = stream(8)
@@ -228,7 +228,7 @@ def test_generation_under_ddp_scores_every_test_sample_once_and_keeps_them_all(t
     """Two gloo processes each generate for their shard of 7 test prompts (not divisible by
     2): the untrained model's scores equal one process's, the saved generations hold every
     prompt once in dataset order, and the final R row is their mean score."""
-    from clbench.runner import run
+    from clbench.engine.runner import run
     from helpers import run_cli
 
     odd = {"benchmark": {"class_path": "trace-mini",

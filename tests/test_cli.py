@@ -17,17 +17,17 @@ def _heavy_modules_after(code: str) -> list[str]:
 
 
 def test_help_and_list_do_not_import_heavy_libraries():
-    assert _heavy_modules_after("from clbench.cli import build_parser; build_parser()") == []
-    assert _heavy_modules_after("from clbench.cli import main; main(['list'])") == []
-    assert _heavy_modules_after("from clbench.cli import main; main(['list', '-v'])") == []
-    assert _heavy_modules_after("from clbench.cli import main; main(['show', 'ewc'])") == []
+    assert _heavy_modules_after("from clbench.cli.main import build_parser; build_parser()") == []
+    assert _heavy_modules_after("from clbench.cli.main import main; main(['list'])") == []
+    assert _heavy_modules_after("from clbench.cli.main import main; main(['list', '-v'])") == []
+    assert _heavy_modules_after("from clbench.cli.main import main; main(['show', 'ewc'])") == []
 
 
 def test_an_unknown_name_is_refused_before_the_libraries_load(tmp_path, write_yaml, capsys):
-    from clbench.cli import main
+    from clbench.cli.main import main
 
     config = write_yaml(tiny_config())
-    code = (f"from clbench.cli import main\nassert main(['run', '--config', {str(config)!r}, '--output', "
+    code = (f"from clbench.cli.main import main\nassert main(['run', '--config', {str(config)!r}, '--output', "
             f"{str(tmp_path / 'out')!r}, 'strategy.class_path=nosuch']) == 2")
     assert _heavy_modules_after(code) == []
     assert main(["run", "--config", str(config), "--output", str(tmp_path / "out"), "strategy.class_path=replai"]) == 2
@@ -66,7 +66,7 @@ def test_run_writes_result_and_tensorboard(tmp_path, write_yaml):
 
 
 def test_run_overrides_may_sit_before_between_and_after_the_options():
-    from clbench.cli import build_parser
+    from clbench.cli.main import build_parser
 
     parser = build_parser()
     for argv in (["train.epochs=1", "--config", "c.yaml", "seed=3", "-o", "out", "--resume"],

@@ -1,6 +1,6 @@
 import pytest
 
-from clbench.config import apply_overrides, config_hash, load_config, resolve_config
+from clbench.config.load import apply_overrides, config_hash, load_config, resolve_config
 from clbench.errors import UserError
 
 

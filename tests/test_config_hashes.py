@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clbench.config import config_hash, load_config, resolve_config
+from clbench.config.load import config_hash, load_config, resolve_config
 from clbench.leaderboard.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
-"""The config file's and the suite file's fields are pydantic models (``clbench.config_schema``,
+"""The config file's and the suite file's fields are pydantic models (``clbench.config.schema``,
 ``clbench.leaderboard.suite.SuiteFile``), checked and worded by the mechanism that checks every
-component's ``init_args`` (``clbench.validation``): one line naming the file, the field and the
+component's ``init_args`` (``clbench.config.validation``): one line naming the file, the field and the
 fix, exit 2. YAML booleans are YAML 1.2's: ``yes``/``no``/``on``/``off`` are text, which a bool
 field refuses."""
 
@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from clbench.cli import main
-from clbench.config import load_yaml_text, resolve_config
+from clbench.cli.main import main
+from clbench.config.load import load_yaml_text, resolve_config
 from clbench.errors import UserError
 from helpers import REPO, smoke, tiny_config, write_suite
 
@@ -110,7 +110,7 @@ def test_a_bad_suite_field_is_one_line_exit_2(capsys, tmp_path, change, message)
 
 
 def test_checking_a_config_or_a_suite_does_not_import_torch():
-    code = ("import sys\nfrom clbench.config import resolve_config\nfrom clbench.leaderboard.suite import load_suite\n"
+    code = ("import sys\nfrom clbench.config.load import resolve_config\nfrom clbench.leaderboard.suite import load_suite\n"
             "resolve_config({'strategy': 'replay'})\nload_suite('configs/suites/smoke.yaml')\n"
             "print(sorted(m for m in ('torch', 'lightning', 'torchmetrics') if m in sys.modules), "
             "'pydantic' in sys.modules)")
@@ -119,7 +119,7 @@ def test_checking_a_config_or_a_suite_does_not_import_torch():
 
 
 def test_importing_the_config_module_imports_no_pydantic():
-    """Entries, tables and hashes import clbench.config; only checking a config needs pydantic."""
-    code = "import sys, clbench.config, clbench.leaderboard.entries; print('pydantic' in sys.modules)"
+    """Entries, tables and hashes import clbench.config.load; only checking a config needs pydantic."""
+    code = "import sys, clbench.config.load, clbench.leaderboard.entries; print('pydantic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from clbench.datacheck import check, main
+from clbench.data.check import check, main
 from clbench.errors import UserError
-from clbench.fixtures import write_cifar10, write_core50, write_office_home
+from clbench.data.fixtures import write_cifar10, write_core50, write_office_home
 
-CORE50 = "benchmarks.core50:core50"
-OFFICE_HOME = "benchmarks.office_home:office_home"
-CIFAR10 = "benchmarks.cifar10:cifar10_dirichlet"
+CORE50 = "clbench.benchmarks.core50:core50"
+OFFICE_HOME = "clbench.benchmarks.office_home:office_home"
+CIFAR10 = "clbench.benchmarks.cifar10:cifar10_dirichlet"
 OBJECTS = "objects=[1,2,6]"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ def test_bad_command_lines():
 # -- through the installed command line ---------------------------------------------------------
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clbench.cli", "data", "check", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "clbench.cli.main", "data", "check", *args], capture_output=True,
                           text=True, cwd=REPO, timeout=300)
 
 

@@ -3,7 +3,7 @@
 Each group of strategies trains in three processes started here: two ranks of one DDP process
 group (launched the way torchrun or srun would, one process per rank, so several Trainers share
 the group) and one single process. The ranks read their shards through the runner's
-:func:`clbench.data.run_loader` at per-rank batch b; the single process reads the same data at
+:func:`clbench.data.datasets.run_loader` at per-rank batch b; the single process reads the same data at
 batch 2b. Every global batch splits into equal halves, so mean losses average to the global
 batch's and the definition of every strategy here is "the same steps as one process on the
 global batch". Checked for each strategy:
@@ -41,15 +41,15 @@ pytestmark = [pytest.mark.slow,
 
 # -- the strategies and their data -----------------------------------------------------------
 def classic(name: str):
-    from strategies.agem import AGEM
-    from strategies.cumulative import Cumulative
-    from strategies.ewc import EWC
-    from strategies.gem import GEM
-    from strategies.grow import Grow
-    from strategies.joint import Joint
-    from strategies.lwf import LwF
-    from strategies.naive import Naive
-    from strategies.replay import Replay
+    from clbench.strategies.agem import AGEM
+    from clbench.strategies.cumulative import Cumulative
+    from clbench.strategies.ewc import EWC
+    from clbench.strategies.gem import GEM
+    from clbench.strategies.grow import Grow
+    from clbench.strategies.joint import Joint
+    from clbench.strategies.lwf import LwF
+    from clbench.strategies.naive import Naive
+    from clbench.strategies.replay import Replay
 
     return {"naive": lambda: Naive(), "cumulative": lambda: Cumulative(), "joint": lambda: Joint(),
             "replay": lambda: Replay(mem_size=10), "ewc": lambda: EWC(ewc_lambda=1.0),
@@ -59,10 +59,10 @@ def classic(name: str):
 
 
 def language(name: str):
-    from strategies.lora import SeqLoRA
-    from strategies.moe_lora import LoRAMoE, MHMoE
-    from strategies.moses import MoSEs
-    from strategies.o_lora import OLoRA
+    from clbench.strategies.lora import SeqLoRA
+    from clbench.strategies.moe_lora import LoRAMoE, MHMoE
+    from clbench.strategies.moses import MoSEs
+    from clbench.strategies.o_lora import OLoRA
 
     return {"seq_lora": lambda: SeqLoRA(r=2, dropout=0.0), "o_lora": lambda: OLoRA(r=2, dropout=0.0),
             "loramoe": lambda: LoRAMoE(r=2), "mh_moe": lambda: MHMoE(r=2, heads=2),
@@ -91,7 +91,7 @@ def setup_group(group: str, name: str):
     """(strategy, module, experiences, per-rank batch, epochs) of one strategy of ``group``:
     ``classic`` on a tiny classifier, ``lm`` on a tiny Qwen3, ``lm-full`` a classic strategy
     (every weight trained) on the tiny Qwen3."""
-    from clbench.module import ContinualModule
+    from clbench.engine.module import ContinualModule
 
     torch.manual_seed(0)
     if group == "classic":
@@ -105,7 +105,7 @@ def setup_group(group: str, name: str):
         return strategy, module, experiences, PER_RANK_BATCH, 2
     from test_strategies_llm import build, lm
 
-    from clbench.streams import Experience
+    from clbench.data.streams import Experience
 
     experiences = [Experience(position=t, name=f"task{t}", domain_id=t, classes=[], train=lm_records(t, 8),
                               test=lm_records(t, 2)) for t in range(2)]
@@ -123,9 +123,9 @@ def train_one(group: str, name: str, world: int, rank: int, sharded: bool = Fals
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from clbench import seeding
-    from clbench.data import run_loader
-    from clbench.sharding import model_state
+    from clbench.engine import seeding
+    from clbench.data.datasets import run_loader
+    from clbench.engine.sharding import model_state
 
     strategy, module, experiences, batch, epochs = setup_group(group, name)
     batch = batch * (2 // world)  # one process reads the global batch
@@ -162,7 +162,7 @@ def train_one(group: str, name: str, world: int, rank: int, sharded: bool = Fals
 def worker(group: str, out: str) -> None:
     import warnings
 
-    from clbench.trainer import end_process_group, quiet_lightning
+    from clbench.engine.trainer import end_process_group, quiet_lightning
 
     quiet_lightning()
     warnings.filterwarnings("ignore")
@@ -252,7 +252,7 @@ def test_two_ranks_stay_identical_and_match_one_process(group, name, runs):
 def test_a_two_process_digits_run_gives_the_one_process_r_matrix(tmp_path, write_yaml):
     """The runner end to end: ``trainer: {devices: 2, strategy: ddp}`` at ``train.batch_size``
     32 against one process at 64. ``batch_size`` is per process, and each rank's training shard
-    splits the single-process order (:class:`clbench.data.ShardedSampler`), so with an even
+    splits the single-process order (:class:`clbench.data.datasets.ShardedSampler`), so with an even
     training set (1346 samples per domain: every global batch, the last one of 2 included,
     halves evenly), a naive MLP without dropout or batch norm and the same seeds, both runs take
     the same steps; evaluation shards are summed exactly. Only float summation order differs
@@ -266,8 +266,8 @@ def test_a_two_process_digits_run_gives_the_one_process_r_matrix(tmp_path, write
 
     from helpers import run_cli, tiny_config
 
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     even = {"benchmark": {"init_args": {"test_fraction": 0.2505}}}  # 1346 training, 451 test samples per domain
     single = run(resolve_config(tiny_config(**even, train={"epochs": 2, "batch_size": 64})), None)

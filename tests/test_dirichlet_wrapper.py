@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, Subset
 
-from benchmarks.dirichlet_stream import dirichlet
-from benchmarks.images import ImageArray
-from clbench.config import resolve_config
-from clbench.data import ArrayDataset, targets_of
+from clbench.benchmarks.dirichlet_stream import dirichlet
+from clbench.benchmarks.images import ImageArray
+from clbench.config.load import resolve_config
+from clbench.data.datasets import ArrayDataset, targets_of
 from clbench.errors import UserError
-from clbench.fixtures import write_core50, write_office_home
-from clbench.runner import run
-from clbench.streams import ordered_experiences
+from clbench.data.fixtures import write_core50, write_office_home
+from clbench.engine.runner import run
+from clbench.data.streams import ordered_experiences
 from helpers import tiny_config
 
 OBJECTS = [1, 2, 3, 6, 7, 11]
@@ -125,7 +125,7 @@ def test_the_same_seed_gives_the_same_partition(core50_root):
     ({"class_path": "trace-mini"}, "benchmark.init_args.source"),
 ])
 def test_a_bad_source_is_a_one_line_error(source, where):
-    from clbench.build import check_init_args
+    from clbench.plugins.build import check_init_args
 
     with pytest.raises(UserError) as err:  # its form is checked from the signature, as a run does
         check_init_args(dirichlet, {"source": source}, "benchmark.init_args")

@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from clbench.cli import main
-from clbench.describe import arg_docs, describe, first_sentence
+from clbench.cli.main import main
+from clbench.plugins.describe import arg_docs, describe, first_sentence
 from clbench.leaderboard.table import build_tables
-from clbench.registry import KINDS, available, display_name
+from clbench.plugins.registry import KINDS, available, display_name
 from test_leaderboard_compare import fake_entry
 
 PLUGIN = '''
@@ -71,7 +71,7 @@ def test_show_reads_a_plugin_file_following_its_base(tmp_path, wide, capsys):
 def test_show_finds_a_short_name_in_every_kind(wide, capsys):
     assert main(["show", "hf_causal_lm"]) == 0
     out = capsys.readouterr().out
-    assert "hf_causal_lm (model, clbench.lm.models:hf_causal_lm)" in out
+    assert "hf_causal_lm (model, clbench.models.lm.causal_lm:hf_causal_lm)" in out
     assert "architecture: str | None (default None)" in out
     assert main(["show", "mlp"]) == 0
     assert "num_classes" not in capsys.readouterr().out

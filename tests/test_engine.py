@@ -13,7 +13,7 @@ from helpers import crash_at, tiny_config
 REGRESSION_STREAM = '''
 import torch
 from torch.utils.data import TensorDataset
-from clbench.streams import StreamSpec, build_scenario
+from clbench.data.streams import StreamSpec, build_scenario
 
 
 def linear_tasks(tasks: int = 3, dim: int = 4, n: int = 256, seed: int = 0):
@@ -40,7 +40,7 @@ class Linear(torch.nn.Module):
 
 
 def _regression_config(tmp_path, **overrides) -> dict:
-    from clbench.config import resolve_config
+    from clbench.config.load import resolve_config
 
     plugin = tmp_path / "linear_stream.py"
     plugin.write_text(REGRESSION_STREAM)
@@ -56,7 +56,7 @@ def test_a_lower_is_better_objective_runs_end_to_end_and_scores_in_its_direction
     """A regression stream: R holds mean squared errors, and the CL scores read them as errors."""
     from clbench.metrics import cl_scores
     from clbench.metrics.scores import score_higher_is_better
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     result = run(_regression_config(tmp_path), tmp_path / "out")
     r, r_init = result["r_matrix"], result["r_init"]
@@ -75,8 +75,8 @@ def test_a_lower_is_better_objective_runs_end_to_end_and_scores_in_its_direction
 
 
 def test_a_config_can_override_the_streams_objective(tmp_path):
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     plain = run(resolve_config(tiny_config()), None)
     assert {"gmean", "mauc"} <= set(plain["matrices"])
@@ -88,7 +88,7 @@ def test_a_config_can_override_the_streams_objective(tmp_path):
 
 AUX_MODEL = '''
 import torch
-from clbench import auxiliary
+from clbench.models import auxiliary
 
 
 class Penalised(torch.nn.Module):
@@ -115,9 +115,9 @@ def test_an_auxiliary_loss_from_inside_the_model_reaches_the_gradient_and_the_lo
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from clbench.config import resolve_config
-    from clbench.module import ContinualModule
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.module import ContinualModule
+    from clbench.engine.runner import run
     from clbench.strategy import Strategy
 
     plugin = tmp_path / "penalised.py"
@@ -180,8 +180,8 @@ class Routed(torch.nn.Module):
 
 
 def test_routing_is_recorded_while_each_experience_trains_and_at_evaluation(tmp_path):
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     plugin = tmp_path / "routed.py"
     plugin.write_text(ROUTED_MODEL)
@@ -269,8 +269,8 @@ def _head(model):
 def test_parameters_added_mid_stream_are_trained_and_restored_after_a_crash(tmp_path, monkeypatch):
     """Layers appear before experiences and inside one (the optimizer is rebuilt over them);
     a run crashed after they appeared resumes to the uninterrupted result."""
-    from clbench.config import resolve_config
-    from clbench.runner import ContinualRun, run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import ContinualRun, run
 
     plugin = tmp_path / "grows.py"
     plugin.write_text(GROWING_STRATEGY)
@@ -326,8 +326,8 @@ class SignSGD(Strategy):
 
 
 def test_a_strategy_that_owns_its_update_learns_and_resumes(tmp_path, monkeypatch):
-    from clbench.config import resolve_config
-    from clbench.runner import ContinualRun, run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import ContinualRun, run
 
     plugin = tmp_path / "signsgd.py"
     plugin.write_text(MANUAL_STRATEGY)
@@ -353,8 +353,8 @@ class FailsLate(Strategy):
 
 
 def test_a_failed_overwrite_keeps_the_previous_run_and_a_successful_one_replaces_it(tmp_path):
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     out = tmp_path / "out"
     run(resolve_config(tiny_config(logging={"tensorboard": True})), out)
@@ -376,8 +376,8 @@ def test_a_failed_overwrite_keeps_the_previous_run_and_a_successful_one_replaces
 
 
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_directory(tmp_path):
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     plugin = tmp_path / "fails.py"
     plugin.write_text(FAILING_STRATEGY.replace("experience.position == 1", "True"))
@@ -403,9 +403,9 @@ def _flip_tensor_bytes(path, count: int = 64) -> None:
 
 
 def test_a_checkpoint_whose_tensor_bytes_changed_is_refused_by_its_checksum(tmp_path, monkeypatch):
-    from clbench.config import resolve_config
+    from clbench.config.load import resolve_config
     from clbench.errors import UserError
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     cfg = resolve_config(tiny_config())
     crash_at(monkeypatch, "stage:2:step:1", cfg, tmp_path / "out")
@@ -423,9 +423,9 @@ def test_a_checkpoint_whose_tensor_bytes_changed_is_refused_by_its_checksum(tmp_
                                             ({"accelerator": "gpu"}, "trainer.accelerator"),
                                             ({"accelerator": "cpu", "strategy": "fsdp_cpu_offload"}, "trainer.accelerator")])
 def test_trainer_settings_lightning_refuses_are_one_line_naming_the_field(trainer, field, tmp_path):
-    from clbench.config import resolve_config
+    from clbench.config.load import resolve_config
     from clbench.errors import UserError
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     if trainer.get("accelerator") == "gpu" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -438,7 +438,7 @@ def test_trainer_settings_lightning_refuses_are_one_line_naming_the_field(traine
 
 FROZEN_BASE = '''
 import torch
-from clbench.models import mlp
+from clbench.models.factories import mlp
 from clbench.strategy import Strategy
 
 
@@ -466,10 +466,10 @@ class FrozenWithAdapter(Strategy):
 
 
 def test_a_frozen_base_stays_out_of_checkpoints_and_must_match_on_resume(tmp_path, monkeypatch):
-    from clbench.config import resolve_config
+    from clbench.config.load import resolve_config
     from clbench.errors import UserError
-    from clbench.models import mlp
-    from clbench.runner import run
+    from clbench.models.factories import mlp
+    from clbench.engine.runner import run
 
     plugin = tmp_path / "frozen.py"
     plugin.write_text(FROZEN_BASE)
@@ -500,8 +500,8 @@ def test_tensorboard_gets_one_event_stream_per_run_with_hparams_and_final_scores
     import yaml
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     result = run(resolve_config(tiny_config(logging={"tensorboard": True})), tmp_path / "out")
     folder = tmp_path / "out" / "tensorboard"
@@ -519,8 +519,8 @@ def test_tensorboard_gets_one_event_stream_per_run_with_hparams_and_final_scores
 def test_tensorboard_draws_a_utilization_heatmap_per_moe_layer_and_stage(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     model = {"class_path": "vit_moe", "init_args": {"label": "MoE", "patch_size": 4, "embed_dim": 16, "depth": 2,
                                                     "num_heads": 2, "mlp_ratio": 2.0, "moe_blocks": [0, 1]}}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from clbench.build import preflight
-from clbench.config import config_hash, load_config
+from clbench.plugins.build import preflight
+from clbench.config.load import config_hash, load_config
 from clbench.leaderboard.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ NO_EXAMPLE = {"smoke"}  # the tests' suite
 
 
 def _strategy_names(suite_path: Path) -> set[str]:
-    from clbench.config import load_yaml_text
+    from clbench.config.load import load_yaml_text
 
     items = load_yaml_text(suite_path.read_text())["strategies"]
     return {item if isinstance(item, str) else item["class_path"] for item in items}

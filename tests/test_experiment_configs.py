@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from clbench.build import build_strategy, preflight
-from clbench.config import read_yaml, resolve_config
+from clbench.plugins.build import build_strategy, preflight
+from clbench.config.load import read_yaml, resolve_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.yaml"))
 

@@ -39,7 +39,7 @@ def inspect(module) -> dict:
     """How the model is sharded, and whether a parameter added late is refused."""
     from torch.distributed.tensor import DTensor
 
-    from clbench.sharding import is_sharded
+    from clbench.engine.sharding import is_sharded
 
     if not is_sharded(module.model):
         return {"sharded": False}
@@ -60,7 +60,7 @@ def worker(out: str) -> None:
 
     from test_ddp_strategies import train_one
 
-    from clbench.trainer import end_process_group, quiet_lightning
+    from clbench.engine.trainer import end_process_group, quiet_lightning
 
     quiet_lightning()
     warnings.filterwarnings("ignore")
@@ -149,7 +149,7 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
     one experience alone) run sharded too, to DDP's scores."""
     from helpers import run_cli
 
-    from clbench.checkpoint import CHECKPOINT
+    from clbench.engine.checkpoint import CHECKPOINT
 
     results, kills = {}, {}
     for kind in ("ddp", "fsdp"):
@@ -188,7 +188,7 @@ def test_a_test_set_smaller_than_the_processes_leaves_ranks_empty_shards(tmp_pat
     """One test prompt per task and two processes: under DDP rank 1's evaluation loaders are
     empty, under FSDP they hold one padding batch; both score the untrained model as one process
     does, each prompt once."""
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     cfg = lm_config()
     cfg["benchmark"]["init_args"].update(n_train=8, n_test=1)

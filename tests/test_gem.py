@@ -13,14 +13,14 @@ import torch.nn.functional as F
 from helpers import crash_at, tiny_config
 from torch import nn
 
-from clbench.data import ArrayDataset, make_loader
-from clbench.build import check_init_args
+from clbench.data.datasets import ArrayDataset, make_loader
+from clbench.plugins.build import check_init_args
 from clbench.errors import UserError
-from clbench.streams import Experience
-from strategies.gem import GEM, project, solve_dual
+from clbench.data.streams import Experience
+from clbench.strategies.gem import GEM, project, solve_dual
 
 if TYPE_CHECKING:
-    from clbench.module import ContinualModule
+    from clbench.engine.module import ContinualModule
 
 pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
@@ -89,7 +89,7 @@ def make_experience(position: int, n: int = 24, seed: int = 0) -> Experience:
 
 
 def make_module(strategy) -> ContinualModule:
-    from clbench.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
+    from clbench.engine.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
@@ -190,8 +190,8 @@ GEM_ARGS = {"class_path": "gem", "init_args": {"patterns_per_experience": 40, "m
 
 
 def test_gem_on_digits_differs_from_naive_and_forgets_less():
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     naive = run(resolve_config(tiny_config()), None, source="test")
     gem = run(resolve_config(tiny_config(strategy=GEM_ARGS)), None, source="test")
@@ -203,8 +203,8 @@ def test_gem_on_digits_differs_from_naive_and_forgets_less():
 
 
 def test_gem_memory_survives_a_crash(tmp_path, monkeypatch):
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     cfg = resolve_config(tiny_config(strategy=GEM_ARGS, train={"epochs": 1, "batch_size": 32}))
     reference = run(cfg, tmp_path / "reference")

@@ -10,7 +10,7 @@ import torch
 from helpers import crash_at, tiny_config
 from torch import nn
 
-from strategies.grow_layers import find_mlps, grow_mlp
+from clbench.models.layers.grow import find_mlps, grow_mlp
 
 
 def _vit():
@@ -21,7 +21,7 @@ def _vit():
 
 
 def _qwen3():
-    from clbench.lm.models import hf_causal_lm
+    from clbench.models.lm.causal_lm import hf_causal_lm
 
     return hf_causal_lm(architecture="qwen3", tokenizer="trace-mini",
                         config={"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
@@ -29,7 +29,7 @@ def _qwen3():
 
 
 def _mlp():
-    from clbench.models import mlp
+    from clbench.models.factories import mlp
 
     return mlp(10, (1, 8, 8), hidden=32, depth=2)
 
@@ -80,8 +80,8 @@ def test_the_plain_mlp_is_found_as_its_first_two_linears():
 
 
 def _run(tmp_path, name, **init_args):
-    from clbench.config import resolve_config
-    from clbench.runner import ContinualRun
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import ContinualRun
 
     cfg = resolve_config(tiny_config(strategy={"class_path": "grow", "init_args": init_args},
                                      train={"epochs": 1, "optimizer": {"class_path": "adamw",
@@ -92,7 +92,7 @@ def _run(tmp_path, name, **init_args):
 
 @torch.no_grad()
 def _accuracy(model, dataset) -> float:
-    from clbench.data import make_loader
+    from clbench.data.datasets import make_loader
 
     model.eval()
     hits = total = 0
@@ -124,7 +124,7 @@ class _Recorder:
 
 @pytest.fixture
 def recorders(monkeypatch):
-    from clbench.runner import ContinualRun
+    from clbench.engine.runner import ContinualRun
 
     made = []
     setup = ContinualRun._build
@@ -178,7 +178,7 @@ def test_g_train_trains_the_whole_up_projection_and_nothing_else(tmp_path, recor
 def test_a_crashed_growing_run_resumes_to_the_same_result(tmp_path, monkeypatch):
     """Growth before experiences 2 and 3 (widths 32 -> 64 -> 128); the crash comes after the
     second experience's checkpoint, so the resume must re-grow before the weights load."""
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     _, reference, cfg = _run(tmp_path, "reference", when="each")
     growth = reference["strategy"]["params"]["growth"]
@@ -205,9 +205,9 @@ class _Moves(nn.Module):
 
 
 def test_top_n_picks_the_mlps_whose_weights_moved_most():
-    from clbench.data import ArrayDataset
-    from clbench.module import ContinualModule
-    from strategies.grow import Grow
+    from clbench.data.datasets import ArrayDataset
+    from clbench.engine.module import ContinualModule
+    from clbench.strategies.grow import Grow
 
     torch.manual_seed(0)
     data = ArrayDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
@@ -227,8 +227,8 @@ def test_top_n_picks_the_mlps_whose_weights_moved_most():
 
 def test_a_model_without_mlps_is_refused():
     from clbench.errors import UserError
-    from clbench.module import ContinualModule
-    from strategies.grow import Grow
+    from clbench.engine.module import ContinualModule
+    from clbench.strategies.grow import Grow
 
     strategy = Grow()
     module = ContinualModule(nn.Linear(3, 2), strategy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
@@ -244,7 +244,7 @@ def test_a_causal_lm_grows_its_top_mlp_and_keeps_its_originals(tmp_path):
     the logits are unchanged by the growth and gate/up/down originals stay bit for bit."""
     from test_strategies_llm import build, logits, stream, train
 
-    from strategies.grow import Grow
+    from clbench.strategies.grow import Grow
 
     experiences = stream(8)
     strategy = Grow(top_n=1, probe_steps=2, probe_batch_size=4)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from clbench.cli import main
+from clbench.cli.main import main
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import RUNS_DIR, run_suite
 from clbench.leaderboard.launch import LOGS_DIR, run_local
@@ -95,7 +95,7 @@ def test_local_jobs_give_the_serial_entries_and_a_dead_worker_fails_only_its_cel
 def test_an_interrupted_local_launcher_reruns_only_the_missing_cells(tmp_path, serial):
     suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"])))  # two cells: the two orders
     out = tmp_path / "lb"
-    command = [sys.executable, "-m", "clbench.cli", "leaderboard", "run", "--suite", str(suite.path), "--output",
+    command = [sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--suite", str(suite.path), "--output",
                str(out), "--no-progress", "--launcher", "local", "--jobs", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -175,7 +175,7 @@ def test_a_cell_whose_entry_another_process_wrote_is_not_run_again(tmp_path, mon
     """``run_cell`` (what every worker and job runs) skips a cell whose entry changed since the launcher looked."""
     import shutil
 
-    import clbench.runner
+    import clbench.engine.runner
     from clbench.leaderboard.execute import run_cell
 
     suite = load_suite(REPO / "configs" / "suites" / "quickstart.yaml")
@@ -183,7 +183,7 @@ def test_a_cell_whose_entry_another_process_wrote_is_not_run_again(tmp_path, mon
     out = tmp_path / "lb"
     (out / "entries").mkdir(parents=True)
     shutil.copy(E.entry_path(REPO / "leaderboard", digest), E.entry_path(out, digest))
-    monkeypatch.setattr(clbench.runner, "run", lambda *a, **k: pytest.fail("ran a finished cell"))
+    monkeypatch.setattr(clbench.engine.runner, "run", lambda *a, **k: pytest.fail("ran a finished cell"))
     summary = run_cell(suite.path, out, digest, seen=None, console=Console(file=io.StringIO()))
     assert summary == {"hash": digest, "status": "elsewhere", "note": "finished by another process"}
     assert not (out / RUNS_DIR).exists()

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from rich.console import Console
 
-from clbench.cli import main
-from clbench.config import config_hash, deep_merge, resolve_config
+from clbench.cli.main import main
+from clbench.config.load import config_hash, deep_merge, resolve_config
 from clbench.errors import NonFiniteLoss, UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import RUNS_DIR, run_suite
@@ -32,11 +32,11 @@ def quiet() -> Console:
 
 
 def spy_runner(monkeypatch, fail_on=None):
-    """Record the config hashes ``clbench.runner.run`` is called with (and optionally fail)."""
-    import clbench.runner
+    """Record the config hashes ``clbench.engine.runner.run`` is called with (and optionally fail)."""
+    import clbench.engine.runner
 
     calls: list[tuple[str, bool]] = []
-    real = clbench.runner.run
+    real = clbench.engine.runner.run
 
     def spy(cfg, output=None, **kw):
         calls.append((config_hash(cfg), kw.get("resume", False)))
@@ -44,7 +44,7 @@ def spy_runner(monkeypatch, fail_on=None):
             fail_on(cfg, len(calls))
         return real(cfg, output, **kw)
 
-    monkeypatch.setattr(clbench.runner, "run", spy)
+    monkeypatch.setattr(clbench.engine.runner, "run", spy)
     return calls
 
 
@@ -266,8 +266,8 @@ def test_interrupted_suite_keeps_finished_entries_and_continues(tmp_path, monkey
 
 def test_a_killed_suite_resumes_the_interrupted_run_from_its_checkpoint(board, tmp_path, monkeypatch):
     """SIGKILL ``clbench leaderboard run`` in the second experience; the rerun continues that run."""
-    from clbench.faults import ENV
-    from clbench.runner import CHECKPOINT
+    from clbench.engine.faults import ENV
+    from clbench.engine.runner import CHECKPOINT
 
     suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"], orders=["default"])))
     digest = suite.runs[0].hash

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from scipy.stats import kendalltau, ttest_rel, wilcoxon
 
-from clbench.cli import main
-from clbench.config import SCHEMA_VERSION, config_hash, order_label, resolve_config
+from clbench.cli.main import main
+from clbench.config.load import SCHEMA_VERSION, config_hash, order_label, resolve_config
 from clbench.errors import UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import MIN_PAIRS, compare

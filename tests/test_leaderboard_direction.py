@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from clbench.cli import main
+from clbench.cli.main import main
 from clbench.errors import UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import compare, print_comparison

@@ -1,7 +1,7 @@
 """No dirty numbers: ``leaderboard run`` into clbench's repository refuses uncommitted code unless told.
 
 The repository here is a temporary one, so the tests do not depend on the state of the real
-checkout: a small repository stands in for clbench's (``clbench.provenance.code_repo``) in
+checkout: a small repository stands in for clbench's (``clbench.results.provenance.code_repo``) in
 process, and one test copies the package into a fresh repository and runs the real command.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from clbench import provenance
-from clbench.cli import main
+from clbench.results import provenance
+from clbench.cli.main import main
 from clbench.errors import UserError
 from clbench.leaderboard.execute import plan_suite
 from clbench.leaderboard.suite import load_suite
@@ -138,7 +138,7 @@ def test_the_real_command_refuses_from_a_copied_repository(tmp_path):
     with open(copy / "strategies" / "naive.py", "a") as f:
         f.write("\n# an uncommitted change\n")
     env = {**os.environ, "PYTHONPATH": str(copy)}
-    done = subprocess.run([sys.executable, "-m", "clbench.cli", "leaderboard", "run", "--suite",
+    done = subprocess.run([sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--suite",
                            "configs/suites/smoke.yaml", "--output", "leaderboards/smoke"], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from clbench.cli import main
+from clbench.cli.main import main
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import run_suite
 from clbench.leaderboard.suite import load_suite
@@ -377,7 +377,7 @@ def test_render_of_a_file_says_it_is_not_a_folder(tmp_path, capsys):
 def test_utilization_rows_of_a_task_subset_are_named_by_domain_id():
     """A stream over 3 of trace-mini's 8 tasks keeps each task's own domain id: the utilization
     has 8 rows, 5 of them empty. The figure shows the 3 that hold units, labelled by id."""
-    from clbench.plots import utilization_figure
+    from clbench.results.plots import utilization_figure
 
     empty, used = [None, None], [0.25, 0.75]
     rows = [empty, empty, used, used, empty, empty, empty, used]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clbench.cli import main
+from clbench.cli.main import main
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.rescore import expected_scores
 from clbench.leaderboard.verify import cheapest
@@ -154,7 +154,7 @@ def test_committed_leaderboards_reproduce(folder, capsys):
     if dirty:
         pytest.skip(f"{len(dirty)} entries were made from uncommitted code (cannot be rerun by construction): "
                     "regenerate the folder from a clean tree")
-    from clbench.lm import gguf_checkpoints as ckpt
+    from clbench.models.lm import gguf as ckpt
 
     presets = {(e.get("model") or {}).get("init_args", {}).get("path") for _, e in _entries(folder)} & set(ckpt.PRESETS)
     missing = sorted(name for name in presets if not ckpt.converted_folder(ckpt.PRESETS[name].sha256).is_dir())

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from clbench.errors import UserError
-from clbench.lm.fixtures import sample_texts, tiny_config, write_tiny_model
-from clbench.lm.models import hf_causal_lm, parameter_counts
-from clbench.lm.tokenizer import train_tiny_tokenizer
+from clbench.models.lm.fixtures import sample_texts, tiny_config, write_tiny_model
+from clbench.models.lm.causal_lm import hf_causal_lm, parameter_counts
+from clbench.data.tokenizer import train_tiny_tokenizer
 from helpers import checked
 
 ADDED = ["<NUM_LIT>", "<STR_LIT>"]
@@ -256,8 +256,8 @@ def test_parameter_counts_total_trainable_and_tied(tok_dir):
 
 
 def test_registered_builder_takes_no_stream_arguments(model_dir):
-    from clbench import registry
-    from clbench.build import check_init_args
+    from clbench.plugins import registry
+    from clbench.plugins.build import check_init_args
 
     assert registry.resolve("models", "hf_causal_lm", where="test") is hf_causal_lm
     check_init_args(hf_causal_lm, {"path": str(model_dir), "dtype": "bfloat16", "gradient_checkpointing": True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clbench.cli import main
+from clbench.cli.main import main
 from helpers import tiny_config
 
 # find_spec, not importorskip: importing mlflow takes seconds, and collecting the suite need not

@@ -80,7 +80,7 @@ def _worker(rank, world, port, shards, out_dir):
 
     import torch.distributed as dist
 
-    from clbench.trainer import end_process_group
+    from clbench.engine.trainer import end_process_group
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

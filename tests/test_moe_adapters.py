@@ -10,7 +10,7 @@ from test_strategies_llm import build, lm, lm_config, stream, train, trainable
 from torch import nn
 
 from clbench.errors import UserError
-from clbench.lm.moe_adapters import (
+from clbench.models.layers.moe_lora import (
     MoELoRALinear,
     inject,
     moe_layers,
@@ -18,8 +18,8 @@ from clbench.lm.moe_adapters import (
     rank_for_budget,
 )
 from clbench.metrics.routing import RoutingRecorder
-from strategies.lora import base_state
-from strategies.moe_lora import LoRAMoE, MHMoE
+from clbench.strategies.lora import base_state
+from clbench.strategies.moe_lora import LoRAMoE, MHMoE
 
 pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
@@ -139,13 +139,13 @@ def test_routing_records_per_layer_and_heads_as_route_tuples():
 
 
 def test_balance_term_reaches_the_loss_and_bad_options_are_refused():
-    from clbench import auxiliary
+    from clbench.models import auxiliary
 
     m = layer("loramoe", num_experts=4, top_k=None, r=2, balance_weight=0.5)
     with auxiliary.collect() as terms:
         m(torch.randn(10, 12))
     assert terms["balance"] > 0 and terms["balance"].requires_grad
-    from clbench.build import check_init_args
+    from clbench.plugins.build import check_init_args
 
     for cls, kwargs, field in [(MHMoE, {"top_k": None}, "top_k"), (LoRAMoE, {"heads": 2}, "heads"),
                                (LoRAMoE, {"top_k": 5}, "top_k")]:  # checks across arguments: in the strategy
@@ -162,8 +162,8 @@ def test_balance_term_reaches_the_loss_and_bad_options_are_refused():
 
 
 def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same_r(tmp_path, monkeypatch):
-    from clbench import faults
-    from clbench.runner import run
+    from clbench.engine import faults
+    from clbench.engine.runner import run
 
     cfg = lm_config({"class_path": "mh_moe", "init_args": {"heads": 4, "r": 2}})
     reference = run(cfg, tmp_path / "reference")
@@ -204,8 +204,8 @@ def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same
 def deep_model(tmp_path_factory):
     """A random 30-layer Llama (the depth of SmolLM2-135M) of width 16, saved and loaded like a
     downloaded checkpoint."""
-    from clbench.lm.fixtures import write_tiny_model
-    from clbench.lm.models import EMBEDDED_TOKENIZERS
+    from clbench.models.lm.fixtures import write_tiny_model
+    from clbench.models.lm.causal_lm import EMBEDDED_TOKENIZERS
 
     return write_tiny_model(tmp_path_factory.mktemp("lm") / "llama-30", EMBEDDED_TOKENIZERS["trace-mini"](), "llama",
                             layers=30, hidden=16, heads=2, intermediate=16, max_positions=256)
@@ -215,8 +215,8 @@ def deep_model(tmp_path_factory):
 def test_moe_methods_with_their_defaults_report_n_eff_on_a_30_layer_model(strategy, deep_model, tmp_path):
     """Every default targets every layer: each adapted projection gets its route-wise N_eff after
     every stage, from labelled units only (MoSEs' batches split across tasks' keys included)."""
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
     from helpers import tiny_config
 
     raw = tiny_config(benchmark={"class_path": "trace-mini",

@@ -10,7 +10,7 @@ from helpers import REPO
 
 
 def _round_case(M=4, d=10, s=6, seed=0):
-    from strategies.moe_theory import GateState
+    from clbench.strategies.moe_theory import GateState
 
     g = torch.Generator().manual_seed(seed)
     f64 = torch.float64
@@ -27,7 +27,7 @@ def _round_case(M=4, d=10, s=6, seed=0):
 
 
 def test_one_round_is_the_minimum_norm_fit_and_the_closed_form_gating_gradient():
-    from strategies.moe_theory import moe_round
+    from clbench.strategies.moe_theory import moe_round
 
     experts, theta, state, X, y = _round_case()
     before, theta0 = experts.clone(), theta.clone()
@@ -58,7 +58,7 @@ def test_one_round_is_the_minimum_norm_fit_and_the_closed_form_gating_gradient()
 
 
 def test_gating_parameters_sum_to_zero_after_every_round_and_termination_freezes_them():
-    from strategies.moe_theory import simulate
+    from clbench.strategies.moe_theory import simulate
 
     for M in (5, 20):
         r = simulate([0, 1, 2], 300, M, terminate=False)
@@ -76,15 +76,15 @@ def test_gating_parameters_sum_to_zero_after_every_round_and_termination_freezes
 def test_the_runner_path_gives_the_simulations_errors_in_its_r_matrix_and_resumes(tmp_path, monkeypatch):
     """20 rounds as 20 experiences: R[t][tau] is ||w_t^(m_tau) - w_{n_tau}||^2, so its rows give
     the simulation's F_t and G_t; routing per task is recorded; a crash resumes bit-identically."""
-    from clbench import faults
-    from clbench.config import resolve_config
+    from clbench.engine import faults
+    from clbench.config.load import resolve_config
     from clbench.metrics.theory import forgetting_curve, generalisation_curve
-    from clbench.runner import ContinualRun, run
-    from clbench.seeding import derive
-    from strategies.moe_theory import simulate
+    from clbench.engine.runner import ContinualRun, run
+    from clbench.engine.seeding import derive
+    from clbench.strategies.moe_theory import simulate
 
     raw = {"seed": 3, "benchmark": {"class_path": "moe-regression", "init_args": {"rounds": 20, "seed": 3}},
-           "model": {"class_path": "strategies.moe_theory:moe_theory_model", "init_args": {"num_experts": 3}},
+           "model": {"class_path": "clbench.strategies.moe_theory:moe_theory_model", "init_args": {"num_experts": 3}},
            "strategy": {"class_path": "moe_theory", "init_args": {"explore": 4}},
            "train": {"epochs": 2, "batch_size": 64, "optimizer": {"class_path": "sgd", "init_args": {"lr": 0.0}}},
            "logging": {"progress": False, "tensorboard": False}}
@@ -116,12 +116,12 @@ def test_the_runner_path_gives_the_simulations_errors_in_its_r_matrix_and_resume
 
 
 def test_a_batch_smaller_than_a_round_is_refused(tmp_path):
-    from clbench.config import resolve_config
+    from clbench.config.load import resolve_config
     from clbench.errors import UserError
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     raw = {"benchmark": {"class_path": "moe-regression", "init_args": {"rounds": 2}},
-           "model": {"class_path": "strategies.moe_theory:moe_theory_model", "init_args": {}},
+           "model": {"class_path": "clbench.strategies.moe_theory:moe_theory_model", "init_args": {}},
            "strategy": {"class_path": "moe_theory"},
            "train": {"epochs": 1, "batch_size": 4, "optimizer": {"class_path": "sgd", "init_args": {"lr": 0.0}}},
            "logging": {"progress": False, "tensorboard": False}}
@@ -132,7 +132,7 @@ def test_a_batch_smaller_than_a_round_is_refused(tmp_path):
 def test_fig2_claims_over_ten_seeds():
     """T = 2,000, N = 6, K = 3 (Fig. 2). Measured, not tuned: termination lowers forgetting and
     generalisation error for every M > 1, MoE beats one expert, and late model errors fall."""
-    from strategies.moe_theory import simulate
+    from clbench.strategies.moe_theory import simulate
 
     seeds = list(range(10))
     single = simulate(seeds, 2000, 1)

@@ -9,8 +9,8 @@ from helpers import LIGHTNING_NOISE
 from test_strategies_llm import build, lm, lm_config, train
 from torch import nn
 
-from benchmarks.trace_mini import generate
-from clbench.lm.moses_layers import (
+from clbench.benchmarks.trace_mini import generate
+from clbench.models.layers.moses import (
     MoSELinear,
     TaskState,
     mose_layers,
@@ -18,9 +18,9 @@ from clbench.lm.moses_layers import (
 )
 from clbench.metrics import routing
 from clbench.metrics.routing import RoutingRecorder
-from clbench.streams import Experience
-from strategies.lora import base_state
-from strategies.moses import MoSEs, match, pull_loss, query
+from clbench.data.streams import Experience
+from clbench.strategies.lora import base_state
+from clbench.strategies.moses import MoSEs, match, pull_loss, query
 
 pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
@@ -179,8 +179,8 @@ def test_prompt_prefix_changes_outputs_and_generation_runs_under_oracle_and_keys
 
 
 def test_runner_keys_mode_end_to_end_and_a_crashed_run_resumes_to_the_same_r(tmp_path, monkeypatch):
-    from clbench import faults
-    from clbench.runner import run
+    from clbench.engine import faults
+    from clbench.engine.runner import run
 
     cfg = lm_config({"class_path": "moses", "init_args": {"task_inference": "keys"}})
     reference = run(cfg, tmp_path / "reference")
@@ -236,7 +236,7 @@ def test_every_prompted_layer_has_its_own_prompt_and_cached_generation_keeps_the
     model = lm()
     strategy = MoSEs(task_inference="oracle", prompt_length=2)
     module = build(strategy, experiences, model)
-    from strategies.lora import lora_target
+    from clbench.strategies.lora import lora_target
 
     layers = len(lora_target(model).get_decoder().layers)
     assert layers >= 2 and strategy.prompts.prompt[0].shape[0] == layers  # embeddings + each layer above the first

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from clbench import registry
-from clbench.build import preflight
-from clbench.config import load_config, rejoin_overrides, resolve_config
+from clbench.plugins import registry
+from clbench.plugins.build import preflight
+from clbench.config.load import load_config, rejoin_overrides, resolve_config
 from helpers import REPO
 
 README = (REPO / "README.md").read_text()
@@ -64,7 +64,7 @@ def long_result(n: int = 14) -> dict:
 
 
 def test_result_tables_are_not_cut_off_a_terminal(capsys, monkeypatch):
-    from clbench.report import print_result
+    from clbench.results.report import print_result
 
     monkeypatch.delenv("COLUMNS", raising=False)
     print_result(long_result())
@@ -76,7 +76,7 @@ def test_result_tables_are_not_cut_off_a_terminal(capsys, monkeypatch):
 
 
 def test_result_tables_keep_the_terminal_width_when_asked(monkeypatch, capsys):
-    from clbench.report import print_result
+    from clbench.results.report import print_result
 
     monkeypatch.setenv("COLUMNS", "100")
     print_result(long_result())
@@ -90,7 +90,7 @@ def progress_description(bar) -> str:
 def test_progress_shows_no_stale_or_nan_loss():
     from rich.console import Console
 
-    from clbench.progress import ContinualProgress
+    from clbench.engine.progress import ContinualProgress
 
     bar = ContinualProgress(2, console=Console(file=io.StringIO()), refresh_s=3600)
     trainer = SimpleNamespace(is_global_zero=True, current_epoch=0, num_training_batches=4)
@@ -139,7 +139,7 @@ def test_plugin_source_of_an_import_path_plugin(tmp_path, monkeypatch):
                                                 "sha256": hashlib.sha256(module.read_bytes()).hexdigest()}
 
 
-@pytest.mark.parametrize("name", ["naive", "ewc", "mlp", "digits-domains", "strategies.ewc:EWC", "adam", ""])
+@pytest.mark.parametrize("name", ["naive", "ewc", "mlp", "digits-domains", "clbench.strategies.ewc:EWC", "adam", ""])
 def test_built_ins_have_no_plugin_source(name):
     assert registry.plugin_source(name) is None
 
@@ -152,7 +152,7 @@ def test_file_plugins_get_the_same_module_name_in_every_process(tmp_path):
 
     plugin = tmp_path / "mine.py"
     plugin.write_text(PLUGIN)
-    code = (f"from clbench import registry; c = registry.resolve('strategies', {str(plugin) + ':Mine'!r}); "
+    code = (f"from clbench.plugins import registry; c = registry.resolve('strategies', {str(plugin) + ':Mine'!r}); "
             "print(c.__module__)")
     names = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()

@@ -1,6 +1,6 @@
 """No plugin checks one of its arguments by hand: ranges, allowed values and types are declared in
-the signature and checked by clbench.validation; what a signature cannot say is refused through
-clbench.validation.ArgumentError, which words the field path in one place.
+the signature and checked by clbench.config.validation; what a signature cannot say is refused through
+clbench.config.validation.ArgumentError, which words the field path in one place.
 
 The scan reads the source (ast), so it holds for every plugin file, tested or not. It flags:
 
@@ -44,12 +44,12 @@ def _plugin_files() -> list[Path]:
     the GGUF weights' module (the causal LM's paths). Layers the factories assemble (the grow
     strategy's MLP surgery, the ViT-MoE's routers) keep their ValueError preconditions, as
     torch's own layers do: a factory's signature is where a config's value is checked."""
-    from clbench import registry
+    from clbench.plugins import registry
 
     files = {_module_file(target.split(":")[0]) for kind in KINDS for target in registry.available(kind).values()}
     for folder in ("strategies", "benchmarks"):
         files |= {path for path in (ROOT / folder).glob("*.py") if path.name != "grow_layers.py"}
-    files.add(_module_file("clbench.lm.gguf_checkpoints", "clbench.models.lm.gguf"))
+    files.add(_module_file("clbench.models.lm.gguf", "clbench.models.lm.gguf"))
     return sorted({path.resolve() for path in files if path is not None and path.resolve().is_relative_to(ROOT)})
 
 
@@ -162,7 +162,7 @@ def test_no_plugin_checks_an_argument_by_hand(path):
     source = path.read_text(encoding="utf-8")
     assert [c for c in single_argument_checks(source) if _condition(c) not in KEPT] == [], \
         "declare the range in the signature (Annotated[int, Field(ge=1)], Literal[...]) instead"
-    assert handwritten_paths(source) == [], "refuse through clbench.validation.ArgumentError(component, field, ...)"
+    assert handwritten_paths(source) == [], "refuse through clbench.config.validation.ArgumentError(component, field, ...)"
 
 
 @pytest.mark.parametrize("check", [

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from clbench import pretrain
-from clbench.config import resolve_config
+from clbench.engine import pretrain
+from clbench.config.load import resolve_config
 from clbench.errors import UserError
-from clbench.runner import run
-from clbench.streams import ordered_experiences
+from clbench.engine.runner import run
+from clbench.data.streams import ordered_experiences
 from helpers import crash_at, tiny_config
 
 PRETRAIN = {"fraction": 0.2, "epochs": 2}
 
 
 def _experiences():
-    from benchmarks.digits import digits_domains
+    from clbench.benchmarks.digits import digits_domains
 
     return ordered_experiences(digits_domains(domains=["rot0", "rot90", "rot180"]), "default")
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from helpers import crash_at, tiny_config
 
-from clbench.data import ArrayDataset
+from clbench.data.datasets import ArrayDataset
 from clbench.errors import UserError
-from clbench.vision import vit_moe
-from clbench.vision.prototype import PrototypeRouter, PrototypeViT, patch_stats
+from clbench.models.vision import vit_moe
+from clbench.models.vision.prototype import PrototypeRouter, PrototypeViT, patch_stats
 
 TINY = dict(patch_size=4, embed_dim=32, depth=4, num_heads=4, mlp_ratio=2.0)
 SHAPE = (1, 8, 8)
@@ -172,8 +172,8 @@ def test_arguments_that_do_not_apply_are_refused():
 
 
 def test_a_runner_run_records_per_domain_utilization_in_result_json_and_resumes(tmp_path, monkeypatch):
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     args = {**TINY, "label": "Prototype router"}
     cfg = resolve_config(tiny_config(model={"class_path": "vit_moe", "init_args": args}))

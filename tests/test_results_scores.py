@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import pytest
 
 from clbench.api import RunResult
-from clbench.config import resolve_config
+from clbench.config.load import resolve_config
 from clbench.errors import UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.rescore import expected_scores
 from clbench.metrics.derive import derive_scores
-from clbench.record import Status, single_stage
-from clbench.results import assemble
+from clbench.results.record import Status, single_stage
+from clbench.results.assemble import assemble
 
 
 def fake_run(strategy: str, *, single_stage: bool, columns: int = 2):

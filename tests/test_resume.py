@@ -1,7 +1,7 @@
 """Crash and resume: a run SIGKILLed anywhere and resumed gives the uninterrupted result exactly.
 
 Real ``clbench run`` processes are killed with SIGKILL (no cleanup runs, as with an OOM kill
-or preemption) at the points ``CLBENCH_TEST_KILL_AT`` names (:mod:`clbench.faults`): in the
+or preemption) at the points ``CLBENCH_TEST_KILL_AT`` names (:mod:`clbench.engine.faults`): in the
 middle of an experience's training, during its evaluation, halfway through writing a
 checkpoint and halfway through writing ``result.json``. Each is resumed with ``--resume`` and
 compared with an uninterrupted run: R matrix, per-epoch matrices, scores and the TensorBoard
@@ -47,7 +47,7 @@ def _cli(args: list[str], kill_at: str | None = None) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if k != "CLBENCH_TEST_KILL_AT"}
     if kill_at:
         env["CLBENCH_TEST_KILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "clbench.cli.main", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -255,7 +255,7 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(runs, reference):
     out = runs["root"] / "interrupted-by-sigint"
     args = ["run", "--config", str(runs["config"]), "--output", str(out), "--no-progress"]
     env = {**os.environ, "CLBENCH_TEST_KILL_AT": "stage:1:step:3", "CLBENCH_TEST_KILL_SIGNAL": "INT"}
-    proc = subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=REPO, env=env, text=True,
+    proc = subprocess.run([sys.executable, "-m", "clbench.cli.main", *args], cwd=REPO, env=env, text=True,
                           capture_output=True, timeout=300, preexec_fn=default_sigint)
     stderr = proc.stderr
     assert proc.returncode == 130, stderr
@@ -280,9 +280,9 @@ class _Crash(Exception):
 def test_every_strategy_state_survives_a_crash(strategy, tmp_path, monkeypatch):
     """Fisher matrices, teacher weights, episodic memories: crashed in the third experience,
     resumed from the checkpoint after the second, the result is the uninterrupted one."""
-    from clbench import faults
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.engine import faults
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     cfg = resolve_config(tiny_config(strategy=strategy, train={"epochs": 2, "batch_size": 32}))
     reference = run(cfg, tmp_path / "reference")
@@ -302,9 +302,9 @@ def test_every_strategy_state_survives_a_crash(strategy, tmp_path, monkeypatch):
 
 
 def test_a_strategy_state_that_cannot_be_checkpointed_is_refused_at_the_first_save(tmp_path):
-    from clbench.config import resolve_config
+    from clbench.config.load import resolve_config
     from clbench.errors import UserError
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     plugin = tmp_path / "numpy_state.py"
     plugin.write_text(
@@ -323,8 +323,8 @@ def test_a_strategy_state_that_cannot_be_checkpointed_is_refused_at_the_first_sa
 def test_a_resume_under_another_thread_count_is_refused_naming_both(tmp_path, monkeypatch, capsys):
     """The result records one thread count (CPU numbers depend on it): a resume under another
     is refused, one line naming both values and the fix, and the checkpoint is left as it was."""
-    from clbench.cli import main
-    from clbench.config import resolve_config
+    from clbench.cli.main import main
+    from clbench.config.load import resolve_config
     from helpers import crash_at
 
     config = tmp_path / "config.yaml"

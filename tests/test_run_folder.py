@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clbench.cli import main
+from clbench.cli.main import main
 from clbench.lease import Lease
-from clbench.outputs import RESULT, RUN_LOCK
+from clbench.engine.outputs import RESULT, RUN_LOCK
 from helpers import REPO, tiny_config
 
 
@@ -35,7 +35,7 @@ def _one_error_line(text: str) -> str:
 def test_two_simultaneous_runs_into_one_folder_one_succeeds_the_other_is_refused(tmp_path):
     config, out = _config(tmp_path), tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-m", "clbench.cli", "run", "-c", str(config), "-o", str(out),
+    procs = [subprocess.Popen([sys.executable, "-m", "clbench.cli.main", "run", "-c", str(config), "-o", str(out),
                                "--no-progress", f"seed={seed}"], cwd=tmp_path, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for seed in (1, 2)]
     outputs = [p.communicate(timeout=300) for p in procs]
@@ -120,8 +120,8 @@ def _free_bytes(folder: Path) -> int:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> tuple[Path, list, int]:
     """The config, its uninterrupted R, and the size of its checkpoint after one experience."""
-    from clbench.config import load_config
-    from clbench.outputs import CHECKPOINT
+    from clbench.config.load import load_config
+    from clbench.engine.outputs import CHECKPOINT
     from helpers import crash_at
 
     root = tmp_path_factory.mktemp("disk")
@@ -137,7 +137,7 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, list, int]:
 def test_a_full_disk_stops_the_run_with_one_line_and_resume_gives_the_uninterrupted_r(tmp_path, monkeypatch,
                                                                                       capsys, disk, uninterrupted):
     from clbench import io
-    from clbench.outputs import CHECKPOINT
+    from clbench.engine.outputs import CHECKPOINT
 
     cfg_path, reference, checkpoint_size = uninterrupted
     disk_dir = tmp_path / "disk"

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from clbench.config import resolve_config
-from clbench.runner import run
+from clbench.config.load import resolve_config
+from clbench.engine.runner import run
 from helpers import tiny_config
 
 

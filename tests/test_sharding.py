@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
 
 def shard_batches(n: int, world: int, rank: int, batch: int = 2) -> list:
-    from clbench.data import ArrayDataset, run_loader
+    from clbench.data.datasets import ArrayDataset, run_loader
 
     data = ArrayDataset(torch.arange(n, dtype=torch.float32)[:, None], torch.arange(n))
     cfg = {"train": {"batch_size": batch, "eval_batch_size": batch, "num_workers": 0}, "trainer": {}}
@@ -23,7 +23,7 @@ def shard_batches(n: int, world: int, rank: int, batch: int = 2) -> list:
 
 
 def test_every_evaluation_shard_is_padded_to_the_largest_and_scores_each_sample_once():
-    from clbench.data import Padding
+    from clbench.data.datasets import Padding
 
     for n, world, batch in [(5, 2, 2), (7, 3, 2), (9, 4, 2), (8, 2, 4), (0, 2, 2)]:
         shards = [shard_batches(n, world, rank, batch) for rank in range(world)]
@@ -43,11 +43,11 @@ def test_padding_batches_change_no_score_routing_record_or_generation():
     import lightning.pytorch as pl
     from test_strategies_llm import lm, stream
 
-    from clbench.data import LockstepLoader, make_loader
-    from clbench.module import ContinualModule
+    from clbench.data.datasets import LockstepLoader, make_loader
+    from clbench.engine.module import ContinualModule
     from clbench.objectives.causal_lm import CausalLanguageModeling
-    from clbench.streams import StreamSpec
-    from strategies.moe_lora import LoRAMoE
+    from clbench.data.streams import StreamSpec
+    from clbench.strategies.moe_lora import LoRAMoE
 
     experiences = stream()
     model = lm()

@@ -11,16 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clbench.data import ArrayDataset, make_loader
+from clbench.data.datasets import ArrayDataset, make_loader
 from clbench.errors import UserError
-from clbench.streams import Experience
-from strategies.agem import AGEM, project
-from strategies.ewc import EWC, diagonal_fisher
-from strategies.lwf import LwF, distillation
-from strategies.replay import Replay, balanced_quotas, reservoir_update
+from clbench.data.streams import Experience
+from clbench.strategies.agem import AGEM, project
+from clbench.strategies.ewc import EWC, diagonal_fisher
+from clbench.strategies.lwf import LwF, distillation
+from clbench.strategies.replay import Replay, balanced_quotas, reservoir_update
 
 if TYPE_CHECKING:
-    from clbench.module import ContinualModule
+    from clbench.engine.module import ContinualModule
 
 pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
@@ -45,7 +45,7 @@ def tiny_model(dim: int = 4, classes: int = 4, seed: int = 0) -> nn.Module:
 
 
 def make_module(strategy, model=None, lr: float = 0.1) -> ContinualModule:
-    from clbench.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
+    from clbench.engine.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
 
     model = model if model is not None else tiny_model()
     return ContinualModule(model, strategy, num_classes=4, num_columns=1,
@@ -202,8 +202,8 @@ def test_class_balanced_keeps_a_uniform_sample_within_a_class():
 
 
 def test_replay_rejects_bad_settings():
-    """Ranges are declared in the signature and checked from the config (clbench.validation)."""
-    from clbench.build import check_init_args
+    """Ranges are declared in the signature and checked from the config (clbench.config.validation)."""
+    from clbench.plugins.build import check_init_args
 
     with pytest.raises(UserError, match=r"strategy.init_args.mem_size: mem_size must be >= 0, got -1"):
         check_init_args(Replay, {"mem_size": -1}, "strategy.init_args")
@@ -418,7 +418,7 @@ def test_ewc_fisher_samples_uses_a_seeded_subset():
 
 
 def test_ewc_automatic_chunks_shrink_with_the_model(monkeypatch):
-    import strategies.ewc as ewc_module
+    import clbench.strategies.ewc as ewc_module
 
     exp = make_experience(0, [0, 1, 2, 3] * 10)
     chunks = []
@@ -449,7 +449,7 @@ def test_ewc_state_round_trips():
 
 
 def test_ewc_rejects_bad_settings():
-    from clbench.build import check_init_args
+    from clbench.plugins.build import check_init_args
 
     for args, field in [({"mode": "both"}, "mode"), ({"gamma": 1.5}, "gamma"), ({"ewc_lambda": -1.0}, "ewc_lambda"),
                         ({"fisher_samples": 0}, "fisher_samples")]:
@@ -628,8 +628,8 @@ def test_agem_trains_with_a_memory_batch_every_step():
 # -- end to end ------------------------------------------------------------------------------
 def run_digits(strategy: str, init_args: dict | None = None, epochs: int = 1, seed: int = 0,
                domains: list[str] | None = None, hidden: int = 256) -> dict:
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     benchmark = {"class_path": "digits-domains", "init_args": {"domains": domains} if domains else {}}
     cfg = resolve_config({"seed": seed, "benchmark": benchmark,
@@ -666,9 +666,9 @@ class Interrupted(RuntimeError):
 def test_a_resumed_run_matches_an_uninterrupted_one(name, args, tmp_path):
     """Each strategy runs a digits stream, and the strategy state in the checkpoint is all a
     run needs to continue exactly after an interruption."""
-    from clbench import registry
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.plugins import registry
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     base = BASES[name]
     crash = {"at": None}

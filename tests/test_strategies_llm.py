@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers import LIGHTNING_NOISE, crash_at, tiny_config
 
-from clbench.data import make_loader
+from clbench.data.datasets import make_loader
 from clbench.errors import UserError
-from clbench.streams import Experience, StreamSpec
-from strategies.lora import (
+from clbench.data.streams import Experience, StreamSpec
+from clbench.strategies.lora import (
     SeqLoRA,
     activate,
     adapter_names,
@@ -23,7 +23,7 @@ from strategies.lora import (
     lora_config,
     lora_layers,
 )
-from strategies.o_lora import OLoRA, l2_loss, orthogonality_loss
+from clbench.strategies.o_lora import OLoRA, l2_loss, orthogonality_loss
 
 pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
@@ -33,7 +33,7 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "nu
 
 # -- helpers ---------------------------------------------------------------------------------
 def lm(seed: int = 0):
-    from clbench.lm.models import hf_causal_lm
+    from clbench.models.lm.causal_lm import hf_causal_lm
 
     torch.manual_seed(seed)
     return hf_causal_lm(architecture="qwen3", tokenizer="trace-mini", config=TINY)
@@ -55,7 +55,7 @@ def stream(n: int = 16) -> list[Experience]:
 
 
 def build(strategy, experiences, model=None, lr: float = 0.01):
-    from clbench.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
+    from clbench.engine.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
     from clbench.objectives.causal_lm import CausalLanguageModeling
 
     model = model if model is not None else lm()
@@ -100,8 +100,8 @@ def logits(module, experience) -> torch.Tensor:
 
 # -- seq_ft and seq_lora ---------------------------------------------------------------------
 def test_seq_ft_is_naive_under_its_llm_name():
-    from clbench import registry
-    from strategies.naive import Naive
+    from clbench.plugins import registry
+    from clbench.strategies.naive import Naive
 
     cls = registry.resolve("strategies", "seq_ft", where="test")
     assert issubclass(cls, Naive) and cls.supports_sharded and cls().hparams() == {}
@@ -129,7 +129,7 @@ def test_seq_lora_options_reach_peft_and_bad_ones_are_refused():
     layers = lora_layers(module.model)
     assert len(layers) == 1 and layers[0] is module.model.hf.model.layers[1].self_attn.k_proj
     assert layers[0].scaling["default"] == 3.0 and layers[0].r["default"] == 2
-    from clbench.build import check_init_args
+    from clbench.plugins.build import check_init_args
 
     for kwargs, field in [({"r": 0}, "r"), ({"alpha": 0}, "alpha"), ({"dropout": 1.0}, "dropout"),
                           ({"target_modules": "q_proj"}, "target_modules"), ({"target_modules": []}, "target_modules"),
@@ -253,7 +253,7 @@ def lora_model():
 
 
 def test_ewc_on_lora_estimates_and_penalises_only_the_adapter():
-    from strategies.ewc import EWC
+    from clbench.strategies.ewc import EWC
 
     experiences = stream(6)
     strategy = EWC(ewc_lambda=2.0)
@@ -283,7 +283,7 @@ def test_ewc_on_lora_estimates_and_penalises_only_the_adapter():
 
 
 def test_gem_on_lora_projects_adapter_gradients_of_text_batches():
-    from strategies.gem import GEM
+    from clbench.strategies.gem import GEM
 
     experiences = stream(8)
     strategy = GEM(patterns_per_experience=4, memory_strength=0.0, memory_batch_size=3)
@@ -313,7 +313,7 @@ def test_gem_on_lora_projects_adapter_gradients_of_text_batches():
 
 # -- through the runner ----------------------------------------------------------------------
 def lm_config(strategy: dict) -> dict:
-    from clbench.config import resolve_config
+    from clbench.config.load import resolve_config
 
     raw = tiny_config(benchmark={"class_path": "trace-mini",
                                  "init_args": {"tasks": ["FOMC", "NumGLUE-cm"], "n_train": 24, "n_test": 6}},
@@ -332,7 +332,7 @@ def lm_config(strategy: dict) -> dict:
                                       {"class_path": "gem", "init_args": {"patterns_per_experience": 6}}],
                          ids=lambda s: s["class_path"])
 def test_a_crashed_lm_run_resumes_to_the_same_generations(strategy, tmp_path, monkeypatch):
-    from clbench.runner import run
+    from clbench.engine.runner import run
 
     cfg = lm_config(strategy)
     reference = run(cfg, tmp_path / "reference")

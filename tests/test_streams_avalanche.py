@@ -11,9 +11,9 @@ import torch
 import yaml
 from torch.utils.data import TensorDataset
 
-from clbench.data import ArrayDataset, targets_of, unwrap
+from clbench.data.datasets import ArrayDataset, targets_of, unwrap
 from clbench.errors import UserError
-from clbench.streams import experience_names, ordered_experiences, spec_of
+from clbench.data.streams import experience_names, ordered_experiences, spec_of
 from helpers import run_cli
 
 

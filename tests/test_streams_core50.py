@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.core50 import CATEGORY_NAMES, NI_TEST_SESSIONS, NI_TRAIN_SESSIONS, NUM_OBJECTS, SESSIONS, core50
-from benchmarks.images import ImageArray, ImageFiles, NpzArray
+from clbench.benchmarks.core50 import CATEGORY_NAMES, NI_TEST_SESSIONS, NI_TRAIN_SESSIONS, NUM_OBJECTS, SESSIONS, core50
+from clbench.benchmarks.images import ImageArray, ImageFiles, NpzArray
 from clbench.errors import UserError
 from helpers import checked
-from clbench.fixtures import write_core50
-from clbench.streams import ordered_experiences, resolve_order
+from clbench.data.fixtures import write_core50
+from clbench.data.streams import ordered_experiences, resolve_order
 
 OBJECTS = [1, 2, 3, 6, 7, 11]  # categories 0, 0, 0, 1, 1, 2
 FRAMES = 5
@@ -157,7 +157,7 @@ def test_training_transform_is_random_and_evaluation_is_not(root):
 def test_augment_mapping_declares_every_augmentation():
     from dataclasses import fields
 
-    from benchmarks.images import Augment, AugmentOverrides
+    from clbench.benchmarks.images import Augment, AugmentOverrides
 
     assert list(AugmentOverrides.__annotations__) == [f.name for f in fields(Augment)]
     assert (SESSIONS[-1], NUM_OBJECTS) == (11, 50)  # the bounds Sessions and Objects declare

@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.digits import digits_dirichlet, digits_domains
-from benchmarks.dirichlet import dirichlet_split
-from clbench.data import targets_of
+from clbench.benchmarks.digits import digits_dirichlet, digits_domains
+from clbench.benchmarks.dirichlet import dirichlet_split
+from clbench.data.datasets import targets_of
 from clbench.errors import UserError
-from clbench.streams import ordered_experiences, resolve_order
+from clbench.data.streams import ordered_experiences, resolve_order
 
 
 def test_domains_are_avalanche_scenarios_with_metadata():

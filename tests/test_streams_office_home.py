@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmarks.images import ImageArray, ImageFiles, open_rgb
-from benchmarks.office_home import CLASSES, DOMAINS, FOLDER, office_home
+from clbench.benchmarks.images import ImageArray, ImageFiles, open_rgb
+from clbench.benchmarks.office_home import CLASSES, DOMAINS, FOLDER, office_home
 from clbench.errors import UserError
-from clbench.fixtures import write_office_home
-from clbench.streams import ordered_experiences
+from clbench.data.fixtures import write_office_home
+from clbench.data.streams import ordered_experiences
 from helpers import checked
 
 PER_CLASS = 5

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.trace import ORDERS, TASKS, TextRecords, read_split, trace, write_trace
-from benchmarks.trace_mini import generate, trace_mini
+from clbench.benchmarks.trace import ORDERS, TASKS, TextRecords, read_split, trace, write_trace
+from clbench.benchmarks.trace_mini import generate, trace_mini
 from clbench.errors import UserError
 from clbench.metrics.text import make_text_metric
-from clbench.streams import ordered_experiences, resolve_order
+from clbench.data.streams import ordered_experiences, resolve_order
 from helpers import checked
 
 N_TRAIN, N_EVAL, N_TEST = 30, 5, 12
@@ -244,17 +244,17 @@ def test_data_check_reads_a_trace_tree(tmp_path):
     import subprocess
     import sys
 
-    from benchmarks.trace import write_trace
-    from benchmarks.trace_mini import generate
+    from clbench.benchmarks.trace import write_trace
+    from clbench.benchmarks.trace_mini import generate
 
     root = write_trace(tmp_path / "TRACE", generate(tasks=["FOMC", "Py150"], n_train=4, n_eval=1, n_test=2))
-    ok = subprocess.run([sys.executable, "-m", "clbench.cli", "data", "check", "trace", "--root", str(root),
+    ok = subprocess.run([sys.executable, "-m", "clbench.cli.main", "data", "check", "trace", "--root", str(root),
                          "--json", "tasks=[FOMC, Py150]"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     summary = json.loads(ok.stdout)
     assert summary["objective"] == "causal_lm" and [e["train"] for e in summary["experiences"]] == [4, 4]
     (root / "FOMC" / "test.json").write_text(json.dumps([{"prompt": "x"}]))
-    bad = subprocess.run([sys.executable, "-m", "clbench.cli", "data", "check", "trace", "--root", str(root),
+    bad = subprocess.run([sys.executable, "-m", "clbench.cli.main", "data", "check", "trace", "--root", str(root),
                           "tasks=[FOMC, Py150]"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "FOMC/test.json" in bad.stderr and "record 0" in bad.stderr

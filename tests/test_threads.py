@@ -5,7 +5,7 @@ import json
 import pytest
 from helpers import run_cli, tiny_config
 
-from clbench.commands.run import auto_threads
+from clbench.cli.run import auto_threads
 
 
 def test_threads_option_sets_torch_threads_and_is_recorded(tmp_path, write_yaml):

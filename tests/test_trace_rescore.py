@@ -1,4 +1,4 @@
-"""Rescoring recorded TRACE generations both ways (benchmarks.trace_rescore)."""
+"""Rescoring recorded TRACE generations both ways (clbench.benchmarks.trace_rescore)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.trace_rescore import main, rescore
+from clbench.benchmarks.trace_rescore import main, rescore
 from clbench.metrics.text import TEXT_METRICS, TRACE_TASK_METRICS, trace_score
 
 ROWS = {"FOMC": [("Answer: A", "A ", "A"), ("Answer: B", "B", "B"), ("Answer: C", "c", "C"), ("Answer: A", "", "A")],

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clbench import registry
-from clbench.build import build_strategy, optimizer_factory, preflight
-from clbench.config import blame_overrides, load_config, read_yaml, resolve_config
+from clbench.plugins import registry
+from clbench.plugins.build import build_strategy, optimizer_factory, preflight
+from clbench.config.load import blame_overrides, load_config, read_yaml, resolve_config
 from clbench.errors import UserError
 from helpers import REPO, run_cli, tiny_config
 
@@ -57,8 +57,8 @@ def test_negative_permutation_seed_is_refused():
 
 
 def test_negative_permutation_seed_is_refused_by_the_stream_too():
-    from benchmarks.digits import digits_domains
-    from clbench.streams import resolve_order
+    from clbench.benchmarks.digits import digits_domains
+    from clbench.data.streams import resolve_order
 
     with pytest.raises(UserError, match="order: a permutation's seed must be >= 0"):
         resolve_order(digits_domains(), {"permutation": -3})
@@ -179,12 +179,12 @@ def test_plugin_init_raising_names_its_own_line(tmp_path):
 
 def test_harness_bug_keeps_its_traceback(monkeypatch):
     """Only plugins' exceptions become one-line errors: the harness's own are bugs."""
-    from clbench import build
+    from clbench.plugins import build
 
     def broken():
         raise RuntimeError("a bug")
 
-    broken.__module__ = "clbench.something"
+    broken.__module__ = build.__name__  # as if defined in the harness's own code
     with pytest.raises(RuntimeError, match="a bug"):
         build._call(broken, {}, "cfg.yaml: strategy.init_args", "cfg.yaml")
 
@@ -201,7 +201,7 @@ def test_plugin_init_raising_through_the_cli_is_one_line(tmp_path):
 
 
 def test_compare_json_destination_problems_are_one_line(tmp_path, capsys):
-    from clbench.cli import main
+    from clbench.cli.main import main
 
     board = REPO / "leaderboard"
     a_file = tmp_path / "note.txt"
@@ -214,7 +214,7 @@ def test_compare_json_destination_problems_are_one_line(tmp_path, capsys):
 
 
 def test_compare_json_into_a_missing_folder_creates_it(tmp_path, capsys):
-    from clbench.cli import main
+    from clbench.cli.main import main
 
     target = tmp_path / "new" / "deeper" / "compare.json"
     assert main(["compare", str(REPO / "leaderboard"), "--json", str(target)]) == 0

@@ -8,10 +8,10 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from clbench import auxiliary
-from clbench.vision import vit_moe
-from clbench.vision.moe import MoEMLP
-from clbench.vision.routers import EMACentroidRouter, SwitchRouter, balance_loss, repulsion
+from clbench.models import auxiliary
+from clbench.models.vision import vit_moe
+from clbench.models.vision.moe import MoEMLP
+from clbench.models.vision.routers import EMACentroidRouter, SwitchRouter, balance_loss, repulsion
 
 TINY = dict(patch_size=4, embed_dim=32, depth=4, num_heads=4, mlp_ratio=2.0)
 SHAPE = (1, 8, 8)
@@ -189,8 +189,8 @@ def test_learning_rate_multipliers_scale_each_experts_adam_step():
 
 @pytest.mark.parametrize("router", ["switch", "ema_centroid"])
 def test_utilization_rows_sum_to_one_per_domain_in_a_runner_run(router):
-    from clbench.config import resolve_config
-    from clbench.runner import run
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
 
     args = {**TINY, "moe_blocks": [2, 3], "num_experts": 4, "router": router}
     cfg = resolve_config(tiny_config(model={"class_path": "vit_moe", "init_args": args}))
@@ -209,7 +209,7 @@ def test_utilization_rows_sum_to_one_per_domain_in_a_runner_run(router):
 def test_the_thesis_suite_names_the_thesis_labels_and_passes_preflight():
     from clbench.leaderboard.suite import load_suite, preflight
 
-    from clbench.vision.vit_moe import LABELS
+    from clbench.models.vision.vit_moe import LABELS
 
     suite = load_suite("configs/suites/thesis.yaml")
     preflight(suite)

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clbench.config import resolve_config
+from clbench.config.load import resolve_config
 from clbench.errors import UserError
 from clbench.objectives.classification import DEFAULT_CAP, Classification, inverse_frequency
-from clbench.runner import run
-from clbench.streams import Experience, StreamSpec
+from clbench.engine.runner import run
+from clbench.data.streams import Experience, StreamSpec
 from helpers import checked, tiny_config
 
 WEIGHTED = {"class_path": "classification", "init_args": {"class_weights": {"alpha": "auto", "cap": 4}}}
@@ -23,9 +23,9 @@ DIRICHLET = {"class_path": "digits-dirichlet", "init_args": {"num_experiences": 
 
 def balanced_stream():
     """Two digits domains with exactly 60 training samples of every class (a test benchmark)."""
-    from benchmarks.digits import load_digits_split
-    from clbench.data import ArrayDataset
-    from clbench.streams import build_scenario
+    from clbench.benchmarks.digits import load_digits_split
+    from clbench.data.datasets import ArrayDataset
+    from clbench.data.streams import build_scenario
 
     x_tr, y_tr, x_te, y_te = load_digits_split(0.25, 0)
     keep = torch.cat([torch.nonzero(y_tr == c).flatten()[:60] for c in range(10)])
@@ -58,7 +58,7 @@ def test_the_cap_bounds_every_weight_and_absent_classes_get_it():
 
 
 def _objective(class_weights, labels, num_classes=3) -> Classification:
-    from clbench.data import ArrayDataset
+    from clbench.data.datasets import ArrayDataset
 
     objective = Classification(class_weights=class_weights)
     data = ArrayDataset(torch.zeros(len(labels), 1), torch.tensor(labels))

@@ -27,7 +27,7 @@ from typing import Any
 from clbench.errors import UserError, did_you_mean
 from clbench.leaderboard.table import BenchmarkTable, Row, arrow, build_tables, number
 from clbench.metrics.score_registry import TABLE_SCORES, percent
-from clbench.record import Status
+from clbench.results.record import Status
 
 MIN_PAIRS = 3
 

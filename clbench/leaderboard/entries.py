@@ -1,6 +1,6 @@
 """Leaderboard entries: one JSON file per run, named by the hash of its resolved config.
 
-An entry is the runner's result (``result.json``, see :mod:`clbench.runner`) with the fields a
+An entry is the runner's result (``result.json``, see :mod:`clbench.engine.runner`) with the fields a
 leaderboard needs on top: ``entry_schema``, ``status``/``error``, ``harness`` (version and git
 commit), ``execution`` (torch threads), ``suite``, ``created_at`` and ``content_hash``. A
 failed run keeps the same identifying fields (config, hash, names, seed, order, environment)
@@ -31,9 +31,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from clbench.config import SCHEMA_VERSION, canonical_json, config_hash, order_label
+from clbench.config.load import SCHEMA_VERSION, canonical_json, config_hash, order_label
 from clbench.errors import UserError
-from clbench.record import Status
+from clbench.results.record import Status
 
 ENTRY_SCHEMA = 1
 ENTRIES_DIR = "entries"

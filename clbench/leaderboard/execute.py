@@ -57,7 +57,7 @@ from clbench.leaderboard.entries import (check_entry_names, entry_from_result, e
 from clbench.leaderboard.lock import CellLock
 from clbench.leaderboard.manifest import MANIFEST, manifest_hashes, read_manifest  # noqa: F401 - re-exported
 from clbench.leaderboard.suite import RunSpec, Suite, preflight
-from clbench.record import Status
+from clbench.results.record import Status
 
 RUNS_DIR = "runs"
 POLL_SECONDS = 1.0  # how often a process waiting for another's grid points looks again
@@ -129,7 +129,7 @@ def _wanted(entry: dict, retry_failed: bool) -> bool:
 
 def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[dict, bool]:
     """Run (or resume, unless ``fresh``) one grid point in ``workdir``; returns (result, resumed)."""
-    from clbench.runner import CHECKPOINT, run
+    from clbench.engine.runner import CHECKPOINT, run
 
     if not fresh and (workdir / CHECKPOINT).is_file():
         try:
@@ -192,12 +192,12 @@ def check_clean(output: str | Path) -> None:
     "Of clbench's own repository": ``output`` (or its nearest existing parent) is in the git work
     tree the running clbench package was imported from, where its entries could be committed
     beside code that never made them. "Uncommitted code": a tracked code file of that tree
-    (:data:`clbench.provenance.CODE_PATHS`) changed, staged or not; the leaderboard's own files
+    (:data:`clbench.results.provenance.CODE_PATHS`) changed, staged or not; the leaderboard's own files
     (entries, pages) are no code. Folders elsewhere (a scratch folder, a test's temporary folder,
     another repository) and clbench installed without git are not checked; their entries still
     record ``env.git_dirty``.
     """
-    from clbench.provenance import code_repo, repo_of, uncommitted_files
+    from clbench.results.provenance import code_repo, repo_of, uncommitted_files
 
     repo = code_repo()
     if repo is None or repo_of(output) != repo:
@@ -251,7 +251,7 @@ def run_cell(suite_path: str | Path, output: str | Path, digest: str, *, seen: s
     from rich.console import Console
 
     from clbench.leaderboard.suite import load_suite
-    from clbench.runner import environment
+    from clbench.engine.runner import environment
 
     console = console or Console()
     suite, output = load_suite(suite_path), Path(output)
@@ -290,7 +290,7 @@ def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
     import torch
     from rich.console import Console
 
-    from clbench.runner import environment
+    from clbench.engine.runner import environment
 
     config = entry["config"]
     spec = RunSpec(index=0, config=config, hash=entry["config_hash"], benchmark=entry["benchmark"]["name"],
@@ -351,7 +351,7 @@ class _Grid:
         from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from clbench.runner import environment
+        from clbench.engine.runner import environment
 
         self.env = environment()
         self.total = len(todo)

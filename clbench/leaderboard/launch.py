@@ -144,7 +144,7 @@ class _Local:
     def run(self, todo: list[RunSpec], *, progress: bool) -> None:
         import torch
 
-        from clbench.runner import environment
+        from clbench.engine.runner import environment
 
         self.env = environment()
         runs = self.output / RUNS_DIR

@@ -30,7 +30,7 @@ from clbench.leaderboard.manifest import manifest_hashes, read_manifest
 from clbench.leaderboard.table import (RANK_BY, BenchmarkTable, arrow, build_tables, fmt, made_dirty, number,
                                       runs_cell, scoring)
 from clbench.metrics.score_registry import title as score_title
-from clbench.record import Status
+from clbench.results.record import Status
 
 README = "README.md"
 INDEX = "index.html"
@@ -394,7 +394,7 @@ RECALL_MISSING = ("These entries do not record per-class recall (recall_final, w
 
 def render_run_page(table: BenchmarkTable, row) -> str:
     """A row's page: its runs' R-matrix heatmaps, final per-class recall and expert utilization."""
-    from clbench.plots import r_matrix_figure, routing_layers, utilization_figure
+    from clbench.results.plots import r_matrix_figure, routing_layers, utilization_figure
 
     title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
     runs = _runs(table, row)

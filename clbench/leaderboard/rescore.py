@@ -82,7 +82,7 @@ def expected_scores(entry: dict, where: str) -> tuple[dict[str, float | None], f
     the run computed them), and which of them a single-stage run may omit."""
     from clbench.metrics.derive import derive_scores
     from clbench.metrics.scores import SCORE_KEYS
-    from clbench.record import single_stage
+    from clbench.results.record import single_stage
 
     _, higher = r_direction(entry, where)
     r = _r_matrix(entry, where)

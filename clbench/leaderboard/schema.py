@@ -2,7 +2,7 @@
 
 :func:`~clbench.leaderboard.entries.verify_entry` validates every entry it reads against
 :class:`Entry` (any status) or :class:`OkEntry` (a finished run), so that a reader never meets a
-missing field, a status outside :class:`~clbench.record.Status` or a field of the wrong type
+missing field, a status outside :class:`~clbench.results.record.Status` or a field of the wrong type
 (a seed that is not an integer, a strategy without a name) as a traceback. The numbers of an
 ok entry (``r_matrix``, ``r_init``, ``scores``, ``matrices``, ...) are checked, and every score
 recomputed, by :mod:`~clbench.leaderboard.rescore`. Fields not named here are allowed and kept
@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from clbench.errors import UserError
-from clbench.record import Status
+from clbench.results.record import Status
 
 
 class _Open(BaseModel):

@@ -239,7 +239,7 @@ class _Cluster:
     def _died(self, spec: RunSpec, record: dict, why: str, job) -> tuple[str, str]:
         from rich.markup import escape
 
-        from clbench.runner import environment
+        from clbench.engine.runner import environment
 
         if self.env is None:
             self.env = environment()

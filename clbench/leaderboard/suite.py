@@ -15,7 +15,7 @@
       logging: {tensorboard: false}
 
 Each grid point (benchmark x model x strategy x order x seed) becomes ``base`` with the
-point's five fields laid over it, resolved by :func:`clbench.config.resolve_config`, so a run
+point's five fields laid over it, resolved by :func:`clbench.config.load.resolve_config`, so a run
 in a suite is exactly the run ``clbench run`` would make from the same config and has the
 same hash. A benchmark item may carry its own ``orders`` (orders given as experience names
 only make sense for one stream). A strategy item may carry ``model_args``, laid over every
@@ -24,9 +24,9 @@ LoRA) beside one that trains the whole model, in one grid. Every mistake is repo
 line naming the suite file and the field (``suite.yaml: strategies[2].init_args.mem_size``).
 
 The file's fields are checked by pydantic models (:class:`SuiteFile`) through the mechanism
-that checks a run config (:func:`clbench.validation.check_fields`), and the parts that are run
+that checks a run config (:func:`clbench.config.validation.check_fields`), and the parts that are run
 config (``base``, every cell, each order) by the run config's own models
-(:mod:`clbench.config_schema`): a suite cannot accept what ``clbench run`` would refuse.
+(:mod:`clbench.config.schema`): a suite cannot accept what ``clbench run`` would refuse.
 
 ``threads`` sets torch's intra-op CPU threads for the suite's runs. It is not part of any run
 config (it does not say what is computed), but it is recorded in every entry: on a small
@@ -48,10 +48,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from clbench.config import config_hash, deep_merge, order_label, read_yaml, resolve_config
-from clbench.config_schema import Count, Named, NonNegative, Order, Section
+from clbench.config.load import config_hash, deep_merge, order_label, read_yaml, resolve_config
+from clbench.config.schema import Count, Named, NonNegative, Order, Section
 from clbench.errors import UserError, did_you_mean
-from clbench.validation import check_fields, refuse
+from clbench.config.validation import check_fields, refuse
 
 # Run-config fields the grid sets; ``base`` may not set them too.
 GRID_FIELDS = {"seed": "seeds", "benchmark": "benchmarks", "model": "models", "strategy": "strategies",
@@ -136,7 +136,7 @@ class Launchers(Section):
 
 class SuiteFile(Section):
     """A suite file. ``base`` is a partial run config, checked by the run config's own models
-    (:func:`clbench.config.resolve_config`), as is every cell of the grid."""
+    (:func:`clbench.config.load.resolve_config`), as is every cell of the grid."""
 
     name: Annotated[str, AfterValidator(_suite_name)]
     description: str | None = None
@@ -212,7 +212,7 @@ def _looks_like_path(name: str) -> bool:
 def _component(item: Any, where: str, kind: str, extra: tuple[str, ...] = ()) -> dict:
     """A checked item (``name`` or ``{class_path, init_args}``) -> a component mapping; short
     names must be registered."""
-    from clbench.registry import SINGULAR, available
+    from clbench.plugins.registry import SINGULAR, available
 
     if isinstance(item, str):
         item = {"class_path": item}
@@ -289,10 +289,10 @@ def preflight(suite: Suite) -> None:
 
     import lightning.pytorch as pl
 
-    from clbench import registry
-    from clbench.build import check_init_args, optimizer_factory
+    from clbench.plugins import registry
+    from clbench.plugins.build import check_init_args, optimizer_factory
     from clbench.strategy import Strategy
-    from clbench.trainer import RESERVED_TRAINER_ARGS
+    from clbench.engine.trainer import RESERVED_TRAINER_ARGS
 
     source = str(suite.path)
     provided = {"benchmarks": (), "models": ("num_classes", "input_shape"), "strategies": ()}
@@ -320,9 +320,9 @@ def _check_orders(suite: Suite) -> None:
     stream (a named order of the benchmark's own, a list of experience names) needs the stream
     built: once per benchmark, and only then; ``default``, ``reverse`` and permutations suit
     every stream."""
-    from clbench.build import build_benchmark
-    from clbench.config import canonical_json
-    from clbench.streams import resolve_order
+    from clbench.plugins.build import build_benchmark
+    from clbench.config.load import canonical_json
+    from clbench.data.streams import resolve_order
 
     source = str(suite.path)
     streams: dict[str, Any] = {}

@@ -24,11 +24,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from clbench.config import canonical_json
+from clbench.config.load import canonical_json
 from clbench.errors import UserError
 from clbench.metrics.score_registry import CORE_SCORES, RANK_BY, TABLE_SCORES, higher_is_better, percent, title
-from clbench.record import Status
-from clbench.registry import display_name
+from clbench.results.record import Status
+from clbench.plugins.registry import display_name
 
 # Score columns, titles, units and directions: clbench.metrics.score_registry.
 SCORES = TABLE_SCORES

@@ -13,7 +13,7 @@ ones. One verdict per entry:
 * ``cannot rerun: why``: the run was made from uncommitted code (``env.git_dirty``: that code
   cannot be found again), it is a failed run (nothing to compare), it needs a GPU this machine
   lacks, the rerun stopped on bad input (e.g. a data root that is not here), or, with
-  ``same_code``, it was made by a commit whose code (:data:`~clbench.provenance.CODE_PATHS`)
+  ``same_code``, it was made by a commit whose code (:data:`~clbench.results.provenance.CODE_PATHS`)
   differs from the checkout's.
 
 By default an entry made by another commit is still rerun with the checked-out code: the
@@ -37,7 +37,7 @@ from typing import Iterator
 
 from clbench.errors import UserError
 from clbench.leaderboard.entries import ENTRIES_DIR, check_entry_names, entries_dir, read_entry
-from clbench.record import Status
+from clbench.results.record import Status
 
 OK, DIFFERS, CANNOT = "ok", "differs", "cannot rerun"
 
@@ -185,7 +185,7 @@ class Verifier:
     """Verify entries one at a time against the checked-out code (see the module notes)."""
 
     def __init__(self, tolerance: float = 0.0, same_code: bool = False):
-        from clbench.provenance import code_repo, head_commit
+        from clbench.results.provenance import code_repo, head_commit
 
         if not (tolerance >= 0 and math.isfinite(tolerance)):
             raise UserError(f"expected a finite number >= 0, got {tolerance}", where="--tolerance",
@@ -196,7 +196,7 @@ class Verifier:
 
     def _commit_note(self, made_by: str | None) -> tuple[str | None, str | None]:
         """(note for the verdict, reason it cannot be rerun under ``same_code``) about the commit that made it."""
-        from clbench.provenance import code_changes
+        from clbench.results.provenance import code_changes
 
         if made_by == self.head and made_by is not None:
             return None, None

@@ -1,6 +1,6 @@
 """The scores a result stores, derived from the matrices it stores: one function for the run and re-scoring.
 
-:func:`derive_scores` is what :func:`clbench.results.assemble` writes into ``result.json`` and
+:func:`derive_scores` is what :func:`clbench.results.assemble.assemble` writes into ``result.json`` and
 what :mod:`clbench.leaderboard.rescore` expects an entry to hold, so a score can be traced to
 its formula in one hop and the two can never disagree:
 

@@ -13,8 +13,8 @@ from clbench.metrics import routing
 if TYPE_CHECKING:
     from torchmetrics import Metric
 
-    from clbench.module import ContinualModule
-    from clbench.streams import Experience, StreamSpec
+    from clbench.engine.module import ContinualModule
+    from clbench.data.streams import Experience, StreamSpec
 
 
 class Objective:

@@ -58,7 +58,7 @@ from torch import Tensor
 from clbench.errors import UserError
 from clbench.metrics import routing
 from clbench.objectives.base import Objective
-from clbench.validation import ArgumentError
+from clbench.config.validation import ArgumentError
 
 Tokens = Annotated[int, Field(ge=1)]  # a number of generated tokens
 
@@ -271,7 +271,7 @@ class CausalLanguageModeling(Objective):
         stripped; ``raw``: decoded as TRACE's inference does (no clean-up of tokenization
         spaces, nothing stripped). With sharded parameters every rank keeps decoding
         (``synced_gpus``) until all are done."""
-        from clbench.sharding import is_sharded
+        from clbench.engine.sharding import is_sharded
 
         tok = self.tokenizer
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
@@ -339,7 +339,7 @@ class CausalLanguageModeling(Objective):
     def end_evaluation(self) -> None:
         """Under data parallelism, every process gets every process's generations, in dataset
         order: the evaluation shards are interleaved (sample ``i`` of rank ``r`` is the test
-        set's ``r + i * world_size``; :func:`clbench.data.run_loader`), so they are merged the same way."""
+        set's ``r + i * world_size``; :func:`clbench.data.datasets.run_loader`), so they are merged the same way."""
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

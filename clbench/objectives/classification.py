@@ -32,7 +32,7 @@ from torch import Tensor
 from typing_extensions import TypedDict
 
 from clbench.objectives.base import Objective
-from clbench.validation import ArgumentError, mapping_argument
+from clbench.config.validation import ArgumentError, mapping_argument
 
 #: The default largest class weight (the thesis caps weights but does not say at what).
 DEFAULT_CAP = 10.0
@@ -128,7 +128,7 @@ class Classification(Objective):
         if alpha != "auto":
             weights = torch.tensor(alpha, dtype=torch.float32)
             return weights.clamp(max=cap) if cap is not None else weights
-        from clbench.data import targets_of
+        from clbench.data.datasets import targets_of
 
         try:
             return inverse_frequency(targets_of(dataset), self.num_classes, cap)

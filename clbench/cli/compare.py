@@ -1,0 +1,61 @@
+"""``clbench compare [DIR]``: strategies across task orders (per-order scores, tau, paired test)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from clbench.cli.leaderboard import DEFAULT_OUTPUT
+from clbench.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="compare strategies across task orders: worst order, range, Kendall's tau, "
+                                       "paired test",
+                       description="Per benchmark: each strategy's score per task order, mean ± std over orders, "
+                                   "worst order and range; Kendall's tau between the per-order rankings; a paired "
+                                   "test between two strategies (default: the two best).")
+    p.add_argument("dir", nargs="?", default=DEFAULT_OUTPUT, help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
+    p.add_argument("--metric", "-m", default="acc", help="score to compare (default: acc)")
+    p.add_argument("--benchmark", help="one benchmark only")
+    p.add_argument("--a", help="first strategy of the paired test")
+    p.add_argument("--b", help="second strategy of the paired test")
+    p.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    p.set_defaults(handler=handle)
+
+
+def check_writable(path: str | Path, where: str) -> None:
+    """Refuse, before any work, a JSON destination that cannot be written: a folder, a path
+    through a file, or a place without write permission. Missing folders are created later."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a folder", where=where, fix=f"give a file name, e.g. {path / 'compare.json'}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"cannot write {path}: {parent} is a file, not a folder", where=where,
+                        fix="give a path inside a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {path}: no permission to write in {parent}", where=where,
+                        fix="give a path in a folder you can write to")
+
+
+def handle(args: argparse.Namespace) -> int:
+    from clbench.api import compare
+    from clbench.io import write_json
+    from clbench.leaderboard.compare import print_comparison
+
+    if args.json:
+        check_writable(args.json, "--json")
+    report = compare(args.dir, metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b)
+    print_comparison(report)
+    if args.json:
+        try:
+            write_json(args.json, report)  # creates missing folders
+        except OSError as err:
+            raise UserError(f"cannot write {args.json}: {err.strerror or err}", where="--json",
+                            fix="give a path in a folder you can write to") from None
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,98 @@
+"""``clbench run --config PATH --output DIR [key.path=value ...]``: one continual run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+# Below this many cores, one torch thread: on a small CPU that also does other work, extra
+# intra-op threads spin waiting for a core (a digits run was up to 30x slower with two).
+FEW_CORES = 4
+
+
+def _threads(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
+    return number
+
+
+def usable_cores() -> int:
+    """CPU cores this process may use: its affinity set, and physical cores where known."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        import psutil  # optional: tells physical cores from hyper-threads
+
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        physical = None
+    return max(1, min(cores, physical) if physical else cores)
+
+
+def local_processes(trainer: dict) -> int:
+    """Processes the run starts on this machine (one per device under data parallelism)."""
+    devices = (trainer or {}).get("devices")
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices
+    if isinstance(devices, (list, tuple)) and devices:
+        return len(devices)
+    return 1
+
+
+def auto_threads(trainer: dict, cores: int | None = None) -> int:
+    """1 on fewer than ``FEW_CORES`` cores, else the cores shared among the local processes."""
+    cores = usable_cores() if cores is None else cores
+    if cores < FEW_CORES:
+        return 1
+    return max(1, cores // local_processes(trainer))
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run one config through its stream and write DIR/result.json",
+                       description="Run one config; overrides like train.epochs=5 or "
+                                   "strategy.init_args.mem_size=500 may go before, between or after the options.")
+    p.intermixed = True
+    p.add_argument("--config", "-c", required=True, help="YAML run config")
+    p.add_argument("--output", "-o", required=True, help="output directory (result.json, tensorboard/, checkpoint)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run in --output")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument("--threads", type=_threads, default="auto", metavar="N",
+                   help="torch CPU threads per process (recorded as env.torch_threads; CPU results can "
+                        f"depend on it). Default 'auto': 1 on fewer than {FEW_CORES} usable cores, else the "
+                        "physical cores divided by trainer.devices. Resume with the same value.")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from clbench.config.load import blame_overrides, load_config
+    from clbench.errors import UserError
+
+    cfg = load_config(args.config, args.overrides)
+    import torch
+
+    torch.set_num_threads(auto_threads(cfg["trainer"]) if args.threads == "auto" else args.threads)
+    from clbench.engine.runner import run  # heavy imports only once the config is known to be valid
+
+    try:
+        result = run(cfg, Path(args.output), source=args.config, resume=args.resume, overwrite=args.overwrite,
+                     progress=False if args.no_progress else None)
+    except UserError as err:  # a component's check of a value the command line set: blame the command line
+        raise blame_overrides(err, args.config, args.overrides) from None
+    from clbench.engine.outputs import launched_as_rank_zero
+
+    if launched_as_rank_zero():  # only the global rank 0 reports
+        from clbench.results.report import print_result
+
+        print_result(result, Path(args.output))
+    return 0

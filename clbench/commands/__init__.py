@@ -1,1 +1,0 @@
-"""Subcommands of ``clbench``: one module each, exposing ``register(subparsers)`` and ``handle(args)``."""

@@ -1,0 +1,347 @@
+"""Run configuration: YAML in, a validated plain dict out, and its content hash.
+
+A run config names each component the way Lightning's CLI does, with ``class_path`` (a short
+registered name or an import path) and ``init_args``::
+
+    seed: 0
+    benchmark: {class_path: digits-domains, init_args: {test_fraction: 0.3}}
+    order: default                      # a named order, a list of experience names,
+                                        # or {permutation: 3} for a seeded shuffle
+    model: {class_path: cnn}
+    strategy: {class_path: replay, init_args: {mem_size: 200}}
+    train: {epochs: 3, batch_size: 64, optimizer: {class_path: adam, init_args: {lr: 0.001}}}
+    trainer: {accelerator: cpu, devices: 1}   # passed to lightning.Trainer as is
+
+The fields' types, ranges and defaults are pydantic models (:mod:`clbench.config.schema`),
+worded as one line naming the file and the field by :mod:`clbench.config.validation`, the same
+mechanism that checks every component's ``init_args`` against its signature when it is built
+(:mod:`clbench.plugins.build`). Checking a config imports pydantic, never torch; importing this module
+imports neither.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from clbench.errors import UserError, did_you_mean
+
+SCHEMA_VERSION = 1
+
+# Keys that do not change what a run computes; left out of the config hash.
+NON_SEMANTIC = ("logging",)
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """``base`` with ``update`` laid over it; mappings merge, everything else replaces.
+
+    A component whose ``class_path`` changes is replaced whole: the old component's
+    ``init_args`` mean nothing to the new one.
+    """
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        current = out.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            if "class_path" in value and value["class_path"] != current.get("class_path"):
+                out[key] = copy.deepcopy(value)
+            else:
+                out[key] = deep_merge(current, value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class DuplicateKey(Exception):
+    """A mapping key given twice; the caller words it for its file or the command line."""
+
+    def __init__(self, key: Any, line: int):
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+# YAML 1.2 core schema floats, plus bare inf/nan: what a person means by a number. PyYAML reads
+# YAML 1.1, where 1e-3 (no dot) and 1e30 are strings, so `lr: 1e-3` would reach the optimizer
+# as text. Non-finite values are read as floats and refused where a field must be finite.
+# Booleans are YAML 1.2's too: true and false only. YAML 1.1 also reads yes/no/on/off as
+# booleans, so `order: on` or a tokenizer's `padding_side: no` would silently become True or
+# False; read as text, they reach the field as written, and a bool field (strict) refuses the
+# string with "set it to true or false". One rule for every YAML the harness reads, instead of
+# a special case per field.
+_BOOL = r"^(?:true|True|TRUE|false|False|FALSE)$"
+_FLOAT = (r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
+          r"|[-+]?\.?(?:inf|Inf|INF)|\.?(?:nan|NaN|NAN))$")
+
+
+@functools.lru_cache(maxsize=1)
+def _strict_loader():
+    """YAML's safe loader, with YAML 1.2 floats (``1e-3``, ``1E3``, ``.5``, ``inf``, ``.nan``) and
+    booleans (``true``/``false``; ``yes``, ``no``, ``on``, ``off`` are text), refusing
+    a key given twice in one mapping (plain YAML keeps the last silently, so a forgotten earlier
+    value would decide the run). Merge keys (``<<``) may still be overridden: that is what they
+    are for. Every YAML the harness reads (configs, overrides, suites) goes through it."""
+    import re
+
+    import yaml
+
+    float_tag, bool_tag = "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"
+
+    class StrictLoader(yaml.SafeLoader):
+        # Resolvers are a class-level table keyed by first character; replace the float and bool
+        # rows in a copy so plain yaml.SafeLoader stays as it is.
+        yaml_implicit_resolvers = {
+            first: [(tag, regexp) for tag, regexp in resolvers if tag not in (float_tag, bool_tag)]
+            for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable (complex) key: YAML itself refuses it later
+                    continue
+                if duplicate:
+                    raise DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    StrictLoader.add_implicit_resolver(float_tag, re.compile(_FLOAT), list("-+0123456789.iInN"))
+    StrictLoader.add_implicit_resolver(bool_tag, re.compile(_BOOL), list("tTfF"))
+    return StrictLoader
+
+
+def load_yaml_text(text: str) -> Any:
+    """``yaml.safe_load`` with YAML 1.2 floats and booleans, raising :class:`DuplicateKey` for a key given twice."""
+    import yaml
+
+    return yaml.load(text, Loader=_strict_loader())
+
+
+def read_yaml(path: str | Path) -> dict:
+    """A YAML mapping from ``path``, or a one-line :class:`UserError`."""
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"config file {path} does not exist", fix="check the path given to --config")
+    if path.is_dir():
+        raise UserError(f"config path {path} is a directory", fix="give a .yaml file")
+    try:
+        data = load_yaml_text(path.read_text())
+    except DuplicateKey as err:
+        raise UserError(f"key '{err.key}' is given twice (again at line {err.line})", where=str(path),
+                        fix="keep one of them") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise UserError(f"malformed YAML{at}: {problem}", where=str(path), fix="fix the YAML syntax") from None
+    except UnicodeDecodeError:
+        raise UserError("not a text file", where=str(path), fix="give a UTF-8 YAML file") from None
+    if data is None:  # an empty file, or comments only: most likely the wrong file or a failed save
+        raise UserError("the file is empty", where=str(path),
+                        fix="write the settings as 'key: value' lines (see configs/examples/)")
+    if not isinstance(data, dict):
+        raise UserError(f"top level is a {type(data).__name__}, expected a mapping", where=str(path),
+                        fix="write the config as 'key: value' lines")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"strategy.init_args.mem_size=100"`` -> (["strategy", "init_args", "mem_size"], 100)."""
+    import yaml
+
+    if "=" not in text:
+        raise UserError(f"override '{text}' has no '='", where="command line",
+                        fix="write overrides as key.path=value, e.g. train.epochs=5")
+    key, raw = text.split("=", 1)
+    try:
+        value = load_yaml_text(raw) if raw != "" else None
+    except DuplicateKey as err:
+        raise UserError(f"key '{err.key}' is given twice", where=f"command line: {key.strip()}",
+                        fix="keep one of them") from None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def _open_brackets(text: str) -> int:
+    return sum(text.count(c) for c in "{[") - sum(text.count(c) for c in "}]")
+
+
+def rejoin_overrides(overrides: list[str]) -> list[str]:
+    """Undo a shell's split of an unquoted flow value: ``order={permutation: 3}`` arrives as
+    ``order={permutation:`` and ``3}``. A word without ``=`` continues the previous override
+    while that one's brackets are still open."""
+    out: list[str] = []
+    for word in overrides:
+        if out and "=" in out[-1] and _open_brackets(out[-1].split("=", 1)[1]) > 0 and "=" not in word:
+            out[-1] = f"{out[-1]} {word}"
+        else:
+            out.append(word)
+    return out
+
+
+def override_keys(overrides: list[str]) -> list[str]:
+    """The dotted fields the command line sets (``train.epochs``, ``strategy``...)."""
+    return [text.split("=", 1)[0].strip() for text in rejoin_overrides(overrides) if "=" in text]
+
+
+def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
+    """``cfg`` with the command line's ``key.path=value`` settings laid over it.
+
+    Changing a component's ``class_path`` drops the ``init_args`` the config gave the old
+    component (as :func:`deep_merge` does), so ``strategy.class_path=ewc`` does not hand a
+    replay buffer's size to EWC; ``init_args`` set on the command line are kept, in any order.
+    """
+    cfg = copy.deepcopy(cfg)
+    parsed = [parse_override(text) for text in rejoin_overrides(overrides)]
+    for keys, value in parsed:
+        if keys[-1] == "class_path" and len(keys) > 1:
+            node = cfg
+            for key in keys[:-1]:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get("class_path") != value:
+                node["init_args"] = {}
+    for keys, value in parsed:
+        node = cfg
+        for key in keys[:-1]:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        node[keys[-1]] = value
+    return cfg
+
+
+def blame_overrides(err: UserError, source: str, overrides: list[str] | None) -> UserError:
+    """Name the command line, not the config file, in an error about a field an override set.
+
+    Components check their ``init_args`` after the config is resolved and only know the file
+    (``cfg.yaml: strategy.init_args.mem_size``); a value that came from the command line is
+    blamed on it (``command line: strategy.init_args.mem_size``).
+    """
+    prefix = f"{source}: "
+    if not overrides or not err.where or not err.where.startswith(prefix):
+        return err
+    field = err.where[len(prefix):]
+    if any(field == key or field.startswith((key + ".", key + "[")) for key in override_keys(overrides)):
+        err.where = f"command line: {field}"
+        err.args = (err.one_line(),)
+    return err
+
+
+def _shorthand(cfg: dict) -> dict:
+    """Allow ``strategy: replay`` for ``strategy: {class_path: replay}``."""
+    cfg = dict(cfg)
+    for key in ("benchmark", "model", "strategy", "objective"):
+        if isinstance(cfg.get(key), str):
+            cfg[key] = {"class_path": cfg[key], "init_args": {}}
+    train = cfg.get("train")
+    for key in ("optimizer", "scheduler"):
+        if isinstance(train, dict) and isinstance(train.get(key), str):
+            train = cfg["train"] = {**train, key: {"class_path": train[key], "init_args": {}}}
+    return cfg
+
+
+def resolve_config(raw: dict, *, source: str = "config", overrides: list[str] | None = None) -> dict:
+    """Defaults + ``raw`` + overrides, validated. ``source`` names the file in errors.
+
+    The file is checked on its own (:class:`~clbench.config.schema.RunConfig`) before it is
+    merged, so a mistake names the file; after the overrides the merged config is checked
+    again, and a mistake in a field an override set names the command line."""
+    from clbench.config.schema import RunConfig, defaults
+    from clbench.config.validation import check_fields
+
+    if not isinstance(raw, dict):
+        raise UserError("top level must be a mapping", where=source)
+    raw = _shorthand(raw)
+    check_fields(raw, RunConfig, source)
+    cfg = deep_merge(defaults(), raw)
+    # A new class_path without init_args must not inherit the default's init_args.
+    for key in ("benchmark", "model", "strategy"):
+        if key in raw and "init_args" not in raw[key]:
+            cfg[key]["init_args"] = {}
+    try:
+        if overrides:
+            cfg = _shorthand(apply_overrides(cfg, overrides))
+            check_fields(cfg, RunConfig, source)
+        _complete(cfg, source)
+    except UserError as err:  # about a field an override set: the command line is to blame
+        raise blame_overrides(err, source, overrides) from None
+    return cfg
+
+
+def _complete(cfg: dict, source: str) -> None:
+    """Fill empty ``init_args`` and check what the file alone cannot say (registered names)."""
+    # (not the optimizer's: its init_args stay as written, as the config hash has always seen them)
+    for component in (cfg["benchmark"], cfg["model"], cfg["strategy"], cfg.get("objective"),
+                      cfg["train"].get("scheduler")):
+        if component is not None:
+            component["init_args"] = component.get("init_args") or {}
+    _check_names(cfg, source)
+
+
+def _check_names(cfg: dict, source: str) -> None:
+    """Refuse an unknown short name, or a plugin file that does not exist, from entry-point
+    metadata and the file system alone: before torch and the libraries load (seconds), so a typo
+    answers at once. What the named component accepts is checked once it is imported."""
+    from clbench.plugins import registry
+
+    for key, kind in (("benchmark", "benchmarks"), ("model", "models"), ("strategy", "strategies"),
+                      ("objective", "objectives")):
+        if cfg.get(key) is None:
+            continue  # an optional component (objective) left out
+        name = cfg[key].get("class_path")
+        where = f"{source}: {key}.class_path"
+        if not isinstance(name, str) or not name:
+            raise UserError(f"expected a {registry.SINGULAR[kind]} name or import path, got {name!r}", where=where,
+                            fix=f"run 'clbench list {kind}' for the names")
+        if name in registry.available(kind):
+            continue
+        if not registry._looks_like_path(name):
+            raise UserError(f"unknown {registry.SINGULAR[kind]} '{name}'", where=where,
+                            fix=did_you_mean(name, registry.available(kind)))
+        file = name.rsplit(":", 1)[0]
+        if file.endswith(".py") and not Path(file).is_file():
+            raise UserError(f"file {file} does not exist", where=where,
+                            fix="give an existing .py file as 'path/to/file.py:ClassName'")
+
+
+def check_order(order: Any, where: str) -> None:
+    """A run's ``order`` (or one of a suite's ``orders``): a name, a list of experience names or
+    ``{permutation: <seed >= 0>}`` (:func:`clbench.config.schema.order_problem`, the rule the
+    config's own check uses). ``where`` names the file and field in errors."""
+    from clbench.config.schema import order_problem
+
+    problem = order_problem(order)
+    if problem:
+        raise UserError(problem[0], where=where, fix=problem[1])
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
+    return resolve_config(read_yaml(path), source=str(path), overrides=overrides)
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(cfg: dict) -> str:
+    """sha256 of the resolved config, without the keys that do not change results."""
+    semantic = {k: v for k, v in cfg.items() if k not in NON_SEMANTIC}
+    return hashlib.sha256(canonical_json(semantic).encode()).hexdigest()
+
+
+def order_label(order: Any) -> str:
+    """A short human label for an order setting (used in tables and entry names)."""
+    if isinstance(order, str):
+        return order
+    if isinstance(order, dict):
+        return f"perm{order['permutation']}"
+    return "custom:" + hashlib.sha1(canonical_json(order).encode()).hexdigest()[:8]

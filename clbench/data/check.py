@@ -1,0 +1,273 @@
+"""``clbench data check BENCHMARK --root DIR``: is a dataset on disk what the stream expects?
+
+The check builds the stream exactly as a run would (so the layout and count checks are the
+builder's own, and a check that passes means the run's data loading will too), then decodes
+every image file once to find corrupt ones, and prints one row per experience: its classes and
+its train/test sample counts. Anything missing or unreadable is a one-line
+:class:`~clbench.errors.UserError` that names the path.
+
+``--speed N`` also times N training batches through a real loader with ``--workers``
+processes, which is how to choose ``train.num_workers`` for a model on a given machine (see
+:mod:`clbench.benchmarks.images` for the per-image costs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from clbench.errors import UserError
+
+PROG = "clbench data check"
+
+
+@dataclass
+class ExperienceSummary:
+    name: str
+    domain_id: int
+    classes: list[int]
+    train: int
+    test: int
+    train_class_counts: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Summary:
+    benchmark: str
+    root: str
+    stream: str
+    scenario_type: str
+    num_classes: int
+    input_shape: list[int]
+    experiences: list[ExperienceSummary]
+    named_orders: list[str]
+    global_test: int | None
+    shared_test: bool = False
+    images_checked: int | None = None  # image files decoded; None: not checked
+    class_names: list[str] | None = None
+    speed: dict[str, float] | None = None
+    objective: str = "classification"
+
+    @property
+    def train_total(self) -> int:
+        return sum(e.train for e in self.experiences)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def image_paths(dataset) -> list[str]:
+    """Every image file a dataset reads (empty for in-memory datasets)."""
+    from torch.utils.data import ConcatDataset, Subset
+
+    from clbench.benchmarks.images import ImageFiles
+
+    if isinstance(dataset, ImageFiles):
+        return [str(p) for p in dataset.paths]
+    if isinstance(dataset, Subset):
+        inner = image_paths(dataset.dataset)
+        return [inner[i] for i in dataset.indices] if inner else []
+    if isinstance(dataset, ConcatDataset):
+        return [p for d in dataset.datasets for p in image_paths(d)]
+    return []
+
+
+def _builder(benchmark: str, root: str, init_args: dict):
+    import inspect
+
+    from clbench.plugins import registry
+    from clbench.plugins.build import check_init_args
+
+    target = registry.resolve("benchmarks", benchmark, where=f"{PROG}: BENCHMARK")
+    if "root" not in inspect.signature(target).parameters:
+        raise UserError(f"benchmark '{benchmark}' reads no dataset from disk (it takes no root)", where=PROG,
+                        fix="check a benchmark that takes --root, e.g. core50, office-home, cifar10-dirichlet")
+    args = {"root": root, **init_args}
+    check_init_args(target, args, f"{PROG}: {benchmark}")
+    return target, args
+
+
+def build(benchmark: str, root: str, **init_args):
+    """(spec, experiences in default order) of ``benchmark`` built from ``root``."""
+    from clbench.data.streams import ordered_experiences, spec_of
+
+    target, args = _builder(benchmark, root, init_args)
+    scenario = target(**args)
+    return spec_of(scenario), ordered_experiences(scenario, "default")
+
+
+def summarize(benchmark: str, root: str, spec, experiences) -> Summary:
+    from clbench.data.datasets import targets_of
+
+    labelled = spec.num_classes is not None  # text records (TRACE) have no classes to count
+    rows = []
+    for exp in experiences:
+        counts = targets_of(exp.train).bincount(minlength=spec.num_classes).tolist() if labelled else []
+        rows.append(ExperienceSummary(name=exp.name, domain_id=int(exp.domain_id), classes=list(exp.classes),
+                                      train=len(exp.train), test=len(exp.test),
+                                      train_class_counts={c: int(n) for c, n in enumerate(counts) if n}))
+    return Summary(benchmark=benchmark, root=str(root), stream=spec.name, scenario_type=spec.scenario_type,
+                   num_classes=spec.num_classes or 0, input_shape=list(spec.input_shape or []), experiences=rows,
+                   objective=spec.objective,
+                   shared_test=len(experiences) > 1 and len({id(e.test) for e in experiences}) == 1,
+                   named_orders=sorted({"default", "reverse", *spec.named_orders}),
+                   global_test=len(spec.global_test) if spec.global_test is not None else None,
+                   class_names=spec.class_names)
+
+
+def verify(experiences, threads: int = 8) -> int:
+    """Decode every image file the experiences read; the number checked, or a UserError naming
+    the first corrupt file (and how many more there are)."""
+    from clbench.benchmarks.images import verify_images
+
+    paths = sorted({p for exp in experiences for d in (exp.train, exp.test) for p in image_paths(d)})
+    bad = verify_images(paths, workers=threads)
+    if bad:
+        more = f" (and {len(bad) - 1} more corrupt: {', '.join(p for p, _ in bad[1:4])}" \
+               f"{', ...' if len(bad) > 4 else ''})" if len(bad) > 1 else ""
+        raise UserError(f"{bad[0][1]}{more}", where=bad[0][0],
+                        fix="re-extract the dataset archive or delete the corrupt file")
+    return len(paths)
+
+
+def check(benchmark: str, root: str, *, decode: bool = True, threads: int = 8, **init_args) -> Summary:
+    """Build ``benchmark`` from ``root`` (a UserError names whatever is missing), decode every
+    image file when ``decode``, and summarise the stream."""
+    spec, experiences = build(benchmark, root, **init_args)
+    summary = summarize(benchmark, root, spec, experiences)
+    if decode:
+        summary.images_checked = verify(experiences, threads)
+    return summary
+
+
+def measure_speed(train, *, batches: int = 20, workers: int = 8, batch_size: int = 128) -> dict[str, float]:
+    """Training images per second through a shuffled loader over ``train`` (after one warm-up
+    batch, so worker start-up is not counted)."""
+    import time
+
+    from clbench.data.datasets import make_loader
+
+    loader = make_loader(train, batch_size, shuffle=True, seed=0, num_workers=workers)
+    it = iter(loader)
+    next(it)
+    images, start = 0, time.perf_counter()
+    for _ in range(batches):
+        try:
+            x, _y = next(it)
+        except StopIteration:
+            it = iter(loader)
+            x, _y = next(it)
+        images += len(x)
+    seconds = time.perf_counter() - start
+    rate = images / seconds if seconds > 0 else float("inf")
+    return {"images_per_second": rate, "workers": workers, "batch_size": batch_size,
+            "images_per_second_per_worker": rate / max(workers, 1)}
+
+
+def _classes_text(classes: list[int]) -> str:
+    if not classes:
+        return "0"
+    if classes == list(range(classes[0], classes[-1] + 1)) and len(classes) > 2:
+        return f"{len(classes)} ({classes[0]}-{classes[-1]})"
+    shown = ",".join(map(str, classes[:12])) + (",..." if len(classes) > 12 else "")
+    return f"{len(classes)} ({shown})"
+
+
+def print_summary(summary: Summary, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    shape = "x".join(map(str, summary.input_shape))
+    kind = f"{summary.num_classes} classes, input {shape}" if summary.num_classes else \
+        f"prompt/answer records ({summary.objective})"
+    console.print(f"[bold]{summary.benchmark}[/bold] at {summary.root}: stream {summary.stream}, "
+                  f"{summary.scenario_type}, {kind}")
+    table = Table(show_footer=True)
+    table.add_column("#", footer="")
+    table.add_column("experience", footer="total")
+    table.add_column("domain", justify="right", footer="")
+    labelled = bool(summary.num_classes)
+    if labelled:
+        table.add_column("classes", footer=str(summary.num_classes))
+    table.add_column("train", justify="right", footer=str(summary.train_total))
+    test_total = summary.experiences[0].test if summary.shared_test else sum(e.test for e in summary.experiences)
+    table.add_column("test", justify="right", footer=str(test_total))
+    for i, e in enumerate(summary.experiences):
+        classes = [_classes_text(e.classes)] if labelled else []
+        table.add_row(str(i), e.name, str(e.domain_id), *classes, str(e.train), str(e.test))
+    console.print(table)
+    if summary.shared_test:
+        console.print("every experience is tested on the same test set (counted once in the total)")
+    if summary.global_test is not None:
+        console.print(f"balanced global test set: {summary.global_test} samples")
+    console.print(f"named orders: {', '.join(summary.named_orders)} (or a list of names, or {{permutation: SEED}})")
+    if not labelled:
+        console.print(f"read all {summary.train_total + test_total} records: each has a prompt and an answer")
+    elif summary.images_checked:
+        console.print(f"decoded all {summary.images_checked} image files: OK")
+    elif summary.images_checked == 0:
+        console.print("no image files to decode: the images are read from arrays")
+    if summary.speed:
+        s = summary.speed
+        console.print(f"loader speed: {s['images_per_second']:.0f} training images/s with {s['workers']} workers "
+                      f"({s['images_per_second_per_worker']:.0f} per worker, batch {s['batch_size']})")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as a UserError (one line, exit status 2)."""
+
+    def error(self, message: str):
+        raise UserError(message, where=PROG, fix=f"run '{PROG} --help'")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Verify a dataset's on-disk layout and counts; name exactly what is missing.")
+    p.add_argument("benchmark", help="benchmark name or import path, e.g. core50, office-home, cifar10-dirichlet")
+    p.add_argument("--root", required=True, help="the dataset folder (see docs/datasets.md)")
+    p.add_argument("args", nargs="*", metavar="key=value",
+                   help="benchmark init_args, YAML values (protocol=ni, objects=[1,2,3], augment.flip=false)")
+    p.add_argument("--no-decode", action="store_true", help="check the layout and counts only, do not decode images")
+    p.add_argument("--threads", type=int, default=8, help="threads decoding images (default 8)")
+    p.add_argument("--speed", type=int, default=0, metavar="N", help="also time N training batches through a loader")
+    p.add_argument("--workers", type=int, default=8, help="loader worker processes for --speed (default 8)")
+    p.add_argument("--batch-size", type=int, default=128, help="batch size for --speed (default 128)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def parse_init_args(items: list[str]) -> dict:
+    from clbench.config.load import apply_overrides
+
+    return apply_overrides({}, items)
+
+
+def main(args: list[str]) -> int:
+    """Entry point of ``clbench data check``: ``args`` are the words after ``data check``."""
+    opts = build_parser().parse_intermixed_args(args)
+    init_args = parse_init_args(opts.args)
+    if "root" in init_args:
+        raise UserError("root is given with --root", where=f"{PROG}: root=", fix="remove the root=... argument")
+    spec, experiences = build(opts.benchmark, opts.root, **init_args)
+    summary = summarize(opts.benchmark, opts.root, spec, experiences)
+    if not opts.no_decode:
+        summary.images_checked = verify(experiences, opts.threads)
+    if opts.speed > 0 and spec.num_classes is not None:  # the loader-speed probe reads image batches
+        summary.speed = measure_speed(experiences[0].train, batches=opts.speed, workers=opts.workers,
+                                      batch_size=opts.batch_size)
+    if opts.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as err:
+        print(f"clbench: error: {err.one_line()}", file=sys.stderr)
+        sys.exit(err.exit_code)

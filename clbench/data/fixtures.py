@@ -1,0 +1,162 @@
+"""Miniature datasets in exactly the official on-disk layouts, for tests and quick trials.
+
+Real CORe50, Office-Home and CIFAR-10 cannot be downloaded everywhere the harness runs, so the
+loaders are tested on look-alikes: the same folder and file names, the same file formats
+(PNG, JPEG, python pickles with the real keys, an npz with a ``paths.pkl`` index), with a few
+tiny images per class. Each image is a class-coloured square on a background tinted by its
+domain/session, plus a little noise, so a small model can learn the classes and the domains
+differ visibly.
+
+    python -m clbench.data.fixtures OUTDIR            # all three layouts under OUTDIR
+    python -m clbench.data.fixtures OUTDIR --frames 2 --per-class 3
+
+writes ``OUTDIR/core50/core50_128x128/...`` (+ ``core50_imgs.npz``, ``paths.pkl``),
+``OUTDIR/OfficeHomeDataset_10072016/...`` and ``OUTDIR/cifar-10-batches-py/...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import colorsys
+import pickle
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def _colour(k: int, n: int) -> np.ndarray:
+    """A distinct saturated RGB colour (0..255) for class ``k`` of ``n``."""
+    r, g, b = colorsys.hsv_to_rgb((k / max(n, 1)) % 1.0, 0.9, 0.5 + 0.5 * ((k * 7) % 3) / 2)
+    return np.array([r, g, b]) * 255
+
+
+def _image(rng: np.random.Generator, size: int, fg: np.ndarray, bg: np.ndarray) -> np.ndarray:
+    """(size, size, 3) uint8: a ``fg`` square in the middle half of a ``bg`` background, with noise."""
+    img = np.empty((size, size, 3))
+    img[:] = bg
+    lo, hi = size // 4, size - size // 4
+    img[lo:hi, lo:hi] = fg
+    img += rng.normal(0, 8, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _domain_tint(d: int, n: int) -> np.ndarray:
+    return np.array(colorsys.hsv_to_rgb((d / max(n, 1) + 0.5) % 1.0, 0.3, 0.35 + 0.4 * (d % 2))) * 255
+
+
+def write_core50(root: str | Path, *, sessions: Iterable[int] = range(1, 12), objects: Iterable[int] = range(1, 51),
+                 frames: int = 5, size: int = 8, png: bool = True, npz: bool = False, seed: int = 0) -> Path:
+    """``root/core50_128x128/sS/oO/C_SS_OO_FFF.png`` (and/or ``root/core50_imgs.npz`` +
+    ``root/paths.pkl``); returns ``root``. Objects are coloured by object, sessions tinted."""
+    from PIL import Image
+
+    root = Path(root)
+    sessions, objects = list(sessions), list(objects)
+    rng = np.random.default_rng(seed)
+    arrays, rel_paths = [], []
+    for s in sessions:
+        for o in objects:
+            folder = root / "core50_128x128" / f"s{s}" / f"o{o}"
+            if png:
+                folder.mkdir(parents=True, exist_ok=True)
+            for f in range(frames):
+                img = _image(rng, size, _colour(o - 1, 50), _domain_tint(s - 1, 11))
+                name = f"C_{s:02d}_{o:02d}_{f:03d}.png"
+                if png:
+                    Image.fromarray(img).save(folder / name)
+                if npz:
+                    arrays.append(img)
+                    rel_paths.append(f"s{s}/o{o}/{name}")
+    if npz:
+        root.mkdir(parents=True, exist_ok=True)
+        np.savez(root / "core50_imgs.npz", x=np.stack(arrays))
+        with open(root / "paths.pkl", "wb") as f:
+            pickle.dump(rel_paths, f)
+    return root
+
+
+def write_office_home(root: str | Path, *, domains: Sequence[str] | None = None, classes: Sequence[str] | None = None,
+                      per_class: int = 5, size: int = 8, seed: int = 0) -> Path:
+    """``root/OfficeHomeDataset_10072016/<Domain>/<Class>/NNNNN.jpg``; returns the dataset folder."""
+    from PIL import Image
+
+    from clbench.benchmarks.office_home import CLASSES, DOMAINS, FOLDER
+
+    domains = list(domains) if domains is not None else list(DOMAINS.values())
+    classes = list(classes) if classes is not None else list(CLASSES)
+    base = Path(root) / FOLDER
+    rng = np.random.default_rng(seed)
+    for d, domain in enumerate(domains):
+        for k, name in enumerate(classes):
+            folder = base / domain / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                img = _image(rng, size, _colour(k, len(classes)), _domain_tint(d, 4))
+                Image.fromarray(img).save(folder / f"{i + 1:05d}.jpg", quality=95)
+    return base
+
+
+CIFAR_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def write_cifar10(root: str | Path, *, train_per_class: int = 40, test_per_class: int = 10, seed: int = 0) -> Path:
+    """``root/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``; returns that folder.
+
+    The training images are shuffled and dealt into the five batches, as in the real files.
+    """
+    rng = np.random.default_rng(seed)
+    base = Path(root) / "cifar-10-batches-py"
+    base.mkdir(parents=True, exist_ok=True)
+
+    def make(per_class: int) -> tuple[np.ndarray, list[int]]:
+        labels = rng.permutation(np.repeat(np.arange(10), per_class))
+        images = np.stack([_image(rng, 32, _colour(int(c), 10), np.full(3, 96.0)) for c in labels])
+        return images.transpose(0, 3, 1, 2).reshape(len(labels), 3072), labels.tolist()
+
+    def dump(name: str, x: np.ndarray, y: list[int], label: str) -> None:
+        batch = {b"batch_label": label.encode(), b"labels": y, b"data": x,
+                 b"filenames": [f"fixture_{name}_{i}.png".encode() for i in range(len(y))]}
+        with open(base / name, "wb") as f:
+            pickle.dump(batch, f)
+
+    x, y = make(train_per_class)
+    for i, part in enumerate(np.array_split(np.arange(len(y)), 5)):
+        dump(f"data_batch_{i + 1}", x[part], [y[j] for j in part], f"training batch {i + 1} of 5")
+    x, y = make(test_per_class)
+    dump("test_batch", x, y, "testing batch 1 of 1")
+    with open(base / "batches.meta", "wb") as f:
+        pickle.dump({b"num_cases_per_batch": int(np.ceil(10 * train_per_class / 5)),
+                     b"label_names": [n.encode() for n in CIFAR_NAMES], b"num_vis": 3072}, f)
+    return base
+
+
+def write_all(outdir: str | Path, *, frames: int = 5, per_class: int = 5, size: int = 8, seed: int = 0) -> dict:
+    """All three layouts under ``outdir``; returns {benchmark: root to pass as --root}."""
+    outdir = Path(outdir)
+    return {
+        "core50": write_core50(outdir / "core50", frames=frames, size=size, npz=True, seed=seed),
+        "office-home": write_office_home(outdir, per_class=per_class, size=size, seed=seed),
+        "cifar10-dirichlet": write_cifar10(outdir, seed=seed),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clbench.data.fixtures",
+                                     description="Write miniature CORe50, Office-Home and CIFAR-10 in their official "
+                                                 "layouts.")
+    parser.add_argument("outdir")
+    parser.add_argument("--frames", type=int, default=5, help="CORe50 frames per session and object (default 5)")
+    parser.add_argument("--per-class", type=int, default=5, help="Office-Home images per domain and class (default 5)")
+    parser.add_argument("--size", type=int, default=8, help="image side in pixels for CORe50/Office-Home (default 8)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    roots = write_all(args.outdir, frames=args.frames, per_class=args.per_class, size=args.size, seed=args.seed)
+    for name, root in roots.items():
+        print(f"{name:18s} --root {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

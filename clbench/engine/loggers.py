@@ -1,0 +1,112 @@
+"""Lightning loggers named in the config (``logging.loggers``), and what a run sends them.
+
+A run logs to any Lightning logger, several at once::
+
+    logging:
+      loggers:
+        - tensorboard                                  # <output>/tensorboard (the default)
+        - csv                                          # <output>/logs/csv/metrics.csv
+        - {class_path: mlflow, init_args: {tracking_uri: "file:./mlruns"}}
+        - {class_path: wandb, init_args: {project: cl}}   # offline unless told otherwise
+        - {class_path: my_pkg.loggers:MyLogger}        # any Lightning Logger subclass
+
+Short names are Lightning's own classes with defaults that keep a run's logs in its output
+folder: ``csv`` under ``logs/csv``, ``mlflow`` in a file store under ``logs/mlruns`` (MLflow
+keeps its file store in maintenance mode behind ``MLFLOW_ALLOW_FILE_STORE``, which is set for a
+``file:`` URI the config asks for), ``wandb`` offline under ``logs/wandb``. ``logging.tensorboard:
+false`` without ``loggers`` turns logging off, as before.
+
+What every logger receives: the training loss per step (``train/loss_step``, every
+``trainer.log_every_n_steps`` steps, 1 unless the config says otherwise), the learning rate per
+step (Lightning's ``LearningRateMonitor``), the epoch-mean loss (``train/loss``), the R matrix
+row by row (``eval/<metric>/<experience>`` at step = stage), the final scores
+(``scores/<key>``) and the run's hyper-parameters. TensorBoard also gets the R-matrix heatmap
+and the routing figures.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from clbench.errors import UserError
+from clbench.engine.outputs import LOGS
+
+SHORT_NAMES = {
+    "tensorboard": "lightning.pytorch.loggers:TensorBoardLogger",
+    "csv": "lightning.pytorch.loggers:CSVLogger",
+    "mlflow": "lightning.pytorch.loggers:MLFlowLogger",
+    "wandb": "lightning.pytorch.loggers:WandbLogger",
+}
+
+
+def logger_specs(logging: dict, source: str = "config") -> list[dict]:
+    """``logging.loggers`` as ``[{class_path, init_args}]``; without ``loggers``, TensorBoard
+    alone if ``logging.tensorboard`` (the default) is on. The names, their form and that none is
+    given twice are checked with the rest of the config (:class:`clbench.config.schema.Logging`)."""
+    from clbench.config.schema import Logging
+    from clbench.config.validation import check_fields
+
+    check_fields(logging, Logging, source, field="logging")
+    items = logging.get("loggers")
+    if items is None:
+        return [{"class_path": "tensorboard", "init_args": {}}] if logging.get("tensorboard", True) else []
+    return [{"class_path": item, "init_args": {}} if isinstance(item, str)
+            else {"class_path": item["class_path"], "init_args": dict(item.get("init_args") or {})} for item in items]
+
+
+def _defaults(name: str, folder: Path) -> dict[str, Any]:
+    if name == "csv":
+        return {"save_dir": str(folder / LOGS), "name": "csv", "version": ""}
+    if name == "mlflow":
+        return {"tracking_uri": f"file:{(folder / LOGS / 'mlruns').resolve()}", "experiment_name": "clbench",
+                "run_name": folder.resolve().name}
+    if name == "wandb":
+        return {"save_dir": str(folder / LOGS), "offline": True, "project": "clbench", "name": folder.resolve().name}
+    return {}
+
+
+def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: int | None = None) -> list:
+    """The Lightning loggers for a run writing into ``folder``."""
+    from lightning.pytorch.loggers import Logger
+
+    from clbench.plugins import registry
+    from clbench.plugins.build import _call
+    from clbench.engine.outputs import TENSORBOARD
+    from clbench.results.assemble import tensorboard_logger
+
+    loggers = []
+    for i, spec in enumerate(specs):
+        name, where = spec["class_path"], f"{source}: logging.loggers[{i}]"
+        if name == "tensorboard":
+            loggers.append(tensorboard_logger(folder, TENSORBOARD, purge_step=purge_step, **spec["init_args"]))
+            continue
+        args = {**_defaults(name, folder), **spec["init_args"]}
+        if name == "mlflow" and str(args.get("tracking_uri", "")).startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        target = registry._load_import_path(SHORT_NAMES.get(name, name), f"{where}.class_path")
+        if not (isinstance(target, type) and issubclass(target, Logger)):
+            raise UserError(f"'{name}' is not a Lightning Logger", where=f"{where}.class_path",
+                            fix="name a subclass of lightning.pytorch.loggers.Logger")
+        loggers.append(_call(target, args, f"{where}.init_args", source))
+    return loggers
+
+
+def log_result(loggers: list, result: dict) -> None:
+    """The R matrix, the final scores and the hyper-parameters to every logger, then close them."""
+    from clbench.results.assemble import hyperparameters, log_tensorboard, tensorboard_class
+
+    metric = "/".join(dict.fromkeys(result["r_metric"]["names"]))
+    scores = {f"scores/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
+    for logger in loggers:
+        if isinstance(logger, tensorboard_class()):
+            log_tensorboard(logger, result)  # the same values, with the figures and the hparams view
+            continue
+        for i, row in enumerate(result["r_matrix"]):
+            values = {f"eval/{metric}/{name}": v for name, v in zip(result["experiences"], row) if v is not None}
+            if values:
+                logger.log_metrics(values, step=i)
+        logger.log_metrics(scores, step=0)
+        logger.log_hyperparams(hyperparameters(result))
+        logger.finalize("success")

@@ -1,0 +1,310 @@
+"""The LightningModule that wraps a model, one strategy plugin and the stream's objective.
+
+Lightning owns the loop; this module maps Lightning's hooks onto the strategy's and the
+objective's, and keeps the evaluation state. It never looks at the kind of data: the
+objective says how a batch becomes a loss and how a test batch updates its column's metrics.
+
+One training step::
+
+    inputs, targets = strategy.prepare_batch(module, batch)   # default: objective.split(batch)
+    outputs = objective.forward(model, inputs)                 # layers may call auxiliary.add
+    loss = objective.loss(outputs, targets) + auxiliary terms
+    loss = strategy.training_loss(module, inputs, targets, outputs, loss)
+
+A strategy or objective that sets ``owns_update`` replaces all of that with its ``update``
+(Lightning manual optimisation), for learners with closed-form or otherwise non-SGD steps.
+
+Evaluation is Lightning validation with one dataloader per test experience: ``dataloader_idx``
+is the R-matrix column, and each column accumulates into its own torchmetrics collection, so
+scores are exact under DDP (states are summed/gathered across ranks, never averaged per rank).
+
+Under data parallelism every rank evaluates as many batches (:class:`clbench.data.datasets.LockstepLoader`):
+a rank whose evaluation shard ran out runs :class:`clbench.data.datasets.Padding` batches, which update
+nothing. Under ``trainer.strategy: fsdp`` (where every forward is a collective) the model is
+sharded in :meth:`configure_model` (:mod:`clbench.engine.sharding`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import nn
+
+from clbench.models import auxiliary
+from clbench.data.datasets import Padding
+from clbench.errors import NonFiniteLoss
+from clbench.metrics import routing
+from clbench.objectives.base import Objective
+from clbench.strategy import Strategy
+
+
+class ContinualModule(pl.LightningModule):
+    """``model`` + ``strategy`` + ``objective`` + the optimizer spec; evaluates test columns.
+
+    ``columns``: the experience each test column scores (``None`` for a stream-wide test set);
+    ``column_domains[j]``: column j's domain id for routing records (``None``: not recorded).
+    ``num_domains``: how many domain ids routing records may name (training included).
+    ``scheduler(optimizer, total_steps)``, when given, is stepped every optimizer step.
+    """
+
+    def __init__(self, model: nn.Module, strategy: Strategy, objective: Objective | None = None, *,
+                 optimizer: Callable[[Any], torch.optim.Optimizer],
+                 scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None,
+                 columns: list | None = None, num_columns: int | None = None, num_classes: int | None = None,
+                 column_domains: list[int | None] | None = None, num_domains: int | None = None):
+        super().__init__()
+        from torchmetrics import MetricCollection
+
+        if objective is None:  # a bare module (tests, reference models): classification
+            from clbench.objectives.classification import Classification
+            from clbench.data.streams import StreamSpec
+
+            objective = Classification()
+            objective.setup(StreamSpec(name="", num_classes=num_classes), [])
+        self.model = model
+        self.strategy = strategy
+        self.objective = objective
+        self.make_optimizer = optimizer
+        self.make_scheduler = scheduler
+        columns = list(columns) if columns is not None else [None] * (num_columns or 1)
+        self.columns = columns
+        self.eval_metrics = nn.ModuleList()
+        self.primary: list[str] = []  # each column's primary metric: its R-matrix entry
+        for column in columns:
+            metrics = objective.metrics(column)
+            self.primary.append(next(iter(metrics.keys())))
+            self.eval_metrics.append(metrics if isinstance(metrics, MetricCollection) else MetricCollection(metrics))
+        self.experience = 0          # position of the experience being trained
+        self.domain: int | None = None  # its domain id, for routing records in training
+        self.stage_steps: int | None = None  # optimizer steps this experience will take (schedulers)
+        self.last_eval: dict[str, list[float]] = {}
+        # per column: each class's recall (None: class absent) where G-mean is evaluated, else None
+        self.last_recalls: list[list[float | None] | None] = []
+        self.epoch_evals: list[dict[str, list[float]]] = []  # per-epoch evaluation during fit
+        # Routing records (clbench.metrics.routing): per domain in evaluation, and per experience in
+        # training. Recorders are created when routing layers first appear (possibly injected by a
+        # strategy after the module was built) and attach new layers at every fit and evaluation.
+        self.column_domains = column_domains
+        domains = [d for d in (column_domains or []) if d is not None]
+        self.num_domains = num_domains or (max(domains) + 1 if domains else None)
+        self.routing = self.train_routing = None
+        self.last_routing: dict[str, dict[str, Any]] = {}
+        self.last_train_routing: dict[str, dict[str, Any]] = {}
+        # Route-wise N_eff per layer over the test units of the domains trained so far (the
+        # runner sets ``seen_domains`` before each stage; empty: none computed).
+        self.seen_domains: set[int] = set()
+        self.last_compositions: dict[str, dict[str, float]] = {}
+        self._attach_routing()
+        owner = next((o for o in (strategy, objective) if getattr(o, "owns_update", False)), None)
+        self.update_owner = owner
+        self.automatic_optimization = owner is None
+        self._loss_sum = torch.zeros(())
+        self._aux_sums: dict[str, torch.Tensor] = {}
+        self._steps = 0
+        # Told before and after the model is sharded (``before_sharding()``,
+        # ``after_sharding({id(old parameter): new parameter})``): e.g. the runner's frozen-base record.
+        self.sharding_listeners: list[Any] = []
+        self._scratch: dict[int, Any] = {}  # per column: metrics that padding batches update
+
+    def forward(self, inputs: Any) -> Any:
+        return self.objective.forward(self.model, inputs)
+
+    def configure_model(self) -> None:
+        """Shard the model (FSDP2) under Lightning's ``ModelParallelStrategy``; Lightning calls
+        this at every ``fit`` and evaluation, the model is sharded at the first of them (after the
+        strategy's ``setup`` and any ``--resume`` restore made and filled every parameter)."""
+        mesh = self.device_mesh
+        if mesh is None:
+            return
+        from clbench.engine import sharding
+
+        if sharding.is_sharded(self.model):
+            sharding.reshard(self.model)
+            sharding.check_unchanged(self.model)
+            return
+        self.strategy.before_sharding(self)
+        for listener in self.sharding_listeners:
+            listener.before_sharding()
+        moved = sharding.shard_model(self.model, mesh)
+        for listener in self.sharding_listeners:
+            listener.after_sharding(moved)
+
+    # -- routing records ------------------------------------------------------------------
+    def _attach_routing(self) -> None:
+        if not self.num_domains or not any(getattr(m, "records_routing", False) for m in self.model.modules()):
+            return
+        from clbench.metrics.routing import RoutingRecorder
+
+        if self.routing is None and self.column_domains:
+            self.routing = RoutingRecorder(num_domains=self.num_domains, compositions=True)
+        if self.train_routing is None:
+            self.train_routing = RoutingRecorder(num_domains=self.num_domains)
+        for recorder in (self.routing, self.train_routing):
+            if recorder is not None:
+                recorder.attach(self.model)
+
+    @staticmethod
+    def _figures(recorder) -> dict[str, dict[str, Any]]:
+        figures = {layer: {k: v.tolist() for k, v in values.items()} for layer, values in recorder.compute().items()}
+        recorder.reset()
+        return figures
+
+    # -- training -------------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        self._attach_routing()
+        if self.train_routing is not None:
+            self.train_routing.to(self.device)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
+        recording = self.train_routing is not None and self.domain is not None
+        with auxiliary.collect() as terms:
+            if recording:
+                with self.train_routing.domain(self.domain):
+                    loss = self._step(batch, terms)
+            else:
+                loss = self._step(batch, terms)
+        self._accumulate(loss, terms)
+        if self._trainer is not None and self._trainer.loggers:
+            # every trainer.log_every_n_steps steps; the value is read (a device sync) only then
+            self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, batch_size=1)
+        return loss if self.automatic_optimization else None
+
+    def _step(self, batch: Any, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.update_owner is not None:
+            return self.update_owner.update(self, batch)
+        inputs, targets = self.strategy.prepare_batch(self, batch)
+        outputs = self.objective.forward(self.model, inputs)
+        loss = self.objective.loss(outputs, targets)
+        if terms:  # added by layers during the forward pass
+            loss = loss + sum(terms.values())
+        return self.strategy.training_loss(self, inputs, targets, outputs, loss)
+
+    def _accumulate(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
+        self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
+        for name, value in terms.items():
+            self._aux_sums[name] = self._aux_sums.get(name, torch.zeros((), device=loss.device)) + value.detach()
+        self._steps += 1
+
+    def on_train_epoch_start(self) -> None:
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._aux_sums = {}
+        self._steps = 0
+
+    def on_train_epoch_end(self) -> None:
+        if not self._steps:
+            return
+        mean = (self._loss_sum / self._steps).item()  # one sync per epoch
+        if not math.isfinite(mean):
+            raise NonFiniteLoss(f"training loss became {mean} in epoch {self.current_epoch} "
+                                f"(experience {self.experience})", value=mean)
+        if self.loggers:
+            values = {f"train/exp{self.experience}/loss": mean, "train/loss": mean}
+            values.update({f"train/aux/{name}": (total / self._steps).item() for name, total in self._aux_sums.items()})
+            for logger in self.loggers:
+                logger.log_metrics(values, step=self.current_epoch)
+
+    def on_train_end(self) -> None:
+        if self.train_routing is not None:
+            self.last_train_routing = self._figures(self.train_routing)
+
+    def on_after_backward(self) -> None:
+        self.strategy.on_after_backward(self)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.strategy.on_before_optimizer_step(self, optimizer)
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self.strategy.on_after_optimizer_step(self)
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params and self.update_owner is not None:
+            return None  # a closed-form learner may have nothing for an optimizer to do
+        optimizer = self.make_optimizer(params)
+        if self.make_scheduler is None:
+            return optimizer
+        scheduler = self.make_scheduler(optimizer, max(1, self.stage_steps or 1))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def rebuild_optimizer(self) -> None:
+        """Build the optimizer (and scheduler) again over the current trainable parameters.
+
+        Between experiences nothing is needed: every ``fit`` builds them afresh. A strategy that
+        adds or reshapes parameters in the middle of an experience calls this afterwards; the
+        old optimizer state is dropped, since it belongs to tensors that no longer exist.
+        """
+        trainer = self._trainer
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            trainer.strategy.setup_optimizers(trainer)
+
+    # -- evaluation -----------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self.objective.begin_evaluation()
+        self._attach_routing()
+        if self.routing is not None:
+            self.routing.to(self.device)
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        domain = self.column_domains[dataloader_idx] if self.routing is not None else None
+        column = self.columns[dataloader_idx]
+        padding = isinstance(batch, Padding)
+        if padding:  # the same forwards as a real batch; its metrics, routing and outputs are dropped
+            batch = batch.batch
+            if dataloader_idx not in self._scratch:
+                self._scratch[dataloader_idx] = self.eval_metrics[dataloader_idx].clone()
+            metrics = self._scratch[dataloader_idx]
+        else:
+            metrics = self.eval_metrics[dataloader_idx]
+        evaluate = self.objective.evaluate_padding if padding else self.objective.evaluate
+        with self.strategy.evaluating(self, column):
+            if domain is None:
+                evaluate(self.model, batch, metrics, column)
+            else:
+                with self.routing.domain(domain), (routing.discarded() if padding else contextlib.nullcontext()):
+                    evaluate(self.model, batch, metrics, column)
+
+    def on_validation_epoch_end(self) -> None:
+        # name -> one value per column (None where a column has no such metric), and
+        # "primary" -> each column's R-matrix entry.
+        computed = []
+        self.last_recalls = []
+        for column in self.eval_metrics:
+            computed.append({name: float(value) for name, value in column.compute().items()})
+            self.last_recalls.append(_class_recalls(column))
+            column.reset()
+        for scratch in self._scratch.values():
+            scratch.reset()
+        names = list(dict.fromkeys(name for values in computed for name in values))
+        results = {name: [values.get(name) for values in computed] for name in names}
+        results["primary"] = [values[name] for values, name in zip(computed, self.primary)]
+        self.last_eval = results
+        self.objective.end_evaluation()
+        if self.routing is not None:
+            self.last_compositions = self.routing.compositions(sorted(self.seen_domains)) if self.seen_domains else {}
+            self.last_routing = self._figures(self.routing)
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            self.epoch_evals.append(results)
+
+    def on_validation_end(self) -> None:
+        if self.device_mesh is not None:
+            from clbench.engine.sharding import reshard
+
+            reshard(self.model)  # evaluation leaves the root unit unsharded
+
+
+def _class_recalls(column) -> list[float | None] | None:
+    """Per-class recall of a column's G-mean metric over every process (None for classes the
+    column has no sample of), rounded to 4 digits; None when G-mean is not evaluated. Kept for
+    the final stage so that a G-mean of 0 can be traced to the classes never predicted."""
+    if "gmean" not in column.keys():
+        return None
+    metric = column["gmean"]
+    with metric.sync_context(should_unsync=True):
+        recalls = metric.recalls().tolist()
+    return [None if value != value else round(value, 4) for value in recalls]

@@ -1,0 +1,280 @@
+"""Build a run's components from a resolved config.
+
+``init_args`` are checked against the target's signature before it is called: unknown keys
+(with the closest valid one), missing required ones and values that do not fit their
+annotation (checked by :mod:`clbench.config.validation` with pydantic: containers, ``Literal``,
+``Union`` and constraints declared in the signature, such as ``Annotated[int, Field(ge=1)]``)
+are reported as one-line :class:`~clbench.errors.UserError` naming the file and field.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Annotated, Any, Callable
+
+from pydantic import Field
+
+from clbench.plugins import registry
+from clbench.errors import UserError, did_you_mean
+from clbench.config.validation import Invalid, argument_path, check_value, fix_for
+
+
+def check_init_args(target: Callable, init_args: dict, where: str, provided: tuple[str, ...] = ()) -> None:
+    """Raise a UserError unless ``target(**provided, **init_args)`` is a well-formed call."""
+    if not isinstance(init_args, dict):
+        raise UserError(f"init_args must be a mapping, got {type(init_args).__name__}", where=where)
+    func = target.__init__ if inspect.isclass(target) else target
+    signature = inspect.signature(func)
+    params = {name: p for name, p in signature.parameters.items()
+              if name != "self" and p.kind not in (p.VAR_POSITIONAL,)}
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = {n: p for n, p in params.items() if p.kind is not p.VAR_KEYWORD and n not in provided}
+    try:
+        hints = typing.get_type_hints(func, include_extras=True)
+    except Exception:  # unresolvable forward references: skip type checks
+        hints = {}
+    for key, value in init_args.items():
+        if key not in named:
+            if key in provided:
+                raise UserError(f"'{key}' is set by the harness, not the config", where=f"{where}.{key}",
+                                fix=f"remove {key} from init_args")
+            if not takes_kwargs:
+                raise UserError(f"unknown argument '{key}'", where=f"{where}.{key}",
+                                fix=did_you_mean(key, named) if named else "this component takes no arguments")
+            continue
+        annotation = hints.get(key, named[key].annotation)
+        if annotation is inspect.Parameter.empty or isinstance(annotation, str):
+            continue  # unannotated, or a forward reference that does not resolve: anything goes
+        try:
+            check_value(value, annotation)
+        except Invalid as err:
+            what = f"{key}{err.path} {err.what}" if err.limit else err.what  # "mem_size must be >= 0, got -5"
+            raise UserError(what, where=f"{where}.{key}{err.path}", fix=err.fix or fix_for(key, annotation)) from None
+    missing = [n for n, p in named.items() if p.default is inspect.Parameter.empty and n not in init_args
+               and p.kind is not p.VAR_KEYWORD]
+    if missing:
+        raise UserError(f"missing required argument(s) {', '.join(missing)}", where=where,
+                        fix=f"add {', '.join(missing)} under init_args")
+
+
+def _locate(err: UserError, source: str) -> UserError:
+    """Prefix the config file to an error a component raised about one of its own fields.
+
+    Builders only know their field (``benchmark.init_args.min_size``); the user needs the file
+    too. Errors about something else (a dataset path) keep their own ``where``.
+    """
+    if err.where and err.where.split(".")[0] in ("benchmark", "model", "strategy", "train", "objective"):
+        err.where = f"{source}: {err.where}"
+        err.args = (err.one_line(),)
+    return err
+
+
+def _call(target: Callable, args: dict, where: str, source: str, **provided: Any) -> Any:
+    """``target(**provided, **args)``; an exception raised by a plugin's own code (not the
+    harness's: that is a bug and keeps its traceback) becomes a one-line error at its line."""
+    check_init_args(target, args, where, provided=tuple(provided))
+    try:
+        return target(**provided, **args)
+    except UserError as err:
+        raise _locate(err, source) from None
+    except Exception as err:
+        if not registry.is_plugin(target):
+            raise
+        try:
+            path = inspect.getsourcefile(target)
+        except TypeError:  # a builtin or C extension: no file of its own
+            path = None
+        name = getattr(target, "__qualname__", repr(target))
+        raise registry.plugin_failure(err, where=where.removesuffix(".init_args"), doing=f"building {name}",
+                                      path=path) from None
+
+
+def _strategy_class(cfg: dict, source: str):
+    from clbench.strategy import Strategy
+
+    spec = cfg["strategy"]
+    where = f"{source}: strategy.class_path"
+    target = registry.resolve("strategies", spec["class_path"], where=where)
+    if not (inspect.isclass(target) and issubclass(target, Strategy)):
+        raise UserError(f"'{spec['class_path']}' is not a clbench Strategy subclass", where=where,
+                        fix="subclass clbench.strategy.Strategy")
+    return target
+
+
+def preflight(cfg: dict, source: str) -> None:
+    """Resolve every component and check every ``init_args`` before anything is built.
+
+    Building a stream can take minutes (decoding a dataset); a typo in the strategy's
+    arguments should not wait for it. Only imports the components' modules; unknown names were
+    already refused when the config was resolved (:func:`clbench.config.load.resolve_config`), before
+    anything was imported.
+    """
+    _optimizer_path(cfg, source)
+    # The model's harness-given arguments depend on the objective, which the stream names; until
+    # the stream is built, any built-in objective's may be harness-given (checked exactly later).
+    if cfg.get("objective"):
+        objective = _objective_class(cfg["objective"]["class_path"], f"{source}: objective.class_path")
+        model_args = objective.model_args
+        check_init_args(objective, cfg["objective"]["init_args"], f"{source}: {argument_path('objective')}")
+    else:
+        model_args = ("num_classes", "input_shape", "output_dim")
+    for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", model_args)):
+        target = registry.resolve(kind, cfg[key]["class_path"], where=f"{source}: {key}.class_path")
+        check_init_args(target, cfg[key]["init_args"], f"{source}: {argument_path(key)}", provided=provided)
+    check_init_args(_strategy_class(cfg, source), cfg["strategy"]["init_args"],
+                    f"{source}: {argument_path('strategy')}")
+    optimizer_factory(cfg, source)
+    scheduler_factory(cfg, source)
+
+
+def build_benchmark(cfg: dict, source: str):
+    spec = cfg["benchmark"]
+    where = f"{source}: benchmark.class_path"
+    target = registry.resolve("benchmarks", spec["class_path"], where=where)
+    scenario = _call(target, spec["init_args"], f"{source}: {argument_path('benchmark')}", source)
+    _check_stream(scenario, spec["class_path"], where)
+    return scenario
+
+
+def _check_stream(scenario: Any, name: str, where: str) -> None:
+    """What the runner reads of a stream: ``train_stream`` and ``test_stream``, each a sequence
+    of experiences, the training one not empty (an Avalanche scenario, or
+    :func:`clbench.data.streams.build_scenario`'s)."""
+    fix = "return an Avalanche scenario, e.g. from clbench.data.streams.build_scenario (see docs/datasets.md)"
+    try:
+        sizes = [len(getattr(scenario, part)) for part in ("train_stream", "test_stream")]
+    except (AttributeError, TypeError):
+        raise UserError(f"benchmark '{name}' returned a {type(scenario).__name__}, not a stream with "
+                        "train_stream and test_stream", where=where, fix=fix) from None
+    if not sizes[0]:
+        raise UserError(f"benchmark '{name}' returned a stream without experiences", where=where, fix=fix)
+
+
+def _objective_class(name: str, where: str):
+    from clbench.objectives.base import Objective
+
+    target = registry.resolve("objectives", name, where=where)
+    if not (inspect.isclass(target) and issubclass(target, Objective)):
+        raise UserError(f"'{name}' is not a clbench Objective subclass", where=where,
+                        fix="subclass clbench.objectives.Objective")
+    return target
+
+
+def build_objective(cfg: dict, stream_spec, source: str):
+    """The config's ``objective`` if it names one, else the stream's (``StreamSpec.objective``)."""
+    spec = cfg.get("objective") or {"class_path": stream_spec.objective, "init_args": {}}
+    where = f"{source}: objective" if cfg.get("objective") else f"{source}: benchmark (its objective)"
+    target = _objective_class(spec["class_path"], f"{where}.class_path" if cfg.get("objective") else where)
+    args = dict(spec.get("init_args") or {})
+    if spec["class_path"] == stream_spec.objective:  # the stream's own arguments, the config's on top
+        args = {**stream_spec.objective_args, **args}
+    return _call(target, args, f"{where}.init_args", source)
+
+
+def build_model(cfg: dict, stream_spec, source: str, objective=None):
+    """The model, given the arguments the objective derives from the stream (classification:
+    ``num_classes`` and ``input_shape``)."""
+    if objective is None:
+        from clbench.objectives.classification import Classification
+
+        objective = Classification()
+    spec = cfg["model"]
+    target = registry.resolve("models", spec["class_path"], where=f"{source}: model.class_path")
+    return _call(target, spec["init_args"], f"{source}: {argument_path('model')}", source,
+                 **objective.model_kwargs(stream_spec))
+
+
+def build_strategy(cfg: dict, source: str):
+    return _call(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: {argument_path('strategy')}",
+                 source)
+
+
+# Short optimizer names; anything else is an import path (torch.optim.SGD, my.module:MyOpt).
+OPTIMIZERS = {"adam": "torch.optim.Adam", "adamw": "torch.optim.AdamW", "sgd": "torch.optim.SGD",
+              "rmsprop": "torch.optim.RMSprop"}
+
+
+def _optimizer_path(cfg: dict, source: str) -> str:
+    name = cfg["train"]["optimizer"]["class_path"]
+    path = OPTIMIZERS.get(name.lower(), name)
+    if "." not in path and ":" not in path:
+        raise UserError(f"unknown optimizer '{name}'", where=f"{source}: train.optimizer.class_path",
+                        fix=did_you_mean(name, OPTIMIZERS) + ", or an import path like torch.optim.SGD")
+    return path
+
+
+def optimizer_factory(cfg: dict, source: str) -> Callable:
+    spec = cfg["train"]["optimizer"]
+    where = f"{source}: train.optimizer"
+    target = registry._load_import_path(_optimizer_path(cfg, source), f"{where}.class_path")
+    args = dict(spec["init_args"])
+    check_init_args(target, args, f"{where}.init_args", provided=("params",))
+    lr = args.get("lr")
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool) and not 0 <= lr < float("inf"):
+        raise UserError(f"the learning rate must be a finite number >= 0, got {lr}", where=f"{where}.init_args.lr",
+                        fix="give a rate such as 0.001")
+    # Build it once over a dummy parameter, so a value the optimizer itself refuses (a negative
+    # eps, betas outside [0, 1)...) is reported before training, not in the middle of it.
+    import torch
+
+    try:
+        target([torch.nn.Parameter(torch.zeros(1))], **args)
+    except (ValueError, TypeError) as err:  # a value outside the range, or of a type the annotation let through
+        raise UserError(f"the optimizer refuses its arguments: {err}", where=f"{where}.init_args",
+                        fix="check the values under train.optimizer.init_args") from None
+    except Exception:  # noqa: BLE001 - an optimizer that needs real parameters: its own call reports it
+        pass
+    return lambda params: target(params, **args)
+
+
+# Learning-rate schedules stepped every optimizer step, over one experience's steps.
+SCHEDULERS = ("constant", "linear", "cosine")
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+def scheduler_factory(cfg: dict, source: str) -> Callable | None:
+    """``train.scheduler: {class_path: cosine, init_args: {warmup_steps | warmup_ratio, min_lr_ratio}}``.
+
+    Each experience gets its own schedule over its own optimizer steps (the optimizer is built
+    afresh per experience too), as sequential fine-tuning of language models does: linear
+    warm-up from 0, then constant, linear decay or cosine decay to ``min_lr_ratio`` of the
+    base rate. Built from torch's ``LinearLR``/``CosineAnnealingLR``/``ConstantLR`` chained
+    with ``SequentialLR``. An import path names any other ``torch.optim.lr_scheduler`` class,
+    called as ``cls(optimizer, **init_args)``.
+    """
+    spec = (cfg.get("train") or {}).get("scheduler")
+    if not spec:
+        return None
+    where = f"{source}: train.scheduler"
+    name, args = spec["class_path"], dict(spec.get("init_args") or {})
+    if name not in SCHEDULERS:
+        if "." not in name and ":" not in name:
+            raise UserError(f"unknown scheduler '{name}'", where=f"{where}.class_path",
+                            fix=did_you_mean(name, SCHEDULERS) + ", or an import path such as "
+                                "torch.optim.lr_scheduler.StepLR")
+        target = registry._load_import_path(name, f"{where}.class_path")
+        check_init_args(target, args, f"{where}.init_args", provided=("optimizer",))
+        return lambda optimizer, total_steps: target(optimizer, **args)
+    check_init_args(_warmup_schedule, args, f"{where}.init_args", provided=("optimizer", "total_steps", "kind"))
+    return lambda optimizer, total_steps: _warmup_schedule(optimizer, total_steps, kind=name, **args)
+
+
+def _warmup_schedule(optimizer, total_steps: int, kind: str, warmup_steps: Annotated[int, Field(ge=0)] = 0,
+                     warmup_ratio: Fraction = 0.0, min_lr_ratio: Fraction = 0.0):
+    from torch.optim import lr_scheduler as S
+
+    warmup = min(total_steps, warmup_steps or round(warmup_ratio * total_steps))
+    rest = max(1, total_steps - warmup)
+    if kind == "cosine":
+        base = optimizer.param_groups[0]["lr"]
+        after = S.CosineAnnealingLR(optimizer, T_max=rest, eta_min=base * min_lr_ratio)
+    elif kind == "linear":
+        after = S.LinearLR(optimizer, start_factor=1.0, end_factor=min_lr_ratio, total_iters=rest)
+    else:
+        after = S.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    if not warmup:
+        return after
+    # LinearLR cannot start at exactly 0: the first step uses 1/(warmup+1) of the rate.
+    ramp = S.LinearLR(optimizer, start_factor=1.0 / (warmup + 1), end_factor=1.0, total_iters=warmup)
+    return S.SequentialLR(optimizer, [ramp, after], milestones=[warmup])

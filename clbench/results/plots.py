@@ -1,0 +1,116 @@
+"""Figures shared by TensorBoard logging and the leaderboard page (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+
+MAX_CELLS = 24  # experiences a heatmap shows at full size, cell by cell
+
+
+def _ticks(labels: list[str]) -> tuple[list[int], list[str]]:
+    """Positions and labels of at most ``MAX_CELLS`` evenly spaced ticks."""
+    step = -(-len(labels) // MAX_CELLS)  # ceil
+    positions = list(range(0, len(labels), step))
+    return positions, [labels[i] for i in positions]
+
+
+def r_matrix_figure(result: dict):
+    """Heatmap of a result's R matrix: rows = after training stage (the untrained model first,
+    when the result has it), columns = test experience. Scores in [0, 1] are drawn as
+    percentages on a fixed scale; errors (lower is better) on their own scale, the colour map
+    reversed so that better is always brighter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from clbench.results.record import single_stage
+
+    r = np.asarray(result["r_matrix"], dtype=float)
+    names = result["experiences"]
+    rows = [f"after {n}" for n in (["joint"] if single_stage(result) else names)]
+    if result.get("r_init") is not None:
+        r = np.vstack([np.asarray(result["r_init"], dtype=float)[None, :], r])
+        rows = ["untrained", *rows]
+    higher = (result.get("r_metric") or {}).get("higher_is_better", True)
+    finite = r[np.isfinite(r)]
+    unit = finite.size == 0 or (finite.min() >= 0.0 and finite.max() <= 1.0)
+    low, high = (0.0, 1.0) if unit else (float(finite.min()), float(finite.max()) or 1.0)
+    # A long stream (the theory benchmark's 100 rounds) keeps the size of a 24-experience map:
+    # its cells are not numbered and every k-th experience is named.
+    dense = len(names) > MAX_CELLS
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * min(len(names), MAX_CELLS), 0.8 + 0.5 * min(len(r), MAX_CELLS + 1)),
+                           dpi=100)
+    image = ax.imshow(r, vmin=low, vmax=high, cmap="viridis" if higher else "viridis_r", aspect="auto")
+    ax.set_xticks(*_ticks(names), rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(*_ticks(rows), fontsize=8)
+    middle = low + 0.6 * (high - low)
+    for i in range(0 if dense else r.shape[0]):
+        for j in range(r.shape[1]):
+            bright = (r[i, j] >= middle) == higher
+            ax.text(j, i, f"{100 * r[i, j]:.0f}" if unit else f"{r[i, j]:.3g}", ha="center", va="center",
+                    fontsize=7, color="black" if bright else "white")
+    ax.set_xlabel("test experience")
+    ax.set_title(f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')})",
+                 fontsize=9)
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if unit:  # the bar in the cells' unit: percent
+        from matplotlib.ticker import FuncFormatter
+
+        bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{100 * value:.0f}"))
+        bar.set_label("%", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def routing_layers(result: dict, max_layers: int | None = None) -> list[str]:
+    """The MoE layers of a result's routing records, in order; ``max_layers`` picks evenly spaced ones."""
+    stages = result.get("expert_utilization") or []
+    layers = sorted(stages[-1]) if stages else []
+    if max_layers is None or len(layers) <= max_layers:
+        return layers
+    step = (len(layers) - 1) / (max_layers - 1)
+    return [layers[round(i * step)] for i in range(max_layers)]
+
+
+def utilization_figure(result: dict, layers: list[str], stage: int = -1):
+    """Per-domain expert utilization (rows: test experience, columns: expert; each row sums to 1)
+    of the given MoE layers after training stage ``stage``, one panel per layer, with the layer's
+    N_eff in its title when the result has it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figures = result["expert_utilization"][stage]
+    compositions = (result.get("route_compositions") or [{}])[stage] if result.get("route_compositions") else {}
+    names = result["experiences"]
+    panels = [layer for layer in layers if layer in figures]
+    width = max(len(np.atleast_2d(figures[layer]["utilization"])[0]) for layer in panels) if panels else 1
+    fig, axes = plt.subplots(1, max(1, len(panels)), squeeze=False, dpi=100,
+                             figsize=(1.2 + (0.9 + 0.22 * width) * max(1, len(panels)),
+                                      0.9 + 0.28 * min(len(names), 2 * MAX_CELLS)))
+    for ax, layer in zip(axes[0], panels):
+        u = np.atleast_2d(np.asarray(figures[layer]["utilization"], dtype=float))
+        # Rows are domain ids. A stream over a subset of its benchmark's tasks (trace-mini with
+        # ``tasks``) keeps each task's own id, so rows outnumber experiences: show the rows that
+        # hold units, named by id, rather than put experience names on the wrong rows.
+        rows = list(range(len(u)))
+        labels = names[: len(u)]
+        if len(u) != len(names):
+            rows = [d for d in rows if not np.isnan(u[d]).all()]
+            labels = [f"domain {d}" for d in rows]
+        u = u[rows]
+        ax.imshow(u, vmin=0.0, vmax=1.0, cmap="magma", aspect="auto")
+        positions, shown = _ticks(labels)
+        ax.set_yticks(positions, shown if ax is axes[0][0] else [""] * len(positions), fontsize=7)
+        ax.set_xticks(range(u.shape[1]), [str(e) for e in range(u.shape[1])], fontsize=6)
+        n_eff = compositions.get(layer, {}).get("n_eff")
+        short = layer if len(layer) <= 28 else "…" + layer[-27:]
+        ax.set_title(short + ("" if n_eff is None else f"\nN_eff {n_eff:.2f}"), fontsize=7)
+        ax.set_xlabel("expert", fontsize=7)
+    for ax in axes[0][len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
