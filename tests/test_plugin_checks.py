@@ -26,30 +26,24 @@ ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("strategies", "benchmarks", "models", "objectives")
 
 
-def _module_file(*names: str) -> Path | None:
-    """The source file of the first module of ``names`` that exists."""
-    for name in names:
-        try:
-            spec = importlib.util.find_spec(name)
-        except ModuleNotFoundError:
-            continue
-        if spec is not None and spec.origin:
-            return Path(spec.origin)
-    return None
+def _module_file(name: str) -> Path | None:
+    """The source file of module ``name``, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    return Path(spec.origin) if spec is not None and spec.origin else None
 
 
 def _plugin_files() -> list[Path]:
     """Every file that defines a registered strategy, benchmark, model factory or objective, the
     other files of the built-in strategies' and benchmarks' folders (their shared helpers), and
-    the GGUF weights' module (the causal LM's paths). Layers the factories assemble (the grow
-    strategy's MLP surgery, the ViT-MoE's routers) keep their ValueError preconditions, as
+    the GGUF weights' module (the causal LM's paths). The layers the factories assemble
+    (clbench.models.layers, the ViT-MoE's routers) keep their ValueError preconditions, as
     torch's own layers do: a factory's signature is where a config's value is checked."""
     from clbench.plugins import registry
 
     files = {_module_file(target.split(":")[0]) for kind in KINDS for target in registry.available(kind).values()}
     for folder in ("strategies", "benchmarks"):
-        files |= {path for path in (ROOT / folder).glob("*.py") if path.name != "grow_layers.py"}
-    files.add(_module_file("clbench.models.lm.gguf", "clbench.models.lm.gguf"))
+        files |= set((ROOT / folder).glob("*.py"))
+    files.add(_module_file("clbench.models.lm.gguf"))
     return sorted({path.resolve() for path in files if path is not None and path.resolve().is_relative_to(ROOT)})
 
 
