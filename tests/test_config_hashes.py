@@ -39,15 +39,7 @@ def test_experiment_configs_keep_their_hashes(name):
     assert config_hash(load_config(ROOT / "configs" / "experiments" / name)) == EXPERIMENTS[name]
 
 
-# Suites edited on purpose since their leaderboard was made; the mark is strict, so the test
-# fails again once the leaderboard is regenerated and the entry must then be removed here.
-EDITED = {"moe-theory": "its model's class_path is clbench.strategies.moe_theory:... since strategies/ installs "
-                        "under clbench; the committed entries name strategies.moe_theory: regenerate the leaderboard"}
-
-
-@pytest.mark.parametrize("manifest", [
-    pytest.param(p, id=p.parent.name, marks=pytest.mark.xfail(strict=True, reason=EDITED[p.parent.name]))
-    if p.parent.name in EDITED else pytest.param(p, id=p.parent.name) for p in MANIFESTS])
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=[p.parent.name for p in MANIFESTS])
 def test_committed_suites_expand_to_their_committed_hashes(manifest, monkeypatch):
     monkeypatch.chdir(ROOT)  # a manifest names its suite relative to the repository
     recorded = json.loads(manifest.read_text())
