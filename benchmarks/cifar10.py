@@ -120,3 +120,6 @@ def cifar10_dirichlet(root: str, num_experiences: NumExperiences = 5, alpha: Alp
     scenario = build_scenario(spec, train, test, names=[f"part{p}" for p in range(num_experiences)])
     scenario.dirichlet = split  # the partition (indices into the official arrays, class proportions)
     return scenario
+
+
+cifar10_dirichlet.objective = "classification"  # the stream's objective, known before it is built (preflight)

@@ -261,3 +261,6 @@ def core50(root: str, protocol: Literal["domains11", "ni"] = "domains11",
                       class_names=[names_all[c] for c in classes_used], imbalance_metrics=True)
     return build_scenario(spec, train, test, names=names, domain_ids=[s - 1 for s in exp_sessions],
                           classes=[list(range(len(classes_used)))] * len(names))
+
+
+core50.objective = "classification"  # the stream's objective, known before it is built (preflight)

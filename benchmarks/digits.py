@@ -63,6 +63,9 @@ def digits_domains(domains: Annotated[list[Domain], Field(min_length=1), AfterVa
     return build_scenario(spec, train, test, names=domains, classes=[list(range(10))] * len(domains))
 
 
+digits_domains.objective = "classification"  # the stream's objective, known before it is built (preflight)
+
+
 def digits_dirichlet(num_experiences: NumExperiences = 5, alpha: Alpha = 0.3, min_size: MinSize = 20,
                      balanced: bool = False, test_fraction: TestFraction = 0.25, split_seed: int = 0,
                      partition_seed: int = 0):
@@ -77,3 +80,6 @@ def digits_dirichlet(num_experiences: NumExperiences = 5, alpha: Alpha = 0.3, mi
                       global_test=ArrayDataset(x_te[g], y_te[g]), class_names=[str(i) for i in range(10)],
                       imbalance_metrics=True)
     return build_scenario(spec, train, test, names=[f"part{p}" for p in range(num_experiences)])
+
+
+digits_dirichlet.objective = "classification"  # the stream's objective, known before it is built (preflight)

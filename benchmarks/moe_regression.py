@@ -118,3 +118,6 @@ def moe_regression(rounds: Count = 40, num_tasks: Count = 6, num_clusters: Count
                       objective="regression",
                       class_names=[f"task{n}" for n in range(num_tasks)])
     return build_scenario(spec, train, test, names, domain_ids=[int(n) for n in stream.tasks], targets=False)
+
+
+moe_regression.objective = "regression"  # the stream's objective, known before it is built (preflight)

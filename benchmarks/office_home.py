@@ -133,3 +133,6 @@ def office_home(root: str, domains: Domains | None = None, classes: Classes | No
     return build_scenario(spec, train, test, names=use_domains,
                           domain_ids=[list(DOMAINS).index(d) for d in use_domains],
                           classes=[list(range(len(use_classes)))] * len(use_domains))
+
+
+office_home.objective = "classification"  # the stream's objective, known before it is built (preflight)

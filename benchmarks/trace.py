@@ -256,6 +256,9 @@ def trace(root: str, tasks: Tasks | None = None, n_train: Annotated[int, Field(g
     return scenario_from_records("trace", data, scenario_type=scenario_type, sources=sources, scoring=scoring)
 
 
+trace.objective = "causal_lm"  # the stream's objective, known before it is built (preflight)
+
+
 def write_trace(root: str | Path, data: dict[str, dict[str, list[dict[str, str]]]]) -> Path:
     """Write ``{task: {split: records}}`` as ``root/<task>/<split>.json`` (TRACE's layout:
     UTF-8, one JSON list per file, non-ASCII kept as is); returns ``root``."""

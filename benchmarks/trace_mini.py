@@ -258,6 +258,9 @@ def trace_mini(tasks: Tasks | None = None, n_train: Annotated[int, Field(ge=1)] 
                                  scenario_type=scenario_type, scoring=scoring)
 
 
+trace_mini.objective = "causal_lm"  # the stream's objective, known before it is built (preflight)
+
+
 TOKENIZER_VOCAB = 1024
 
 

@@ -20,21 +20,33 @@ Heavy modules are imported where they are used.
 
 __version__ = "0.1.0"
 
-# The public API, imported on first use (``clbench.run`` loads torch; ``import clbench`` does not).
-_LAZY = {
+# The public API, imported on first use (``clbench.run`` loads torch; ``import clbench`` does not):
+# name -> module, or (module, attribute) where the name differs from the module's.
+_LAZY: dict[str, str | tuple[str, str]] = {
     "run": "clbench.api", "load_config": "clbench.api", "run_leaderboard": "clbench.api",
     "load_leaderboard": "clbench.api", "compare": "clbench.api", "RunResult": "clbench.api",
-    "Leaderboard": "clbench.api", "UserError": "clbench.errors",
-    "Strategy": "clbench.strategy", "Objective": "clbench.objectives.base",
+    "Leaderboard": "clbench.api", "UserError": "clbench.errors", "ArgumentError": "clbench.config.validation",
+    # writing a plugin (docs/strategies.md, "Writing a strategy")
+    "Strategy": "clbench.strategy", "StrategyContext": "clbench.strategy", "Objective": "clbench.objectives.base",
+    "ContinualModel": "clbench.models.protocol", "RoutingLayer": "clbench.models.protocol",
+    "Experience": "clbench.data.streams", "derive_seed": ("clbench.engine.seeding", "derive"),
+    "full_tensor": ("clbench.engine.sharding", "full"),
 }
 __all__ = ["__version__", *_LAZY]
+
+#: Modules a plugin may import from, with their submodules, besides the names in ``__all__``: the
+#: public API. Everything else (``clbench.engine``, ``clbench.plugins``, ``clbench.config``, ...)
+#: may change without notice; a test holds the built-in strategies to this list.
+PUBLIC_MODULES = ("clbench.errors", "clbench.metrics", "clbench.models.layers", "clbench.objectives",
+                  "clbench.data", "clbench.strategies", "clbench.benchmarks")
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module, attribute = _LAZY[name] if isinstance(_LAZY[name], tuple) else (_LAZY[name], name)
+        value = getattr(importlib.import_module(module), attribute)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'clbench' has no attribute {name!r}")

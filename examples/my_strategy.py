@@ -9,7 +9,7 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
-from clbench.strategy import Strategy
+from clbench import Strategy
 
 
 class L2Anchor(Strategy):
@@ -23,13 +23,13 @@ class L2Anchor(Strategy):
         self.strength = strength
         self.anchor: list[torch.Tensor] = []
 
-    def after_experience(self, module, experience):
-        self.anchor = [p.detach().clone() for p in module.model.parameters()]
+    def after_experience(self, ctx, experience):
+        self.anchor = [p.detach().clone() for p in ctx.model.parameters()]
 
-    def training_loss(self, module, x, y, logits, loss):
+    def training_loss(self, ctx, x, y, logits, loss):
         if not self.anchor:
             return loss
-        penalty = sum(((p - a) ** 2).sum() for p, a in zip(module.model.parameters(), self.anchor))
+        penalty = sum(((p - a) ** 2).sum() for p, a in zip(ctx.model.parameters(), self.anchor))
         return loss + 0.5 * self.strength * penalty
 
     def state_dict(self):

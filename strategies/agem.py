@@ -36,7 +36,7 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
-from clbench.strategy import Strategy
+from clbench import Strategy
 from clbench.strategies.replay import memory_dataset, seeded_generator, with_memory
 
 
@@ -74,31 +74,31 @@ class AGEM(Strategy):
         self._position = 0
         self._memory_batch = None
 
-    def before_experience(self, module, experience):
+    def before_experience(self, ctx, experience):
         self._position = experience.position
         self._memory_batch = None
 
-    def train_loader(self, module, dataset, make_loader):
+    def train_loader(self, ctx, dataset, make_loader):
         current = make_loader(dataset)
         if len(self.memory) == 0:
             return current
         return with_memory(current, memory_dataset(self.experiences, self.memory), make_loader, self.sample_size,
                            seeded_generator(self.seed, "agem-loader", self._position), shard=False)
 
-    def prepare_batch(self, module, batch):
+    def prepare_batch(self, ctx, batch):
         if isinstance(batch, dict) and set(batch) == {"current", "memory"}:
             self._memory_batch = batch["memory"]
             batch = batch["current"]
-        return module.objective.split(batch)
+        return ctx.objective.split(batch)
 
-    def on_before_optimizer_step(self, module, optimizer):
+    def before_optimizer_step(self, ctx, optimizer):
         if self._memory_batch is None:
             return
-        x, y = module.objective.split(self._memory_batch)
+        x, y = ctx.objective.split(self._memory_batch)
         self._memory_batch = None
-        params = [p for p in module.model.parameters() if p.requires_grad]
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
         with torch.enable_grad():  # optimizers run their step under no_grad
-            loss = module.objective.loss_of(module.model, x, y)
+            loss = ctx.objective.loss_of(ctx.model, x, y)
         reference = torch.autograd.grad(loss, params, allow_unused=True)
         # A parameter that neither batch reaches keeps grad None (the optimizer skips it).
         pairs = [(p, r) for p, r in zip(params, reference) if p.grad is not None or r is not None]
@@ -115,7 +115,7 @@ class AGEM(Strategy):
                 p.grad = torch.zeros_like(p)
         project([p.grad for p in params], reference)
 
-    def after_experience(self, module, experience):
+    def after_experience(self, ctx, experience):
         n = len(experience.train)
         k = min(self.patterns_per_experience, n)
         generator = seeded_generator(self.seed, "agem-memory", experience.position)

@@ -4,8 +4,8 @@ Keeps all past data (an unbounded replay buffer), so it bounds what rehearsal ca
 each stage while still training stage by stage; the model is fine-tuned, not re-initialised.
 """
 
+from clbench import Strategy
 from clbench.data.datasets import concat
-from clbench.strategy import Strategy
 
 
 class Cumulative(Strategy):

@@ -37,10 +37,9 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_leaves, tree_map
 
+from clbench import Objective, Strategy
 from clbench.data.datasets import make_loader, subset
 from clbench.errors import UserError
-from clbench.objectives.base import Objective
-from clbench.strategy import Strategy
 from clbench.strategies.replay import seeded_generator
 
 _CHUNK_BUDGET = 2**28  # per-sample gradient numbers held at once when the chunk size is automatic
@@ -114,14 +113,6 @@ def _accumulate_one_by_one(model: nn.Module, objective: Objective, x: dict, y, f
                 fisher[n] += g.pow(2)
 
 
-def compute_device(module) -> torch.device:
-    """The device training runs on (Lightning moves the model back to CPU after ``fit``)."""
-    try:
-        return module.trainer.strategy.root_device
-    except (RuntimeError, AttributeError):
-        return next(module.model.parameters()).device
-
-
 class EWC(Strategy):
     """Elastic Weight Consolidation.
 
@@ -157,7 +148,7 @@ class EWC(Strategy):
         self.consolidated = 0                          # experiences folded in so far
         self._terms: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor] | None = None  # see _flat
 
-    def before_experience(self, module, experience):
+    def before_experience(self, ctx, experience):
         self._terms = None
 
     def penalty(self, model: nn.Module) -> torch.Tensor:
@@ -203,26 +194,26 @@ class EWC(Strategy):
         self._terms = (params, importance, anchor)
         return self._terms
 
-    def training_loss(self, module, x, y, logits, loss):
+    def training_loss(self, ctx, x, y, logits, loss):
         if not self.importance or self.ewc_lambda == 0:
             return loss
-        return loss + 0.5 * self.ewc_lambda * self.penalty(module.model)
+        return loss + 0.5 * self.ewc_lambda * self.penalty(ctx.model)
 
-    def after_experience(self, module, experience):
+    def after_experience(self, ctx, experience):
         dataset = experience.train
         if self.fisher_samples is not None and self.fisher_samples < len(dataset):
             generator = seeded_generator(self.seed, "ewc-fisher", experience.position)
             dataset = subset(dataset, torch.randperm(len(dataset), generator=generator)[: self.fisher_samples].tolist())
-        model = module.model
+        model = ctx.model
         chunk = self.fisher_batch_size
         if chunk is None:
             numbers = sum(p.numel() for p in model.parameters() if p.requires_grad)
             chunk = max(1, min(256, _CHUNK_BUDGET // max(numbers, 1)))
         home = next(model.parameters()).device
-        device = compute_device(module)
+        device = ctx.device  # where training runs (Lightning moves the model back to CPU after fit)
         model.to(device)
         try:
-            fisher = diagonal_fisher(model, dataset, batch_size=chunk, device=device, objective=module.objective)
+            fisher = diagonal_fisher(model, dataset, batch_size=chunk, device=device, objective=ctx.objective)
             theta = {n: p.detach().clone() for n, p in model.named_parameters() if n in fisher}
         finally:
             model.to(home)

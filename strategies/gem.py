@@ -51,8 +51,8 @@ import torch
 from pydantic import Field
 from torch.utils._pytree import tree_leaves, tree_map
 
+from clbench import Strategy
 from clbench.data.datasets import make_loader
-from clbench.strategy import Strategy
 from clbench.strategies.replay import loader_batch_size, memory_dataset, seeded_generator
 
 _RIDGE = 1e-10  # relative to the mean diagonal of G Gᵀ; grown on a failed factorisation
@@ -116,17 +116,17 @@ class GEM(Strategy):
         self.projections = 0  # steps whose gradient was projected in the current experience
 
     # -- memory ----------------------------------------------------------------------------
-    def train_loader(self, module, dataset, make_loader_):
+    def train_loader(self, ctx, dataset, make_loader_):
         current = make_loader_(dataset)
         self.projections = 0
-        self._chunks = self._read_memory(module, self.memory_batch_size or loader_batch_size(current))
+        self._chunks = self._read_memory(ctx, self.memory_batch_size or loader_batch_size(current))
         self._device = torch.device("cpu")
         return current
 
-    def _read_memory(self, module, batch_size: int) -> list[list[tuple]]:
+    def _read_memory(self, ctx, batch_size: int) -> list[list[tuple]]:
         """Every past experience's memory as collated, split chunks (read once per experience,
         after the runner has seeded it, so a resumed run reads the same augmented views)."""
-        objective = module.objective
+        objective = ctx.objective
         out = []
         for position in torch.unique(self.memory[:, 0]).tolist():
             rows = self.memory[self.memory[:, 0] == position]
@@ -138,7 +138,7 @@ class GEM(Strategy):
             out.append(chunks)
         return out
 
-    def after_experience(self, module, experience):
+    def after_experience(self, ctx, experience):
         n = len(experience.train)
         k = min(self.patterns_per_experience, n)
         chosen = torch.randperm(n, generator=seeded_generator(self.seed, "gem-memory", experience.position))[:k]
@@ -147,14 +147,14 @@ class GEM(Strategy):
         self._chunks = []
 
     # -- the projection ---------------------------------------------------------------------
-    def memory_gradient(self, module, params, chunks, reached: list[bool] | None = None) -> torch.Tensor:
+    def memory_gradient(self, ctx, params, chunks, reached: list[bool] | None = None) -> torch.Tensor:
         """Flat gradient of the mean task loss over one experience's memory; ``reached[i]`` is
         set where parameter i gets a gradient."""
         total = sum(count for _, _, count in chunks)
         flat = None
         for x, y, count in chunks:
             with torch.enable_grad():  # optimizers run their step under no_grad
-                loss = module.objective.loss_of(module.model, x, y)
+                loss = ctx.objective.loss_of(ctx.model, x, y)
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             if reached is not None:
                 reached[:] = [r or g is not None for r, g in zip(reached, grads)]
@@ -162,17 +162,17 @@ class GEM(Strategy):
             flat = grads if flat is None else flat + grads
         return flat
 
-    def on_before_optimizer_step(self, module, optimizer):
+    def before_optimizer_step(self, ctx, optimizer):
         if not self._chunks:
             return
-        params = [p for p in module.model.parameters() if p.requires_grad]
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
         device = params[0].device
         if self._device != device:  # the chunks move to the training device once per experience
             self._chunks = [[tree_map(lambda t: t.to(device) if torch.is_tensor(t) else t, chunk) for chunk in chunks]
                             for chunks in self._chunks]
             self._device = device
         reached = [p.grad is not None for p in params]
-        memories = torch.stack([self.memory_gradient(module, params, chunks, reached) for chunks in self._chunks])
+        memories = torch.stack([self.memory_gradient(ctx, params, chunks, reached) for chunks in self._chunks])
         if torch.distributed.is_available() and torch.distributed.is_initialized() \
                 and torch.distributed.get_world_size() > 1:
             torch.distributed.all_reduce(memories)

@@ -55,11 +55,9 @@ from pydantic import Field
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from clbench import ArgumentError, Strategy, derive_seed
 from clbench.data.datasets import make_loader
 from clbench.errors import UserError
-from clbench.strategy import Strategy
-from clbench.config.validation import ArgumentError
-from clbench.strategies.ewc import compute_device
 from clbench.models.layers.grow import MLP, find_mlps, grow_mlp
 
 def shared(scores: dict[str, float]) -> dict[str, float]:
@@ -112,19 +110,18 @@ class Grow(Strategy):
         self.probe_norm, self.probe_relative = probe_norm, probe_relative
         self.also_train = list(also_train or [])
         self.growths: list[dict[str, Any]] = []  # one record per growth, in order
+        self._grown = 0  # how many of them this process's model has
         self._masked: list[tuple[torch.Tensor, int, int]] = []  # (parameter, dim, frozen length)
         self._saved: list[torch.Tensor] = []  # the frozen slices' values
 
-    def hparams(self) -> dict[str, Any]:
-        out = super().hparams()
-        out["growth"] = [{k: v for k, v in g.items() if k != "scores"} for g in self.growths]
-        out["probe_seconds"] = sum(g["probe_seconds"] for g in self.growths)
-        return out
+    def diagnostics(self) -> dict[str, Any]:
+        return {"growth": [{k: v for k, v in g.items() if k != "scores"} for g in self.growths],
+                "probe_seconds": sum(g["probe_seconds"] for g in self.growths)}
 
     # -- choosing --------------------------------------------------------------------------
-    def setup(self, module, experiences, seed):
-        super().setup(module, experiences, seed)
-        self.candidates(module.model)  # refuse a model without MLPs or a bad list before training
+    def setup(self, ctx, experiences, seed):
+        super().setup(ctx, experiences, seed)
+        self.candidates(ctx.model)  # refuse a model without MLPs or a bad list before training
 
     def candidates(self, model: nn.Module) -> list[MLP]:
         mlps = find_mlps(model)
@@ -147,19 +144,17 @@ class Grow(Strategy):
                                                             + ", ".join(list(names)[:8]))
         return list(dict.fromkeys(chosen))
 
-    def update_magnitudes(self, module, experience, mlps: list[MLP]) -> dict[str, float]:
+    def update_magnitudes(self, ctx, experience, mlps: list[MLP]) -> dict[str, float]:
         """Per MLP, the norm of its weights' update after a short full fine-tuning of a copy."""
-        device = compute_device(module)
-        model = copy.deepcopy(module.model).to(device).train()
+        device = ctx.device
+        model = copy.deepcopy(ctx.model).to(device).train()
         for p in model.parameters():
             p.requires_grad_(True)
         before = {q: model.get_submodule(q).weight.detach().clone() for m in mlps for q in m.linears}
-        optimizer = module.make_optimizer(list(model.parameters()))
-        objective = module.objective
-        from clbench.engine import seeding
-
+        optimizer = ctx.make_optimizer(list(model.parameters()))
+        objective = ctx.objective
         loader = make_loader(experience.train, self.probe_batch_size, shuffle=True,
-                             seed=seeding.derive(self.seed, "grow-probe", experience.position),
+                             seed=derive_seed(self.seed, "grow-probe", experience.position),
                              collate_fn=objective.collate(train=True))
         steps = 0
         devices = [device] if device.type == "cuda" else []
@@ -185,21 +180,31 @@ class Grow(Strategy):
         return scores
 
     # -- growing ---------------------------------------------------------------------------
-    def before_experience(self, module, experience):
+    def adapt_model(self, ctx, upto):
+        """Replay the growths recorded but not yet made on this model (a resume), then grow if
+        experience ``upto - 1`` is due a growth that is not recorded yet."""
+        model = ctx.model
+        while self._grown < len(self.growths):
+            self.regrow(model, self.growths[self._grown])
+        if upto < 1 or upto > len(self.experiences):
+            return  # before training, or asked for the whole stream's structure (not grown ahead)
+        experience = self.experiences[upto - 1]
         due = experience.position >= 1 and (self.when == "each" or not self.growths)
-        if due:
-            self.grow(module, experience)
-        if self.growths:
-            self._snapshot(module.model)
+        if due and not any(g["experience"] == experience.position for g in self.growths):
+            self.grow(ctx, experience)
 
-    def grow(self, module, experience) -> dict[str, Any]:
+    def before_experience(self, ctx, experience):
+        if self.growths:
+            self._snapshot(ctx.model)
+
+    def grow(self, ctx, experience) -> dict[str, Any]:
         """Choose the MLPs, widen them, set what trains; returns the growth's record."""
-        model = module.model
+        model = ctx.model
         mlps = self.candidates(model)
         scores, seconds = {}, 0.0
         if self.top_n:
             start = time.perf_counter()
-            scores = shared(self.update_magnitudes(module, experience, mlps))
+            scores = shared(self.update_magnitudes(ctx, experience, mlps))
             seconds = time.perf_counter() - start
             keep = set(sorted(scores, key=lambda name: -scores[name])[: self.top_n])
             mlps = [m for m in mlps if m.name in keep]
@@ -212,7 +217,20 @@ class Grow(Strategy):
         self._set_trainable(model, record)
         record["params_trainable"] = self.trainable_count(model)
         self.growths.append(record)
+        self._grown += 1
         return record
+
+    def regrow(self, model: nn.Module, record: dict[str, Any]) -> None:
+        """Widen ``model`` as a recorded growth did (the weights load afterwards) and set what
+        trains as it did."""
+        mlps = {m.name: m for m in find_mlps(model)}
+        for name, width in zip(record["layers"], record["widths"]):
+            if name not in mlps or mlps[name].width(model) != width:
+                raise UserError(f"cannot re-grow MLP {name!r} of width {width} on the rebuilt model",
+                                where="--resume", fix="resume with the model the run started with")
+            grow_mlp(model, mlps[name], record["k"])
+        self._set_trainable(model, record)
+        self._grown += 1
 
     def _set_trainable(self, model: nn.Module, record: dict[str, Any]) -> None:
         """Freeze everything, then open the slices the variant trains for this growth's MLPs."""
@@ -247,13 +265,13 @@ class Grow(Strategy):
         self._saved = [p.detach().narrow(dim, 0, n).clone() for p, dim, n in self._masked]
 
     # -- per step --------------------------------------------------------------------------
-    def on_after_backward(self, module):
+    def after_backward(self, ctx):
         for p, dim, n in self._masked:
             if p.grad is not None:
                 p.grad.narrow(dim, 0, n).zero_()
 
     @torch.no_grad()
-    def on_after_optimizer_step(self, module):
+    def after_optimizer_step(self, ctx):
         for i, (p, dim, n) in enumerate(self._masked):
             if self._saved[i].device != p.device:  # Lightning moved the model after the snapshot
                 self._saved[i] = self._saved[i].to(p.device)
@@ -265,17 +283,3 @@ class Grow(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.growths = copy.deepcopy(state["growths"])
-
-    def restore_model(self, module, state):
-        """Widen the fresh model as the growths did (the weights load afterwards) and freeze the
-        same way as the last growth."""
-        model = module.model
-        for record in state["growths"]:
-            mlps = {m.name: m for m in find_mlps(model)}
-            for name, width in zip(record["layers"], record["widths"]):
-                if name not in mlps or mlps[name].width(model) != width:
-                    raise UserError(f"cannot re-grow MLP {name!r} of width {width} on the rebuilt model",
-                                    where="--resume", fix="resume with the model the run started with")
-                grow_mlp(model, mlps[name], record["k"])
-        if state["growths"]:
-            self._set_trainable(model, state["growths"][-1])

@@ -7,8 +7,8 @@ the joint stage); scores that need intermediate stages (BWT, FWT, forgetting) ar
 and recorded as null.
 """
 
+from clbench import Strategy
 from clbench.data.datasets import concat
-from clbench.strategy import Strategy
 
 
 class Joint(Strategy):

@@ -7,11 +7,11 @@ all tasks with nothing against forgetting. Other methods (EWC, GEM) run "on top 
 setup" as their own strategy on a model whose only trainable parameters are an adapter's
 (``hf_causal_lm``'s ``lora`` option); the helpers here are shared with :mod:`clbench.strategies.o_lora`.
 
-The adapter is made by peft (``inject_adapter_in_model`` on ``module.model.hf``, or on the
+The adapter is made by peft (``inject_adapter_in_model`` on ``ctx.model.hf``, or on the
 model itself when it has no ``hf``): each targeted ``nn.Linear`` becomes a peft LoRA layer whose
 ``base_layer`` holds the original, frozen weight. The module's state dict then has the base
 under ``...base_layer.weight`` and the adapter under ``...lora_A.<name>.weight`` /
-``...lora_B.<name>.weight``; on resume :meth:`SeqLoRA.restore_model` re-injects the adapter so
+``...lora_B.<name>.weight``; on resume :meth:`SeqLoRA.adapt_model` re-injects the adapter so
 the checkpoint's keys and shapes exist before the weights load.
 
 Defaults: r = 8 and α = 32, MoSEs' LoRA baseline and O-LoRA's released code (MH-MoE gives no
@@ -30,8 +30,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from clbench.strategy import Strategy
-from clbench.config.validation import ArgumentError
+from clbench import ArgumentError, Strategy
 
 ADAPTER = "default"
 
@@ -119,7 +118,7 @@ class SeqLoRA(Strategy):
     """
 
     supports_distributed = True  # the adapter is created from the same seeded RNG on every rank
-    supports_sharded = True      # the adapter is injected in setup, before the model is sharded
+    supports_sharded = True      # the adapter is injected before anything runs, so before sharding
 
     def __init__(self, r: Annotated[int, Field(ge=1)] = 8, alpha: Annotated[float, Field(gt=0)] = 32.0,
                  dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1,
@@ -135,18 +134,15 @@ class SeqLoRA(Strategy):
     def config(self) -> Any:
         return lora_config(self.r, self.alpha, self.dropout, self.target_modules, self.layers)
 
-    def setup(self, module, experiences, seed):
-        super().setup(module, experiences, seed)
-        refuse_other_adapters(module.model, "seq_lora")
-        self._inject(module.model)
+    def setup(self, ctx, experiences, seed):
+        super().setup(ctx, experiences, seed)
+        refuse_other_adapters(ctx.model, "seq_lora")
 
-    def _inject(self, model: nn.Module) -> None:
-        if ADAPTER not in adapter_names(model):
-            add_adapter(model, self.config(), ADAPTER)
-            activate(model, [ADAPTER], trainable=[ADAPTER])
-
-    def restore_model(self, module, state):
-        self._inject(module.model)
+    def adapt_model(self, ctx, upto):
+        """The one adapter, injected once (before the first evaluation)."""
+        if ADAPTER not in adapter_names(ctx.model):
+            add_adapter(ctx.model, self.config(), ADAPTER)
+            activate(ctx.model, [ADAPTER], trainable=[ADAPTER])
 
 
 def base_state(model: nn.Module) -> dict[str, torch.Tensor]:

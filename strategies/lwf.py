@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from clbench.strategy import Strategy
+from clbench import Strategy
 
 
 def distillation(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -49,6 +49,8 @@ class LwF(Strategy):
         temperature: softmax temperature T of the distillation (paper: 2).
     """
 
+    requires = frozenset({"classification"})  # distils class logits from the model called on x
+
     supports_distributed = True  # DDP: each rank distils its own batch from an identical teacher
 
     def __init__(self, alpha: Annotated[float, Field(ge=0)] = 1.0, temperature: Annotated[float, Field(gt=0)] = 2.0):
@@ -60,10 +62,10 @@ class LwF(Strategy):
         self._pending: tuple[int, dict] | None = None
         self._teacher_device: torch.device | None = None
 
-    def before_experience(self, module, experience):
+    def before_experience(self, ctx, experience):
         if experience.position == 0:
             return
-        teacher = copy.deepcopy(module.model)
+        teacher = copy.deepcopy(ctx.model)
         if self._pending is not None and self._pending[0] == experience.position:
             teacher.load_state_dict(self._pending[1])  # resumed inside this experience
         self._pending = None
@@ -72,7 +74,7 @@ class LwF(Strategy):
         self.teacher, self.teacher_position = teacher, experience.position
         self._teacher_device = next(teacher.parameters()).device
 
-    def training_loss(self, module, x, y, logits, loss):
+    def training_loss(self, ctx, x, y, logits, loss):
         if self.teacher is None:
             return loss
         if self._teacher_device != logits.device:

@@ -2,7 +2,7 @@
 
 Both replace the targeted linear modules of the frozen model by
 :class:`clbench.models.layers.moe_lora.MoELoRALinear` (see there for the layer, its gating and the
-top-1 router-gradient choice) in :meth:`setup`, and train only the experts and routers over the
+top-1 router-gradient choice) in :meth:`adapt_model`, and train only the experts and routers over the
 whole stream: no task ids, boundaries or replay (MH-MoE, Sec. 5.1 and App. A.3.4).
 
 * ``loramoe`` (Dou et al. 2024): one router over the module's input, K LoRA experts. Default
@@ -32,9 +32,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from clbench import ArgumentError, Strategy
 from clbench.models.layers import moe_lora as moe_layers
-from clbench.strategy import Strategy
-from clbench.config.validation import ArgumentError
 from clbench.strategies.lora import lora_target, refuse_other_adapters
 
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -52,7 +51,7 @@ Top1Gate = Literal["probability", "renormalized"]  # moe_layers.TOP1_GATES (a te
 class _MoELoRA(Strategy):
     kind = "loramoe"
     supports_distributed = True  # experts and routers are created from the same seeded RNG on every rank
-    supports_sharded = True  # layers are injected in setup, before the model is sharded
+    supports_sharded = True  # layers are injected before anything runs, so before sharding
 
     def __init__(self, num_experts: Count = 4, top_k: Count | None = 1, r: Count = 4, alpha: Scale = 16.0,
                  heads: Count = 1, match_lora_rank: Count | None = None, top1_gate: Top1Gate = "probability",
@@ -84,15 +83,13 @@ class _MoELoRA(Strategy):
     def layer_args(self) -> dict:
         return {"kind": self.kind, "num_experts": self.num_experts, "top_k": self.top_k, "heads": self.heads}
 
-    def hparams(self):
-        out = super().hparams()
-        out.update(active_params=self.active_params, total_params=self.total_params)
-        return out
+    def diagnostics(self):
+        return {"active_params": self.active_params, "total_params": self.total_params}
 
-    def setup(self, module, experiences, seed):
-        super().setup(module, experiences, seed)
-        refuse_other_adapters(module.model, self.kind)
-        target = lora_target(module.model)
+    def setup(self, ctx, experiences, seed):
+        super().setup(ctx, experiences, seed)
+        refuse_other_adapters(ctx.model, self.kind)
+        target = lora_target(ctx.model)
         found = moe_layers.matching_linears(target, self.target_modules or MLP, self.layers)
         if not found:
             raise ArgumentError("strategy", "target_modules", f"{self.kind}: no linear module named "
@@ -110,9 +107,10 @@ class _MoELoRA(Strategy):
         counts = [moe_layers.param_counts(i, o, r=self.r, **self.layer_args()) for i, o in shapes]
         self.active_params = sum(c["active"] for c in counts)
         self.total_params = sum(c["total"] for c in counts)
-        self._inject(module.model)
 
-    def _inject(self, model) -> None:
+    def adapt_model(self, ctx, upto):
+        """The mixture layers, injected once (before the first evaluation)."""
+        model = ctx.model
         target = lora_target(model)
         if moe_layers.moe_layers(target):
             return
@@ -127,10 +125,6 @@ class _MoELoRA(Strategy):
 
     def load_state_dict(self, state):
         self.r = int(state["r"])
-
-    def restore_model(self, module, state):
-        """Re-inject the layers (a no-op when setup already did) before the weights load."""
-        self._inject(module.model)
 
 
 class LoRAMoE(_MoELoRA):

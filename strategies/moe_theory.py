@@ -44,10 +44,10 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from clbench import ArgumentError, Strategy
 from clbench.errors import UserError
 from clbench.metrics import routing
-from clbench.strategy import Strategy
-from clbench.config.validation import ArgumentError
+
 
 NOISE_SALT = 2 ** 40  # routing noise is drawn from seed + salt, apart from the data's seed
 
@@ -228,6 +228,7 @@ class MoETheory(Strategy):
     """
 
     owns_update = True
+    requires = frozenset({"regression"})  # the theory's linear experts fit real-valued labels
     supports_distributed = False  # one routing decision per round: batches are not split
 
     def __init__(self, eta: Annotated[float, Field(gt=0)] = 0.5, alpha: Annotated[float, Field(ge=0)] = 0.5,
@@ -239,9 +240,9 @@ class MoETheory(Strategy):
         self.state: GateState | None = None
         self.done = False
 
-    def setup(self, module, experiences, seed: int) -> None:
-        super().setup(module, experiences, seed)
-        model = module.model
+    def setup(self, ctx, experiences, seed: int) -> None:
+        super().setup(ctx, experiences, seed)
+        model = ctx.model
         if not isinstance(model, MoETheoryModel):
             raise UserError(f"moe_theory needs its own model, got {type(model).__name__}", where="model.class_path",
                             fix="use model: {class_path: clbench.strategies.moe_theory:moe_theory_model}")
@@ -249,12 +250,12 @@ class MoETheory(Strategy):
         self.state = GateState.zeros(1, model.num_experts)
         self.t1 = default_explore(model.num_experts, self.eta) if self.explore is None else self.explore
 
-    def before_experience(self, module, experience) -> None:
+    def before_experience(self, ctx, experience) -> None:
         self.done = False
         self.samples = len(experience.train)
 
-    def update(self, module, batch) -> Tensor:
-        model = module.model
+    def update(self, ctx, batch) -> Tensor:
+        model = ctx.model
         inputs, y = batch
         if self.done:  # a later epoch of the same round: nothing more to learn
             return torch.zeros((), dtype=torch.float64)

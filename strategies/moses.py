@@ -69,10 +69,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from clbench import ArgumentError, Strategy
 from clbench.models.layers import moses as moses_layers
 from clbench.models.layers.moses import TaskState
-from clbench.strategy import Strategy
-from clbench.config.validation import ArgumentError
 from clbench.strategies.lora import lora_target, refuse_other_adapters
 
 IGNORE = -100
@@ -148,6 +147,7 @@ class MoSEs(Strategy):
 
     supports_distributed = True  # layers, prompts, keys and per-task resets use the same seeded RNG on every rank
     supports_sharded = False  # its per-task resets and masks address whole weight tensors
+    requires = frozenset({"language_model"})  # task prompts on a decoder's input embeddings
 
     def __init__(self, num_experts: Annotated[int, Field(ge=1)] = 2, top_k: Annotated[int, Field(ge=1)] = 2,
                  r: Annotated[int, Field(ge=1)] = 2, alpha: Annotated[float, Field(gt=0)] = 8.0,
@@ -174,18 +174,14 @@ class MoSEs(Strategy):
         self._frozen: list[tuple[Any, dict, dict]] = []
         self.task_identification: list[dict[str, Any]] = []  # per stage, after its evaluation
 
-    def hparams(self):
-        out = super().hparams()
-        out["total_params"] = self.total_params
-        return out
-
     # -- set-up and injection ---------------------------------------------------------------
-    def setup(self, module, experiences, seed):
-        super().setup(module, experiences, seed)
-        refuse_other_adapters(module.model, "moses")
-        self._inject(module.model)
+    def setup(self, ctx, experiences, seed):
+        super().setup(ctx, experiences, seed)
+        refuse_other_adapters(ctx.model, "moses")
 
-    def _inject(self, model) -> None:
+    def adapt_model(self, ctx, upto):
+        """The MoSE layers and task prompts, injected once (before the first evaluation)."""
+        model = ctx.model
         target = lora_target(model)
         decoder = target.get_decoder() if hasattr(target, "get_decoder") else target
         if moses_layers.mose_layers(target):
@@ -212,7 +208,7 @@ class MoSEs(Strategy):
             p.requires_grad_(False)
 
     @contextlib.contextmanager
-    def evaluating(self, module, column):
+    def evaluating(self, ctx, column):
         """Make the evaluated column's name visible to the prompt hook (``task_inference: oracle``)."""
         token = _COLUMN.set(getattr(column, "name", None))
         try:
@@ -249,14 +245,14 @@ class MoSEs(Strategy):
         return torch.tensor(seen, device=input_ids.device)[match(q, keys)]
 
     @torch.no_grad()
-    def identification(self, module) -> dict[str, Any]:
+    def identification(self, ctx) -> dict[str, Any]:
         """Task-identification accuracy of the keys now: per trained task, the share of its test
         prompts (as the evaluation tokenises them) that key matching routes to its own slot, and
         the share over all of them. A sample routed to another task's key is answered with that
         task's prompt and masks; this is what makes BWT negative under ``task_inference: keys``."""
-        decoder = self._decoder(module.model)
+        decoder = self._decoder(ctx.model)
         device = decoder.get_input_embeddings().weight.device
-        collate = module.objective.collate(train=False)
+        collate = ctx.objective.collate(train=False)
         per_task, hits, total = {}, 0, 0
         for exp in self.experiences:
             if exp.name not in self.slots or not len(exp.test):
@@ -271,7 +267,7 @@ class MoSEs(Strategy):
         return {"accuracy": hits / total if total else None, "per_task": per_task}
 
     def diagnostics(self) -> dict[str, Any]:
-        return {"task_identification": list(self.task_identification)}
+        return {"total_params": self.total_params, "task_identification": list(self.task_identification)}
 
     def _prefix(self, decoder, args, kwargs):
         ids = kwargs.get("input_ids")
@@ -322,12 +318,12 @@ class MoSEs(Strategy):
         return output
 
     # -- training ---------------------------------------------------------------------------
-    def before_experience(self, module, experience):
+    def before_experience(self, ctx, experience):
         slot = self.slots.setdefault(experience.name, len(self.slots))
         earlier = [s for name, s in self.slots.items() if name != experience.name]
         self.state.training_slot = slot
         self._frozen = []
-        for layer in moses_layers.mose_layers(module.model):
+        for layer in moses_layers.mose_layers(ctx.model):
             used = layer.used(earlier)
             layer.reset_scores()
             layer.reset_router(keep=used["router"] if earlier else None)
@@ -335,7 +331,7 @@ class MoSEs(Strategy):
             if self.protect and earlier:
                 snapshot = {name: getattr(layer, f"lora_{name}").detach().clone() for name in used}
                 self._frozen.append((layer, used, snapshot))
-        for name, p in module.model.named_parameters():
+        for name, p in ctx.model.named_parameters():
             p.requires_grad_("lora_" in name or "score_" in name)
         self.prompts.prompt[slot].requires_grad_(True)
         self.prompts.key[slot].requires_grad_(True)
@@ -345,27 +341,27 @@ class MoSEs(Strategy):
         target = lora_target(model)
         return target.get_decoder() if hasattr(target, "get_decoder") else target
 
-    def training_loss(self, module, x, y, logits, loss):
+    def training_loss(self, ctx, x, y, logits, loss):
         if not self.pull_weight or self.state.training_slot is None:
             return loss
-        decoder = self._decoder(module.model)
+        decoder = self._decoder(ctx.model)
         prompt_tokens = x["attention_mask"].bool() & (y == IGNORE)
         q = query(decoder.get_input_embeddings(), x["input_ids"], prompt_tokens)
         return loss + self.pull_weight * pull_loss(q, self.prompts.key[self.state.training_slot])
 
     @torch.no_grad()
-    def on_after_optimizer_step(self, module):
+    def after_optimizer_step(self, ctx):
         for layer, used, snapshot in self._frozen:
             for name, keep in used.items():
                 weight = getattr(layer, f"lora_{name}")
                 weight.copy_(torch.where(keep, snapshot[name], weight))
-        for layer in moses_layers.mose_layers(module.model):
+        for layer in moses_layers.mose_layers(ctx.model):
             layer.store_mask(self.state.training_slot)
 
-    def after_experience(self, module, experience):
+    def after_experience(self, ctx, experience):
         self.state.training_slot = None
         self._frozen = []
-        self.task_identification.append(self.identification(module))
+        self.task_identification.append(self.identification(ctx))
 
     # -- resume -----------------------------------------------------------------------------
     def state_dict(self):
@@ -374,7 +370,3 @@ class MoSEs(Strategy):
     def load_state_dict(self, state):
         self.slots = {str(k): int(v) for k, v in state["slots"].items()}
         self.task_identification = list(state.get("task_identification", []))
-
-    def restore_model(self, module, state):
-        """Re-inject the layers and prompts (a no-op when setup already did) before the weights load."""
-        self._inject(module.model)

@@ -4,7 +4,7 @@ The lower bound of every leaderboard. All behaviour is the :class:`~clbench.stra
 defaults; this class only gives it a name.
 """
 
-from clbench.strategy import Strategy
+from clbench import Strategy
 
 
 class Naive(Strategy):

@@ -28,7 +28,7 @@ Choices:
 * Each task's LoRA is initialised from its own seed (the strategy's seed and the task index),
   not from the global generator at the time it is made. With sharded parameters
   (``trainer.strategy: fsdp``) no LoRA can be added once the model is sharded, so the LoRAs of
-  every task are made then (:meth:`OLoRA.before_sharding`), inactive and frozen until their
+  every task are made then (:meth:`OLoRA.adapt_model` asked for the whole stream), inactive and frozen until their
   task; seeded per task, they start as they would have unsharded, and a resumed run makes them
   as the uninterrupted one did.
 """
@@ -41,8 +41,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from clbench.engine.sharding import full
-from clbench.strategy import Strategy
+from clbench import Strategy, derive_seed, full_tensor
 from clbench.strategies.lora import (activate, adapter_names, add_adapter, lora_config, lora_layers,
                              refuse_other_adapters)
 
@@ -67,14 +66,14 @@ def orthogonality_loss(model: nn.Module, current: str, previous: list[str]) -> t
             terms.append((torch.cat(old).float() @ a_t.T).pow(2).sum())
     if not terms:
         return torch.zeros((), device=next(model.parameters()).device)
-    return full(torch.stack(terms).sum())
+    return full_tensor(torch.stack(terms).sum())
 
 
 def l2_loss(model: nn.Module, current: str) -> torch.Tensor:
     """Σ of the L2 norms of the current adapter's A and B matrices (the released code's λ2 term)."""
     terms = [torch.linalg.vector_norm(getattr(layer, part)[current].weight.float())
              for layer in lora_layers(model) for part in ("lora_A", "lora_B") if current in layer.lora_A]
-    return full(torch.stack(terms).sum()) if terms else torch.zeros((), device=next(model.parameters()).device)
+    return full_tensor(torch.stack(terms).sum()) if terms else torch.zeros((), device=next(model.parameters()).device)
 
 
 class OLoRA(Strategy):
@@ -87,7 +86,7 @@ class OLoRA(Strategy):
     """
 
     supports_distributed = True  # each task's adapter is created from the same seed on every rank
-    supports_sharded = True  # every task's adapter is made before sharding (before_sharding)
+    supports_sharded = True  # every task's adapter is made before sharding (adapt_model)
 
     def __init__(self, r: Annotated[int, Field(ge=1)] = 8, alpha: Annotated[float, Field(gt=0)] = 32.0,
                  dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1,
@@ -112,51 +111,38 @@ class OLoRA(Strategy):
     def names(self) -> list[str]:
         return [task_adapter(i) for i in range(self.tasks)]
 
-    def setup(self, module, experiences, seed):
-        super().setup(module, experiences, seed)
-        refuse_other_adapters(module.model, "o_lora")
+    def setup(self, ctx, experiences, seed):
+        super().setup(ctx, experiences, seed)
+        refuse_other_adapters(ctx.model, "o_lora")
 
-    def _create(self, module, upto: int) -> None:
-        """Make the adapters of tasks ``created .. upto - 1``, each from its own seed."""
-        from clbench.engine.seeding import derive
-
+    def adapt_model(self, ctx, upto):
+        """Every task adapter up to ``upto``, each from its own seed (all of them at once before
+        sharding), those of the tasks begun running and none training: :meth:`before_experience`
+        opens the new task's."""
         while self.created < upto:
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive(self.seed, "o_lora", self.created))
-                add_adapter(module.model, self.config(), task_adapter(self.created))
+                torch.manual_seed(derive_seed(self.seed, "o_lora", self.created))
+                add_adapter(ctx.model, self.config(), task_adapter(self.created))
             self.created += 1
+        if self.created:
+            activate(ctx.model, self.names, trainable=[])
 
-    def before_experience(self, module, experience):
-        self._create(module, self.tasks + 1)
+    def before_experience(self, ctx, experience):
         self.tasks += 1
-        activate(module.model, self.names, trainable=[self.names[-1]])
+        activate(ctx.model, self.names, trainable=[self.names[-1]])
 
-    def before_sharding(self, module):
-        trainable = {name for name, p in module.model.named_parameters() if p.requires_grad}
-        self._create(module, len(self.experiences))
-        activate(module.model, self.names, trainable=[])
-        for name, p in module.model.named_parameters():
-            p.requires_grad_(name in trainable)
-
-    def training_loss(self, module, x, y, logits, loss):
+    def training_loss(self, ctx, x, y, logits, loss):
         if self.tasks == 0:
             return loss
         current, previous = self.names[-1], self.names[:-1]
         if self.lambda_1 and previous:
-            loss = loss + self.lambda_1 * orthogonality_loss(module.model, current, previous)
+            loss = loss + self.lambda_1 * orthogonality_loss(ctx.model, current, previous)
         if self.lambda_2:
-            loss = loss + self.lambda_2 * l2_loss(module.model, current)
+            loss = loss + self.lambda_2 * l2_loss(ctx.model, current)
         return loss
 
     def state_dict(self):
-        return {"tasks": self.tasks, "created": self.created}
+        return {"tasks": self.tasks}
 
     def load_state_dict(self, state):
         self.tasks = int(state["tasks"])
-
-    def restore_model(self, module, state):
-        """Re-create every adapter the checkpointed model had (the checkpoint's weights then
-        fill them), all frozen until the next experience trains its own."""
-        self.created = len([name for name in adapter_names(module.model) if name.startswith("task")])
-        self._create(module, int(state.get("created", self.tasks)))
-        activate(module.model, self.names, trainable=[])

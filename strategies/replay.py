@@ -40,15 +40,13 @@ import torch
 from pydantic import Field
 from torch.utils.data import WeightedRandomSampler
 
+from clbench import ArgumentError, Strategy, derive_seed
 from clbench.data.datasets import ShardedSampler, concat, shard_of, subset, targets_of
-from clbench.engine.seeding import derive
-from clbench.strategy import Strategy
-from clbench.config.validation import ArgumentError
 
 
 def seeded_generator(seed: int, *keys: object) -> torch.Generator:
     """A CPU generator seeded from the strategy seed and a purpose (the same on every rank)."""
-    return torch.Generator().manual_seed(derive(seed, *keys))
+    return torch.Generator().manual_seed(derive_seed(seed, *keys))
 
 
 def reservoir_update(buffer: torch.Tensor, seen: int, new: torch.Tensor, capacity: int,
@@ -164,10 +162,10 @@ class Replay(Strategy):
         self.class_seen: dict[int, int] = {}                  # per class (class_balanced)
         self._position = 0
 
-    def before_experience(self, module, experience):
+    def before_experience(self, ctx, experience):
         self._position = experience.position
 
-    def train_loader(self, module, dataset, make_loader):
+    def train_loader(self, ctx, dataset, make_loader):
         current = make_loader(dataset)
         if len(self.buffer) == 0:
             return current
@@ -175,13 +173,13 @@ class Replay(Strategy):
         return with_memory(current, memory_dataset(self.experiences, self.buffer), make_loader, batch_size,
                            seeded_generator(self.seed, "replay-loader", self._position))
 
-    def prepare_batch(self, module, batch):
-        objective = module.objective
+    def prepare_batch(self, ctx, batch):
+        objective = ctx.objective
         if isinstance(batch, dict) and set(batch) == {"current", "memory"}:
             return objective.join([objective.split(batch["current"]), objective.split(batch["memory"])])
         return objective.split(batch)
 
-    def after_experience(self, module, experience):
+    def after_experience(self, ctx, experience):
         labels = self._labels(experience)
         new = torch.stack([torch.full((len(labels),), experience.position, dtype=torch.long),
                            torch.arange(len(labels))], dim=1)

@@ -10,7 +10,7 @@ class CollectiveNaive(Naive):
         super().__init__()
         self.world = world
 
-    def before_experience(self, module, experience):
+    def before_experience(self, ctx, experience):
         import torch.distributed as dist
 
         if self.world > 1:
@@ -20,4 +20,4 @@ class CollectiveNaive(Naive):
             dist.broadcast_object_list(box, src=0)
             if box[0] != experience.name:
                 raise RuntimeError(f"rank {dist.get_rank()} is at {experience.name}, rank 0 at {box[0]}")
-        super().before_experience(module, experience)
+        super().before_experience(ctx, experience)

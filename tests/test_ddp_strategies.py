@@ -101,7 +101,8 @@ def setup_group(group: str, name: str):
         experiences = [make_experience(0, [0, 1, 2, 3] * 10), make_experience(1, [3, 2, 1, 0] * 12)]
         module = ContinualModule(tiny_model(), strategy, num_classes=4, num_columns=1,
                                  optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
-        strategy.setup(module, experiences, 0)
+        strategy.setup(module.context, experiences, 0)
+        strategy.adapt_model(module.context, 0)
         return strategy, module, experiences, PER_RANK_BATCH, 2
     from test_strategies_llm import build, lm
 
@@ -149,12 +150,13 @@ def train_one(group: str, name: str, world: int, rank: int, sharded: bool = Fals
     created = None
     for stage, exp in enumerate(experiences):
         seeding.seed_all(seeding.derive(0, "train", stage))  # as the runner does
-        strategy.before_experience(module, exp)
+        strategy.adapt_model(module.context, exp.position + 1)
+        strategy.before_experience(module.context, exp)
         created = snapshot()
-        loader = strategy.train_loader(module, strategy.train_dataset(exp), make)
+        loader = strategy.train_loader(module.context, strategy.train_dataset(exp), make)
         trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
         trainer.fit(module, train_dataloaders=loader)
-        strategy.after_experience(module, exp)
+        strategy.after_experience(module.context, exp)
     out = {"setup": initial, "created": created, "model": snapshot(), "state": strategy.state_dict()}
     return {**out, **(inspect(module) if inspect else {})}
 

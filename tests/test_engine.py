@@ -204,7 +204,7 @@ def test_routing_is_recorded_while_each_experience_trains_and_at_evaluation(tmp_
 
 GROWING_STRATEGY = '''
 import torch
-from clbench.strategy import Strategy
+from clbench import Strategy
 
 
 class Grows(Strategy):
@@ -213,12 +213,14 @@ class Grows(Strategy):
 
     def __init__(self):
         super().__init__()
-        self.added = 0
+        self.added = 0  # layers in the model
+        self.recorded = 0  # layers the checkpoint's model had (a resume replays them)
+        self.opened = 0  # the last experience that began with a new layer
         self.steps = 0
         self.initial = {}
 
-    def _add(self, module):
-        head = _head(module.model)
+    def _add(self, ctx):
+        head = _head(ctx.model)
         layer = torch.nn.Linear(head.out_features, head.out_features)
         torch.nn.init.zeros_(layer.weight)
         torch.nn.init.zeros_(layer.bias)
@@ -226,31 +228,31 @@ class Grows(Strategy):
         self.added += 1
         self.initial[self.added - 1] = layer.weight.detach().clone()
 
-    def before_experience(self, module, experience):
+    def adapt_model(self, ctx, upto):
+        while self.added < self.recorded:
+            self._add(ctx)
+        if upto - 1 > self.opened:  # experience upto - 1 (after the first) begins with a new layer
+            self._add(ctx)
+            self.opened = upto - 1
+
+    def before_experience(self, ctx, experience):
         self.steps = 0
-        if experience.position > 0:
-            self._add(module)
 
-    def on_after_optimizer_step(self, module):
+    def after_optimizer_step(self, ctx):
         self.steps += 1
-        if module.experience == 1 and self.steps == 3:
-            self._add(module)
-            module.rebuild_optimizer()
+        if ctx.experience == 1 and self.steps == 3:
+            self._add(ctx)
+            ctx.rebuild_optimizer()
 
-    def after_experience(self, module, experience):
+    def after_experience(self, ctx, experience):
         if experience.position == 1:  # the layer added mid-experience has trained by now
-            self.at_end_of_second = _head(module.model).extra[1].weight.detach().clone()
+            self.at_end_of_second = _head(ctx.model).extra[1].weight.detach().clone()
 
     def state_dict(self):
-        return {"added": self.added}
+        return {"added": self.added, "opened": self.opened}
 
     def load_state_dict(self, state):
-        self.added = 0
-        self.target = state["added"]
-
-    def restore_model(self, module, state):
-        for _ in range(state["added"]):
-            self._add(module)
+        self.recorded, self.opened = state["added"], state["opened"]
 
 
 def _head(model):
@@ -306,10 +308,10 @@ class SignSGD(Strategy):
         self.step = step
         self.updates = 0
 
-    def update(self, module, batch):
-        inputs, targets = module.objective.split(batch)
-        loss = module.objective.loss_of(module.model, inputs, targets)
-        params = [p for p in module.model.parameters() if p.requires_grad]
+    def update(self, ctx, batch):
+        inputs, targets = ctx.objective.split(batch)
+        loss = ctx.objective.loss_of(ctx.model, inputs, targets)
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             for p, g in zip(params, grads):
@@ -346,7 +348,7 @@ from clbench.strategy import Strategy
 
 
 class FailsLate(Strategy):
-    def after_experience(self, module, experience):
+    def after_experience(self, ctx, experience):
         if experience.position == 1:
             raise RuntimeError("simulated failure after the second experience")
 '''
@@ -452,9 +454,10 @@ def from_file(path, num_classes, input_shape):
 class FrozenWithAdapter(Strategy):
     """Freezes the base and trains a residual linear adapter on its output (set up on every build)."""
 
-    def setup(self, module, experiences, seed):
-        super().setup(module, experiences, seed)
-        model = module.model
+    def adapt_model(self, ctx, upto):
+        model = ctx.model
+        if hasattr(model, "adapter"):
+            return
         for p in model.parameters():
             p.requires_grad_(False)
         k = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features

@@ -112,13 +112,15 @@ def test_gem_step_projects_trainable_gradients_against_every_past_memory():
     experiences = [make_experience(p) for p in range(3)]
     strategy = GEM(patterns_per_experience=10, memory_strength=0.0, memory_batch_size=4)
     module = make_module(strategy)
-    strategy.setup(module, experiences, seed=0)
+    strategy.setup(module.context, experiences, seed=0)
+    strategy.adapt_model(module.context, 0)
     for exp in experiences[:2]:
-        strategy.after_experience(module, exp)
+        strategy.after_experience(module.context, exp)
     model = module.model
     model[0].weight.requires_grad_(False)  # a frozen weight: neither projected nor given a gradient
-    strategy.before_experience(module, experiences[2])
-    strategy.train_loader(module, experiences[2].train, loader_factory)
+    strategy.adapt_model(module.context, experiences[2].position + 1)
+    strategy.before_experience(module.context, experiences[2])
+    strategy.train_loader(module.context, experiences[2].train, loader_factory)
     assert [sum(c for _, _, c in chunks) for chunks in strategy._chunks] == [10, 10]
     references = [flat_memory_gradient(model, experiences[p], strategy.memory[strategy.memory[:, 0] == p, 1])
                   for p in range(2)]
@@ -130,7 +132,7 @@ def test_gem_step_projects_trainable_gradients_against_every_past_memory():
         for p in trainable:
             p.grad = g[start:start + p.numel()].view_as(p).clone()
             start += p.numel()
-        strategy.on_before_optimizer_step(module, None)
+        strategy.before_optimizer_step(module.context, None)
         after = torch.cat([p.grad.flatten() for p in trainable])
         dots = [float(after @ r) for r in references]
         if min(float(g @ r) for r in references) < 0:
@@ -175,13 +177,15 @@ def test_gem_trains_through_lightning_with_memory():
     experiences = [make_experience(p) for p in range(2)]
     strategy = GEM(patterns_per_experience=8)
     module = make_module(strategy)
-    strategy.setup(module, experiences, seed=0)
+    strategy.setup(module.context, experiences, seed=0)
+    strategy.adapt_model(module.context, 0)
     for exp in experiences:
-        strategy.before_experience(module, exp)
-        loader = strategy.train_loader(module, exp.train, loader_factory)
+        strategy.adapt_model(module.context, exp.position + 1)
+        strategy.before_experience(module.context, exp)
+        loader = strategy.train_loader(module.context, exp.train, loader_factory)
         pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False).fit(module, train_dataloaders=loader)
-        strategy.after_experience(module, exp)
+        strategy.after_experience(module.context, exp)
     assert strategy.projections > 0  # conflicts occurred on the second experience and were projected
 
 

@@ -159,7 +159,7 @@ def test_g_freeze_leaves_the_original_weights_bit_for_bit(tmp_path, recorders):
     # stream G-Freeze forgets less than naive, not nothing; see docs/strategies.md.)
     assert abs(rec.scores_after - rec.scores_before) <= 0.05
     assert rec.scores_before == pytest.approx(result["r_matrix"][0][0])
-    growth = result["strategy"]["params"]["growth"]
+    growth = result["strategy"]["diagnostics"]["growth"]
     assert len(growth) == 1 and growth[0]["experience"] == 1 and growth[0]["layers"] == ["1:3"]
     assert growth[0]["params_after"] - growth[0]["params_before"] == 64 * 32 + 32 + 32 * 32
     assert growth[0]["params_trainable"] == 32 * 64 + 32 + 32 * 32
@@ -181,13 +181,13 @@ def test_a_crashed_growing_run_resumes_to_the_same_result(tmp_path, monkeypatch)
     from clbench.engine.runner import run
 
     _, reference, cfg = _run(tmp_path, "reference", when="each")
-    growth = reference["strategy"]["params"]["growth"]
+    growth = reference["strategy"]["diagnostics"]["growth"]
     assert [g["widths"] for g in growth] == [[32], [64]]
     crash_at(monkeypatch, "stage:2:step:3", cfg, tmp_path / "crashed")
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["model"]["params_total"] == reference["model"]["params_total"]
-    assert [g["params_after"] for g in resumed["strategy"]["params"]["growth"]] == \
+    assert [g["params_after"] for g in resumed["strategy"]["diagnostics"]["growth"]] == \
         [g["params_after"] for g in growth]
 
 
@@ -215,7 +215,8 @@ def test_top_n_picks_the_mlps_whose_weights_moved_most():
     strategy = Grow(top_n=2, probe_steps=3, probe_batch_size=16)
     model = _Moves(live={0, 2})
     module = ContinualModule(model, strategy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), num_classes=2)
-    strategy.setup(module, [], seed=0)
+    strategy.setup(module.context, [], seed=0)
+    strategy.adapt_model(module.context, 0)
     untouched = copy.deepcopy(model.state_dict())
     record = strategy.grow(module, experience)
     assert record["layers"] == ["mlps.0.0:2", "mlps.2.0:2"]
@@ -234,7 +235,8 @@ def test_a_model_without_mlps_is_refused():
     module = ContinualModule(nn.Linear(3, 2), strategy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
                              num_classes=2)
     with pytest.raises(UserError, match="no MLP"):
-        strategy.setup(module, [], seed=0)
+        strategy.setup(module.context, [], seed=0)
+        strategy.adapt_model(module.context, 0)
 
 
 @pytest.mark.filterwarnings("ignore:You defined a `validation_step`", "ignore:The 'train_dataloader' does not have",
@@ -252,7 +254,8 @@ def test_a_causal_lm_grows_its_top_mlp_and_keeps_its_originals(tmp_path):
     train(module, experiences[0], steps=2)
     before_logits = logits(module, experiences[0])
     before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
-    strategy.before_experience(module, experiences[1])
+    strategy.adapt_model(module.context, experiences[1].position + 1)
+    strategy.before_experience(module.context, experiences[1])
     record = strategy.growths[0]
     assert len(record["layers"]) == 1 and set(record["scores"]) == {"hf.model.layers.0.mlp", "hf.model.layers.1.mlp"}
     assert (logits(module, experiences[0]) - before_logits).abs().max().item() <= 1e-5

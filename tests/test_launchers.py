@@ -36,7 +36,7 @@ from clbench.strategy import Strategy
 
 
 class Crash(Strategy):
-    def before_experience(self, module, experience):
+    def before_experience(self, ctx, experience):
         if experience.position == 1:
             os.kill(os.getpid(), signal.SIGKILL)
 '''

@@ -35,7 +35,7 @@ class Gate(Strategy):
         super().__init__()
         self.folder = folder
 
-    def before_experience(self, module, experience):
+    def before_experience(self, ctx, experience):
         if experience.position != 0:
             return
         folder = Path(self.folder)

@@ -113,7 +113,7 @@ def test_strategy_freezes_the_base_matches_the_budget_and_trains(cls, kw, rank):
     assert sum(p.numel() for p in names.values()) == strategy.total_params
     assert strategy.active_params == 2 * sum(m.param_counts()["active"] for m in layers[:3])
     assert abs(strategy.active_params - 2 * 4608) <= 0.15 * 2 * 4608
-    assert strategy.hparams()["active_params"] == strategy.active_params
+    assert strategy.diagnostics()["active_params"] == strategy.active_params
     for exp in experiences:
         train(module, exp, steps=2)
     after = base_state(model)

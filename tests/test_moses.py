@@ -223,7 +223,7 @@ def test_oracle_mode_uses_the_column_the_module_evaluates():
     for slot, column in enumerate(experiences):
         batch = module.objective.collate(train=False)(experiences[0].test)  # task 0's prompts in both columns
         module.objective.begin_evaluation()
-        with strategy.evaluating(module, column):
+        with strategy.evaluating(module.context, column):
             module.objective.evaluate(model, batch, module.eval_metrics[0], column)
         assert strategy.state.slots.tolist() == [slot] * 4
 
@@ -244,7 +244,7 @@ def test_every_prompted_layer_has_its_own_prompt_and_cached_generation_keeps_the
     model.eval()
     batch = module.objective.collate(train=False)(experiences[0].test)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    with torch.no_grad(), strategy.evaluating(module, experiences[0]):
+    with torch.no_grad(), strategy.evaluating(module.context, experiences[0]):
         before = model(**inputs).logits
         strategy.prompts.prompt[0][1].add_(1.0)  # the second layer's prompt only
         after = model(**inputs).logits

@@ -32,8 +32,8 @@ POISON = textwrap.dedent('''
             self.at = at
             self.factor = factor
 
-        def training_loss(self, module, x, y, logits, loss):
-            if module.experience < self.at:
+        def training_loss(self, ctx, x, y, logits, loss):
+            if ctx.experience < self.at:
                 return loss
             return loss.detach() * self.factor + 0.0 * loss
 ''')

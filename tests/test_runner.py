@@ -86,11 +86,11 @@ def test_strategy_from_a_file_outside_the_package(tmp_path, write_yaml):
                 self.note = note
                 self.frozen = False
 
-            def before_experience(self, module, experience):
+            def before_experience(self, ctx, experience):
                 if experience.position > 0:
                     self.frozen = True
 
-            def training_loss(self, module, x, y, logits, loss):
+            def training_loss(self, ctx, x, y, logits, loss):
                 return loss * 0.0 if self.frozen else loss
     '''))
     cfg = resolve_config(tiny_config(strategy={"class_path": f"{plugin}:FrozenAfterFirst",

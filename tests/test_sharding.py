@@ -57,7 +57,8 @@ def test_padding_batches_change_no_score_routing_record_or_generation():
     strategy = LoRAMoE(r=2)
     module = ContinualModule(model, strategy, objective, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
                              columns=experiences, column_domains=[0, 1])
-    strategy.setup(module, experiences, 0)
+    strategy.setup(module.context, experiences, 0)
+    strategy.adapt_model(module.context, 0)
     module.seen_domains = {0, 1}
     with torch.no_grad():  # experts that route differently from the start
         for name, p in model.named_parameters():

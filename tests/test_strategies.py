@@ -74,10 +74,11 @@ def fit(module, loader, epochs: int = 1) -> None:
 
 
 def train_experience(strategy, module, exp, batch_size: int = 8, epochs: int = 1):
-    strategy.before_experience(module, exp)
-    loader = strategy.train_loader(module, strategy.train_dataset(exp), loader_factory(batch_size))
+    strategy.adapt_model(module.context, exp.position + 1)
+    strategy.before_experience(module.context, exp)
+    loader = strategy.train_loader(module.context, strategy.train_dataset(exp), loader_factory(batch_size))
     fit(module, loader, epochs)
-    strategy.after_experience(module, exp)
+    strategy.after_experience(module.context, exp)
     return loader
 
 
@@ -213,8 +214,8 @@ def test_replay_rejects_bad_settings():
 
 # -- replay: training ------------------------------------------------------------------------
 class Recording(Replay):
-    def prepare_batch(self, module, batch):
-        x, y = super().prepare_batch(module, batch)
+    def prepare_batch(self, ctx, batch):
+        x, y = super().prepare_batch(ctx, batch)
         self.batches.append((isinstance(batch, dict), x.detach().clone()))
         return x, y
 
@@ -249,8 +250,9 @@ def test_replay_batch_size_defaults_to_the_training_batch_size():
     module = make_module(strategy)
     train_experience(strategy, module, experiences[0], batch_size=4)
     strategy.batches = []
-    strategy.before_experience(module, experiences[1])
-    loader = strategy.train_loader(module, experiences[1].train, loader_factory(4))
+    strategy.adapt_model(module.context, experiences[1].position + 1)
+    strategy.before_experience(module.context, experiences[1])
+    loader = strategy.train_loader(module.context, experiences[1].train, loader_factory(4))
     fit(module, loader)
     assert {len(x) for _, x in strategy.batches} == {8}
 
@@ -394,8 +396,9 @@ def test_ewc_after_experience_estimates_the_fisher_at_the_trained_parameters():
     for n in trained:
         assert torch.equal(strategy.anchor[n], trained[n])
         assert torch.allclose(strategy.importance[n], expected[n])
-    loader = strategy.train_loader(module, experiences[1].train, loader_factory())
-    strategy.before_experience(module, experiences[1])
+    loader = strategy.train_loader(module.context, experiences[1].train, loader_factory())
+    strategy.adapt_model(module.context, experiences[1].position + 1)
+    strategy.before_experience(module.context, experiences[1])
     fit(module, loader)
     moved = sum((p.detach() - trained[n]).abs().sum() for n, p in module.model.named_parameters())
     assert moved > 0 and strategy.penalty(module.model).item() > 0
@@ -473,13 +476,15 @@ def test_lwf_adds_nothing_while_the_student_equals_the_teacher():
     strategy = LwF(alpha=1.0, temperature=2.0)
     strategy.setup(None, experiences, 0)
     module = make_module(strategy)
-    strategy.before_experience(module, experiences[0])
+    strategy.adapt_model(module.context, experiences[0].position + 1)
+    strategy.before_experience(module.context, experiences[0])
     x, y = experiences[1].train[list(range(8))]
     logits = module.model(x)
     loss = F.cross_entropy(logits, y)
-    assert strategy.training_loss(module, x, y, logits, loss) is loss  # no teacher on the first experience
-    strategy.before_experience(module, experiences[1])
-    total = strategy.training_loss(module, x, y, logits, loss)
+    assert strategy.training_loss(module.context, x, y, logits, loss) is loss  # no teacher on the first experience
+    strategy.adapt_model(module.context, experiences[1].position + 1)
+    strategy.before_experience(module.context, experiences[1])
+    total = strategy.training_loss(module.context, x, y, logits, loss)
     assert total.item() == pytest.approx(loss.item(), abs=1e-6)
     with torch.no_grad():
         module.model[0].weight.add_(0.5)
@@ -487,7 +492,7 @@ def test_lwf_adds_nothing_while_the_student_equals_the_teacher():
     loss = F.cross_entropy(logits, y)
     with torch.no_grad():
         teacher_logits = strategy.teacher(x)
-    total = strategy.training_loss(module, x, y, logits, loss)
+    total = strategy.training_loss(module.context, x, y, logits, loss)
     kd = distillation(logits, teacher_logits, 2.0)
     assert kd.item() > 0
     assert total.item() == pytest.approx(loss.item() + kd.item(), rel=1e-6)
@@ -513,7 +518,8 @@ def test_lwf_state_round_trips_the_teacher():
     strategy = LwF()
     strategy.setup(None, experiences, 0)
     module = make_module(strategy)
-    strategy.before_experience(module, experiences[1])
+    strategy.adapt_model(module.context, experiences[1].position + 1)
+    strategy.before_experience(module.context, experiences[1])
     saved = copy.deepcopy(strategy.teacher.state_dict())
     state = roundtrip(strategy.state_dict())
     with torch.no_grad():  # training moved on before the crash
@@ -522,10 +528,10 @@ def test_lwf_state_round_trips_the_teacher():
     restored = LwF()
     restored.setup(None, experiences, 0)
     restored.load_state_dict(state)
-    restored.before_experience(module, experiences[1])  # resumed inside experience 1
+    restored.before_experience(module.context, experiences[1])  # resumed inside experience 1
     assert all(torch.equal(restored.teacher.state_dict()[k], v) for k, v in saved.items())
     later = make_experience(2, [0, 1])
-    restored.before_experience(module, later)  # a new experience takes a fresh snapshot
+    restored.before_experience(module.context, later)  # a new experience takes a fresh snapshot
     assert all(torch.equal(restored.teacher.state_dict()[k], v) for k, v in module.model.state_dict().items())
 
 
@@ -566,9 +572,9 @@ def test_agem_step_projects_against_the_memory_gradient():
         xm, ym = torch.randn(8, 4, generator=g), torch.randint(0, 4, (8,), generator=g)
         g_ref = reference_gradient(model, xm, ym)
         g_cur = reference_gradient(model, x, y)
-        batch = strategy.prepare_batch(module, {"current": (x, y), "memory": (xm, ym)})
+        batch = strategy.prepare_batch(module.context, {"current": (x, y), "memory": (xm, ym)})
         assert batch[0] is x
-        strategy.on_before_optimizer_step(module, None)
+        strategy.before_optimizer_step(module.context, None)
         after = torch.cat([p.grad.flatten() for p in model.parameters()])
         if g_cur @ g_ref < 0:
             conflicts += 1
@@ -582,8 +588,8 @@ def test_agem_step_projects_against_the_memory_gradient():
     assert 0 < conflicts < 10
     # The memory batch equal to the current one: g·g_ref = |g|² >= 0, nothing changes.
     g_cur = reference_gradient(model, x, y)
-    strategy.prepare_batch(module, {"current": (x, y), "memory": (x, y)})
-    strategy.on_before_optimizer_step(module, None)
+    strategy.prepare_batch(module.context, {"current": (x, y), "memory": (x, y)})
+    strategy.before_optimizer_step(module.context, None)
     assert torch.allclose(torch.cat([p.grad.flatten() for p in model.parameters()]), g_cur)
 
 
@@ -610,11 +616,11 @@ def test_agem_trains_with_a_memory_batch_every_step():
     class Counting(AGEM):
         steps = 0
 
-        def on_before_optimizer_step(self, module, optimizer):
+        def before_optimizer_step(self, ctx, optimizer):
             if self._memory_batch is not None:
                 Counting.steps += 1
                 assert len(self._memory_batch[0]) == 5 and (self._memory_batch[0][:, 0] == 0).all()
-            super().on_before_optimizer_step(module, optimizer)
+            super().before_optimizer_step(ctx, optimizer)
 
     strategy = Counting(patterns_per_experience=6, sample_size=5)
     strategy.setup(None, experiences, 0)
@@ -674,10 +680,10 @@ def test_a_resumed_run_matches_an_uninterrupted_one(name, args, tmp_path):
     crash = {"at": None}
 
     class Crashing(base):
-        def before_experience(self, module, experience):
+        def before_experience(self, ctx, experience):
             if experience.position == crash["at"]:
                 raise Interrupted
-            super().before_experience(module, experience)
+            super().before_experience(ctx, experience)
 
     registry.register("strategies", f"crashing-{name}")(Crashing)
     cfg = resolve_config({"benchmark": {"class_path": "digits-domains", "init_args": {"domains": THREE_DOMAINS}},

@@ -64,7 +64,8 @@ def build(strategy, experiences, model=None, lr: float = 0.01):
     objective.attach(model)
     module = ContinualModule(model, strategy, objective, optimizer=lambda p: torch.optim.AdamW(p, lr=lr),
                              columns=[None])
-    strategy.setup(module, experiences, 0)
+    strategy.setup(module.context, experiences, 0)
+    strategy.adapt_model(module.context, 0)
     return module
 
 
@@ -77,13 +78,14 @@ def factory(module):
 
 def train(module, experience, steps: int = 3) -> None:
     strategy = module.strategy
-    strategy.before_experience(module, experience)
-    loader = strategy.train_loader(module, strategy.train_dataset(experience), factory(module))
+    strategy.adapt_model(module.context, experience.position + 1)
+    strategy.before_experience(module.context, experience)
+    loader = strategy.train_loader(module.context, strategy.train_dataset(experience), factory(module))
     import lightning.pytorch as pl
 
     pl.Trainer(max_epochs=1, limit_train_batches=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                enable_progress_bar=False, enable_model_summary=False).fit(module, train_dataloaders=loader)
-    strategy.after_experience(module, experience)
+    strategy.after_experience(module.context, experience)
 
 
 def trainable(model) -> dict[str, torch.Tensor]:
@@ -196,7 +198,8 @@ def test_o_lora_terms_reach_the_gradient_of_the_current_a():
     strategy = OLoRA(r=4, dropout=0.0, lambda_1=0.0)
     module = build(strategy, experiences)
     train(module, experiences[0], steps=2)
-    strategy.before_experience(module, experiences[1])
+    strategy.adapt_model(module.context, experiences[1].position + 1)
+    strategy.before_experience(module.context, experiences[1])
     model = module.model
     batch = module.objective.collate(train=True)(experiences[1].train[:4])
     inputs, targets = module.objective.split(batch)
@@ -204,7 +207,7 @@ def test_o_lora_terms_reach_the_gradient_of_the_current_a():
     def grads(lambda_1: float, lambda_2: float) -> dict[str, torch.Tensor]:
         strategy.lambda_1, strategy.lambda_2 = lambda_1, lambda_2
         task = module.objective.loss(module.objective.forward(model, inputs), targets)
-        loss = strategy.training_loss(module, inputs, targets, None, task)
+        loss = strategy.training_loss(module.context, inputs, targets, None, task)
         return dict(zip(trainable(model), torch.autograd.grad(loss, list(trainable(model).values()))))
 
     model.train()
@@ -219,7 +222,7 @@ def test_o_lora_terms_reach_the_gradient_of_the_current_a():
     assert all(".task1." in n for n in plain)  # task 0's LoRA gets no gradient
 
 
-def test_o_lora_restore_model_recreates_every_task_adapter():
+def test_o_lora_adapt_model_recreates_every_task_adapter_on_resume():
     experiences = stream()
     strategy = OLoRA(r=4)
     module = build(strategy, experiences)
@@ -232,11 +235,12 @@ def test_o_lora_restore_model_recreates_every_task_adapter():
     fresh = OLoRA(r=4)
     rebuilt = build(fresh, experiences)
     fresh.load_state_dict(state)
-    fresh.restore_model(rebuilt, state)
+    fresh.adapt_model(rebuilt.context, len(experiences))  # as a resume after both experiences
     rebuilt.model.load_state_dict(module.model.state_dict())  # strict: same keys and shapes
     assert adapter_names(rebuilt.model) == ["task0", "task1"] and not trainable(rebuilt.model)
     torch.testing.assert_close(logits(rebuilt, experiences[0]), logits(module, experiences[0]))
-    fresh.before_experience(rebuilt, experiences[1])  # the next experience trains a third LoRA only
+    fresh.adapt_model(rebuilt.context, len(experiences) + 1)  # the next experience trains a third LoRA only
+    fresh.before_experience(rebuilt.context, experiences[1])
     assert adapter_names(rebuilt.model) == ["task0", "task1", "task2"]
     assert trainable(rebuilt.model) and all(".task2." in n for n in trainable(rebuilt.model))
 
@@ -259,7 +263,7 @@ def test_ewc_on_lora_estimates_and_penalises_only_the_adapter():
     strategy = EWC(ewc_lambda=2.0)
     module = build(strategy, experiences, lora_model())
     model = module.model
-    strategy.after_experience(module, experiences[0])
+    strategy.after_experience(module.context, experiences[0])
     lora = trainable(model)
     assert set(strategy.importance) == set(lora) and all("lora_" in n for n in lora)
     # The Fisher is the mean squared per-sample gradient, one sample at a time.
@@ -274,7 +278,7 @@ def test_ewc_on_lora_estimates_and_penalises_only_the_adapter():
     with torch.no_grad():
         for p in lora.values():
             p.add_(0.01)
-    penalty = strategy.training_loss(module, None, None, None, torch.zeros(()))
+    penalty = strategy.training_loss(module.context, None, None, None, torch.zeros(()))
     assert penalty > 0
     params = list(model.parameters())
     grads = torch.autograd.grad(penalty, [p for p in params if p.requires_grad])
@@ -289,9 +293,10 @@ def test_gem_on_lora_projects_adapter_gradients_of_text_batches():
     strategy = GEM(patterns_per_experience=4, memory_strength=0.0, memory_batch_size=3)
     module = build(strategy, experiences, lora_model())
     model = module.model
-    strategy.after_experience(module, experiences[0])
-    strategy.before_experience(module, experiences[1])
-    strategy.train_loader(module, experiences[1].train, factory(module))
+    strategy.after_experience(module.context, experiences[0])
+    strategy.adapt_model(module.context, experiences[1].position + 1)
+    strategy.before_experience(module.context, experiences[1])
+    strategy.train_loader(module.context, experiences[1].train, factory(module))
     assert len(strategy._chunks) == 1 and isinstance(strategy._chunks[0][0][0], dict)
     lora = list(trainable(model).values())
     model.train()
@@ -304,7 +309,7 @@ def test_gem_on_lora_projects_adapter_gradients_of_text_batches():
     reference = torch.cat([g.flatten() for g in reference])
     for p, r in zip(lora, torch.split(-reference, [p.numel() for p in lora])):  # a conflicting gradient
         p.grad = r.view_as(p) + 0.01 * torch.randn_like(p)
-    strategy.on_before_optimizer_step(module, None)
+    strategy.before_optimizer_step(module.context, None)
     after = torch.cat([p.grad.flatten() for p in lora])
     assert strategy.projections == 1
     assert abs(float(after @ reference)) < 1e-4 * float(reference @ reference)  # on the constraint's boundary

@@ -285,17 +285,23 @@ def restore(ckpt: dict, module, strategy, trainer, base: FrozenBase | None = Non
     """Strategy, model structure and weights, trainer counters and RNG states as they were.
 
     The strategy's state first, then its structural changes to the model (layers it added,
-    shapes it grew), then the weights, which need those shapes. A frozen base left out of the
-    checkpoint must be the rebuilt model's, bit for bit.
+    shapes it grew: ``adapt_model`` replayed up to the experiences the checkpoint finished, and
+    under sharded parameters everything the run will need, as the checkpointed process had),
+    then the weights, which need those shapes. A frozen base left out of the checkpoint must be
+    the rebuilt model's, bit for bit.
     """
+    from clbench.engine.trainer import shards_parameters
+
     strategy.load_state_dict(ckpt["strategy"])
-    strategy.restore_model(module, ckpt["strategy"])
+    strategy.adapt_model(module.context, ckpt["state"]["stage"])
+    if shards_parameters(trainer):
+        module.adapt_for_sharding()
     current = {k: tuple(v.shape) for k, v in module.model.state_dict().items()}
     for key, tensor in ckpt["model"].items():
         if key in current and current[key] != tuple(tensor.shape):
             raise UserError(f"the checkpoint's '{key}' has shape {tuple(tensor.shape)}, the rebuilt model's "
                             f"{current[key]}", where="--resume",
-                            fix="the strategy must re-create its changes to the model in restore_model()")
+                            fix="the strategy must re-create its changes to the model in adapt_model()")
     frozen = ckpt["frozen_base"]
     if frozen["names"]:
         present = dict(module.model.named_parameters(remove_duplicate=False))

@@ -6,13 +6,16 @@ objective says how a batch becomes a loss and how a test batch updates its colum
 
 One training step::
 
-    inputs, targets = strategy.prepare_batch(module, batch)   # default: objective.split(batch)
+    inputs, targets = strategy.prepare_batch(ctx, batch)      # default: objective.split(batch)
     outputs = objective.forward(model, inputs)                 # layers may call auxiliary.add
     loss = objective.loss(outputs, targets) + auxiliary terms
-    loss = strategy.training_loss(module, inputs, targets, outputs, loss)
+    loss = strategy.training_loss(ctx, inputs, targets, outputs, loss)
 
-A strategy or objective that sets ``owns_update`` replaces all of that with its ``update``
+A strategy that sets ``owns_update`` replaces all of that with its ``update(ctx, batch)``
 (Lightning manual optimisation), for learners with closed-form or otherwise non-SGD steps.
+
+Strategy hooks receive the module's :class:`~clbench.strategy.StrategyContext` (``ctx``), never
+the module itself: the context is what the plugin API promises, the module is the engine's.
 
 Evaluation is Lightning validation with one dataloader per test experience: ``dataloader_idx``
 is the R-matrix column, and each column accumulates into its own torchmetrics collection, so
@@ -36,11 +39,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from clbench.models import auxiliary
+from clbench.models.protocol import has_routing_layers
 from clbench.data.datasets import Padding
 from clbench.errors import NonFiniteLoss
 from clbench.metrics import routing
 from clbench.objectives.base import Objective
-from clbench.strategy import Strategy
+from clbench.strategy import Strategy, StrategyContext
 
 
 class ContinualModule(pl.LightningModule):
@@ -71,6 +75,11 @@ class ContinualModule(pl.LightningModule):
         self.objective = objective
         self.make_optimizer = optimizer
         self.make_scheduler = scheduler
+        # What the strategy's hooks see of the run (kept current: experience, device, rank).
+        self.context = StrategyContext(model=model, objective=objective,
+                                       make_optimizer=lambda params: self.make_optimizer(params),
+                                       rebuild_optimizer=self.rebuild_optimizer,
+                                       device=next(iter(model.parameters()), torch.zeros(())).device)
         columns = list(columns) if columns is not None else [None] * (num_columns or 1)
         self.columns = columns
         self.eval_metrics = nn.ModuleList()
@@ -79,7 +88,6 @@ class ContinualModule(pl.LightningModule):
             metrics = objective.metrics(column)
             self.primary.append(next(iter(metrics.keys())))
             self.eval_metrics.append(metrics if isinstance(metrics, MetricCollection) else MetricCollection(metrics))
-        self.experience = 0          # position of the experience being trained
         self.domain: int | None = None  # its domain id, for routing records in training
         self.stage_steps: int | None = None  # optimizer steps this experience will take (schedulers)
         self.last_eval: dict[str, list[float]] = {}
@@ -100,9 +108,7 @@ class ContinualModule(pl.LightningModule):
         self.seen_domains: set[int] = set()
         self.last_compositions: dict[str, dict[str, float]] = {}
         self._attach_routing()
-        owner = next((o for o in (strategy, objective) if getattr(o, "owns_update", False)), None)
-        self.update_owner = owner
-        self.automatic_optimization = owner is None
+        self.automatic_optimization = not strategy.owns_update
         self._loss_sum = torch.zeros(())
         self._aux_sums: dict[str, torch.Tensor] = {}
         self._steps = 0
@@ -127,16 +133,41 @@ class ContinualModule(pl.LightningModule):
             sharding.reshard(self.model)
             sharding.check_unchanged(self.model)
             return
-        self.strategy.before_sharding(self)
+        self.adapt_for_sharding()
         for listener in self.sharding_listeners:
             listener.before_sharding()
         moved = sharding.shard_model(self.model, mesh)
         for listener in self.sharding_listeners:
             listener.after_sharding(moved)
 
+    @property
+    def experience(self) -> int:
+        """Position of the experience being trained (the context's)."""
+        return self.context.experience
+
+    @experience.setter
+    def experience(self, value: int) -> None:
+        self.context.experience = value
+
+    def setup(self, stage: str) -> None:
+        """Lightning attached a Trainer (every ``fit`` and evaluation): where training runs."""
+        trainer = self._trainer
+        if trainer is not None:
+            self.context.device = trainer.strategy.root_device
+            self.context.rank, self.context.world_size = trainer.global_rank, trainer.world_size
+
+    def adapt_for_sharding(self) -> None:
+        """Let the strategy create every parameter the run will need (none can be added to a
+        sharded model), keeping which parameters train as it was: new ones stay frozen until
+        the strategy opens them."""
+        trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        self.strategy.adapt_model(self.context, len(self.strategy.experiences))
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(name in trainable)
+
     # -- routing records ------------------------------------------------------------------
     def _attach_routing(self) -> None:
-        if not self.num_domains or not any(getattr(m, "records_routing", False) for m in self.model.modules()):
+        if not self.num_domains or not has_routing_layers(self.model):
             return
         from clbench.metrics.routing import RoutingRecorder
 
@@ -175,14 +206,14 @@ class ContinualModule(pl.LightningModule):
         return loss if self.automatic_optimization else None
 
     def _step(self, batch: Any, terms: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.update_owner is not None:
-            return self.update_owner.update(self, batch)
-        inputs, targets = self.strategy.prepare_batch(self, batch)
+        if self.strategy.owns_update:
+            return self.strategy.update(self.context, batch)
+        inputs, targets = self.strategy.prepare_batch(self.context, batch)
         outputs = self.objective.forward(self.model, inputs)
         loss = self.objective.loss(outputs, targets)
         if terms:  # added by layers during the forward pass
             loss = loss + sum(terms.values())
-        return self.strategy.training_loss(self, inputs, targets, outputs, loss)
+        return self.strategy.training_loss(self.context, inputs, targets, outputs, loss)
 
     def _accumulate(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
         self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
@@ -213,18 +244,18 @@ class ContinualModule(pl.LightningModule):
             self.last_train_routing = self._figures(self.train_routing)
 
     def on_after_backward(self) -> None:
-        self.strategy.on_after_backward(self)
+        self.strategy.after_backward(self.context)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.strategy.on_before_optimizer_step(self, optimizer)
+        self.strategy.before_optimizer_step(self.context, optimizer)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
-        self.strategy.on_after_optimizer_step(self)
+        self.strategy.after_optimizer_step(self.context)
 
     def configure_optimizers(self) -> Any:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        if not params and self.update_owner is not None:
+        if not params and self.strategy.owns_update:
             return None  # a closed-form learner may have nothing for an optimizer to do
         optimizer = self.make_optimizer(params)
         if self.make_scheduler is None:
@@ -262,7 +293,7 @@ class ContinualModule(pl.LightningModule):
         else:
             metrics = self.eval_metrics[dataloader_idx]
         evaluate = self.objective.evaluate_padding if padding else self.objective.evaluate
-        with self.strategy.evaluating(self, column):
+        with self.strategy.evaluating(self.context, column):
             if domain is None:
                 evaluate(self.model, batch, metrics, column)
             else:

@@ -6,7 +6,7 @@
     optional pretraining on a subset held out of every experience (clbench.engine.pretrain)
     evaluate the (pretrained or untrained) model on every test experience   -> r_init
     for each experience i (run order):
-        strategy.before_experience
+        strategy.adapt_model (structure experience i trains), strategy.before_experience
         Trainer.fit on strategy.train_loader(strategy.train_dataset(exp_i))
         evaluate on every test experience (future ones too)         -> R[i, :]
         strategy.after_experience
@@ -94,6 +94,9 @@ class ContinualRun:
                             f"{self.spec.scenario_type} streams like '{self.spec.name}'", where=f"{src}: strategy",
                             fix=f"it supports: {', '.join(sorted(self.strategy.supports))}")
         self.objective = build.build_objective(cfg, self.spec, src)
+        given = (f"objective '{cfg['objective']['class_path']}'" if cfg.get("objective")
+                 else f"stream '{self.spec.name}' (objective {self.spec.objective})")
+        build.check_requirements(cfg, type(self.strategy), type(self.objective), given, src)
         try:
             self.objective.setup(self.spec, self.experiences)
         except UserError as err:  # about one of its init_args: name the config file too
@@ -128,7 +131,8 @@ class ContinualRun:
                                       column_domains=domains + ([None] if self.has_global_test else []),
                                       num_domains=max(exp.domain_id for exp in self.experiences) + 1)
         self.module.sharding_listeners.append(self.frozen_base)
-        self.strategy.setup(self.module, self.experiences, seeding.derive(seed, "strategy"))
+        self.strategy.setup(self.module.context, self.experiences, seeding.derive(seed, "strategy"))
+        self.strategy.adapt_model(self.module.context, 0)
 
     def make_loader(self, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None, **kw):
         """A loader configured from ``train:``; under data parallelism each rank reads its shard."""
@@ -342,12 +346,13 @@ class ContinualRun:
         self.module.domain = None if self.strategy.single_stage else exp.domain_id  # routing records in training
         trained = self.experiences if self.strategy.single_stage else stages[: stage + 1]
         self.module.seen_domains = {e.domain_id for e in trained}  # N_eff's "old" units
-        self.strategy.before_experience(self.module, exp)
+        self.strategy.adapt_model(self.module.context, stage + 1)
+        self.strategy.before_experience(self.module.context, exp)
         self.begin_experience(exp)
         dataset = self.strategy.train_dataset(exp)
         loader_seed = seeding.derive(seed, "loader", stage)
         loader = self.strategy.train_loader(
-            self.module, dataset,
+            self.module.context, dataset,
             lambda ds, **kw: self.make_loader(ds, shuffle=True, seed=kw.pop("seed", loader_seed), **kw))
         first_epoch = trainer.current_epoch
         if progress is not None:
@@ -390,16 +395,17 @@ class ContinualRun:
             state.compositions.append(self.module.last_compositions)
         state.train_routing.append(self.module.last_train_routing)
         self.module.last_train_routing = {}
-        self.strategy.after_experience(self.module, exp)
+        self.strategy.after_experience(self.module.context, exp)
         state.stage = stage + 1
 
     def begin_experience(self, exp, model=None) -> None:
         """The objective's per-experience set-up (class weights), then the model's, if it has
-        one (``model.begin_experience(exp)``: e.g. routing prototypes from the experience's data)."""
+        one (``model.begin_experience(exp)``: e.g. routing prototypes from the experience's data;
+        see :class:`clbench.models.protocol.ContinualModel`)."""
+        from clbench.models.protocol import begin_experience
+
         self.objective.begin_experience(exp)
-        begin = getattr(self.module.model if model is None else model, "begin_experience", None)
-        if callable(begin):
-            begin(exp)
+        begin_experience(self.module.model if model is None else model, exp)
 
     def _save_checkpoint(self, trainer, state: RunState, write: bool = True) -> None:
         """Everything needed to continue after ``state.stage`` experiences, written atomically

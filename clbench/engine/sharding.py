@@ -34,7 +34,9 @@ from clbench.errors import UserError
 
 def shard_root(model: nn.Module) -> nn.Module:
     """The module sharded as the root unit: the transformers model of a ``CausalLM``."""
-    return getattr(model, "hf", model)
+    from clbench.models.protocol import inner_model
+
+    return inner_model(model)
 
 
 def is_sharded(model: nn.Module) -> bool:

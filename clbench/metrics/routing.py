@@ -67,6 +67,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 from torch import Tensor, nn
 
+from clbench.models.protocol import records_routing
+
 if TYPE_CHECKING:
     from clbench.metrics.compositions import CompositionCounter
     from clbench.metrics.utilization import ExpertUtilization
@@ -218,10 +220,11 @@ class RoutingRecorder:
         return metric
 
     def attach(self, model: nn.Module, prefix: str = "") -> "RoutingRecorder":
-        """Register every submodule whose class sets ``records_routing = True``."""
+        """Register every submodule whose class sets ``records_routing = True`` (a
+        :class:`clbench.models.protocol.RoutingLayer`)."""
         found = 0
         for name, module in model.named_modules(prefix=prefix):
-            if getattr(module, "records_routing", False):
+            if records_routing(module):
                 num_experts = getattr(module, "num_experts", None)
                 if not isinstance(num_experts, int):
                     raise ValueError(f"routing layer {name or type(module).__name__!r} must have "

@@ -13,7 +13,6 @@ from clbench.metrics import routing
 if TYPE_CHECKING:
     from torchmetrics import Metric
 
-    from clbench.engine.module import ContinualModule
     from clbench.data.streams import Experience, StreamSpec
 
 
@@ -34,8 +33,9 @@ class Objective:
     model_args: ClassVar[tuple[str, ...]] = ()
     #: Direction of every primary metric of this objective.
     higher_is_better: ClassVar[bool] = True
-    #: Performs the parameter update itself in :meth:`update` (Lightning manual optimisation).
-    owns_update: ClassVar[bool] = False
+    #: What this objective gives a strategy that declares :attr:`clbench.Strategy.requires`
+    #: (keys of :data:`clbench.strategy.REQUIREMENTS`).
+    provides: ClassVar[frozenset[str]] = frozenset()
 
     def setup(self, spec: "StreamSpec", experiences: list["Experience"]) -> None:
         """Once per run, before the model is built."""
@@ -74,10 +74,6 @@ class Objective:
         """The task loss of ``model`` on a batch; what strategies call to recompute it
         (A-GEM's reference gradient, EWC's Fisher)."""
         return self.loss(self.forward(model, inputs), targets)
-
-    def update(self, module: "ContinualModule", batch: Any) -> Tensor:
-        """One step of an objective that owns its update (``owns_update``); returns the loss."""
-        raise NotImplementedError
 
     # -- evaluation -----------------------------------------------------------------------
     def metrics(self, experience: "Experience | None") -> dict[str, "Metric"]:

@@ -57,6 +57,7 @@ from torch import Tensor
 
 from clbench.errors import UserError
 from clbench.metrics import routing
+from clbench.models.protocol import has_routing_layers
 from clbench.objectives.base import Objective
 from clbench.config.validation import ArgumentError
 
@@ -174,6 +175,7 @@ class CausalLanguageModeling(Objective):
     """
 
     model_args: ClassVar[tuple[str, ...]] = ()
+    provides: ClassVar[frozenset[str]] = frozenset({"language_model"})
 
     def __init__(self, task_metrics: dict[str, str] | None = None, default_metric: str = "exact_match",
                  max_length: Annotated[int, Field(ge=2)] = 512,
@@ -218,7 +220,7 @@ class CausalLanguageModeling(Objective):
 
     def collate(self, train: bool):
         longest = max([self.new_tokens(e) for e in self.experiences] or [self.new_tokens(None)])
-        routed = self.model is not None and any(getattr(m, "records_routing", False) for m in self.model.modules())
+        routed = self.model is not None and has_routing_layers(self.model)
         return TextCollator(self.tokenizer, self.max_length, train, max_new_tokens=longest, forced=routed and not train,
                             chat_template=self.chat_template)
 

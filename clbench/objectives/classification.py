@@ -92,6 +92,7 @@ class Classification(Objective):
     """
 
     model_args: ClassVar[tuple[str, ...]] = ("num_classes", "input_shape")
+    provides: ClassVar[frozenset[str]] = frozenset({"classification"})
 
     def __init__(self, imbalance: bool | None = None,
                  class_weights: ClassWeights | Literal["auto"] | bool | None = None):

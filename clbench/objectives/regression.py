@@ -19,6 +19,7 @@ class Regression(Objective):
     """
 
     model_args: ClassVar[tuple[str, ...]] = ("input_shape", "output_dim")
+    provides: ClassVar[frozenset[str]] = frozenset({"regression"})
     higher_is_better: ClassVar[bool] = False
 
     def model_kwargs(self, spec) -> dict[str, Any]:

@@ -122,10 +122,33 @@ def preflight(cfg: dict, source: str) -> None:
     for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", model_args)):
         target = registry.resolve(kind, cfg[key]["class_path"], where=f"{source}: {key}.class_path")
         check_init_args(target, cfg[key]["init_args"], f"{source}: {argument_path(key)}", provided=provided)
-    check_init_args(_strategy_class(cfg, source), cfg["strategy"]["init_args"],
-                    f"{source}: {argument_path('strategy')}")
+    strategy = _strategy_class(cfg, source)
+    check_init_args(strategy, cfg["strategy"]["init_args"], f"{source}: {argument_path('strategy')}")
+    if cfg.get("objective"):
+        check_requirements(cfg, strategy, objective, f"objective '{cfg['objective']['class_path']}'", source)
+    else:  # the stream's objective, where its benchmark declares it before it is built
+        benchmark = cfg["benchmark"]["class_path"]
+        declared = getattr(registry.resolve("benchmarks", benchmark, where=f"{source}: benchmark.class_path"),
+                           "objective", None)
+        if isinstance(declared, str):
+            check_requirements(cfg, strategy, _objective_class(declared, f"{source}: benchmark"),
+                               f"benchmark '{benchmark}' (objective {declared})", source)
     optimizer_factory(cfg, source)
     scheduler_factory(cfg, source)
+
+
+def check_requirements(cfg: dict, strategy: type, objective: type, what: str, source: str) -> None:
+    """Refuse a strategy whose ``requires`` the objective does not provide (``provides``):
+    checked in :func:`preflight` where the objective is known before the stream is built, and
+    again once it is built."""
+    from clbench.strategy import REQUIREMENTS
+
+    missing = sorted(set(strategy.requires) - set(objective.provides))
+    if missing:
+        name = cfg["strategy"]["class_path"]
+        raise UserError(f"strategy '{name}' requires {REQUIREMENTS[missing[0]]}, which {what} does not give",
+                        where=f"{source}: strategy.class_path",
+                        fix=f"use another strategy, or a benchmark/objective that gives {missing[0]}")
 
 
 def build_benchmark(cfg: dict, source: str):
