@@ -136,14 +136,12 @@ class Strategy:
         super().__init_subclass__(**kwargs)
         for old, new in RENAMED_HOOKS.items():
             if old in vars(cls):
-                raise UserError(f"strategy {cls.__qualname__} defines the hook {old}(), which no longer exists",
-                                where=f"{cls.__module__}.{cls.__qualname__}",
-                                fix=f"rename it {new}() (see clbench.strategy)")
+                raise UserError(f"strategy {cls.__qualname__} defines {old}(), a hook that no longer exists",
+                                fix=f"rename it {new}() (see docs/strategies.md, 'Writing a strategy')")
         unknown = set(cls.requires) - set(REQUIREMENTS)
         if unknown:
             raise UserError(f"strategy {cls.__qualname__} requires {', '.join(sorted(unknown))}, which is not "
-                            "something a run can provide", where=f"{cls.__module__}.{cls.__qualname__}.requires",
-                            fix=f"use some of: {', '.join(REQUIREMENTS)}")
+                            "something a run can provide", fix=f"use some of: {', '.join(REQUIREMENTS)} in requires")
 
     def __init__(self) -> None:
         self.experiences: list[Experience] = []  # the whole stream, in run order (set in setup)

@@ -50,7 +50,6 @@ class LwF(Strategy):
     """
 
     requires = frozenset({"classification"})  # distils class logits from the model called on x
-
     supports_distributed = True  # DDP: each rank distils its own batch from an identical teacher
 
     def __init__(self, alpha: Annotated[float, Field(ge=0)] = 1.0, temperature: Annotated[float, Field(gt=0)] = 2.0):

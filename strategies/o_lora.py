@@ -28,9 +28,9 @@ Choices:
 * Each task's LoRA is initialised from its own seed (the strategy's seed and the task index),
   not from the global generator at the time it is made. With sharded parameters
   (``trainer.strategy: fsdp``) no LoRA can be added once the model is sharded, so the LoRAs of
-  every task are made then (:meth:`OLoRA.adapt_model` asked for the whole stream), inactive and frozen until their
-  task; seeded per task, they start as they would have unsharded, and a resumed run makes them
-  as the uninterrupted one did.
+  every task are made before (:meth:`OLoRA.adapt_model` asked for the whole stream), inactive
+  and frozen until their task; seeded per task, they start as they would have unsharded, and a
+  resumed run makes them as the uninterrupted one did.
 """
 
 from __future__ import annotations

@@ -70,7 +70,8 @@ def test_the_plugin_api_modules_do_not_import_the_engine():
 def test_a_hook_of_an_earlier_version_is_refused_with_its_new_name():
     from clbench import Strategy, UserError
 
-    with pytest.raises(UserError, match=r"on_after_backward\(\).*rename it after_backward\(\)"):
+    with pytest.raises(UserError, match=r"defines on_after_backward\(\), a hook that no longer exists "
+                                        r"\(rename it after_backward\(\)"):
         class Old(Strategy):
             def on_after_backward(self, module):
                 pass
