@@ -49,10 +49,10 @@ def test_flow_values_split_by_the_shell_are_rejoined():
     assert resolve_config({}, overrides=shlex.split("order=[rot90, rot0]"))["order"] == ["rot90", "rot0"]
 
 
-def test_readme_says_what_module_model_is():
+def test_readme_says_what_a_hook_receives():
     section = README[README.index("## Add a strategy"):README.index("## More")]
     prose = re.sub(r"```.*?```", "", section, flags=re.S)
-    assert "`module.model` is the network" in prose
+    assert "`ctx.model` is the network" in prose and "`clbench.StrategyContext`" in prose
 
 
 def long_result(n: int = 14) -> dict:

@@ -264,7 +264,8 @@ class ContinualModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def rebuild_optimizer(self) -> None:
-        """Build the optimizer (and scheduler) again over the current trainable parameters.
+        """Build the optimizer (and scheduler) again over the current trainable parameters
+        (strategies call it as ``ctx.rebuild_optimizer()``).
 
         Between experiences nothing is needed: every ``fit`` builds them afresh. A strategy that
         adds or reshapes parameters in the middle of an experience calls this afterwards; the

@@ -23,7 +23,7 @@ Choices the thesis leaves open, and what is done here:
   thesis's baselines inherit the pretraining), and ``result.json``'s ``pretrain`` holds the
   subset's size per experience, the untrained model's scores (``r_untrained``) and
   ``r_pretrained`` (= ``r_init``). Reference models start from the pretrained weights too
-  (from a plain model's pretraining when the strategy changed the model at setup: see
+  (from a plain model's pretraining when the strategy changed the model before training: see
   :meth:`Pretraining.load_into`).
 """
 
@@ -113,8 +113,8 @@ class Pretraining:
     def load_into(self, owner, model) -> None:
         """Give a reference model (built like the run's, a plain learner's) the pretrained
         weights. Pretraining is repeated once, seeded as the first time, when they are not in
-        memory (after a resume) or are not a plain model's: a strategy that changed the model at
-        setup (LoRA adapters, MoE experts) pretrained its own parameterisation, and a reference
+        memory (after a resume) or are not a plain model's: a strategy that changed the model in
+        ``adapt_model`` (LoRA adapters, MoE experts) pretrained its own parameterisation, and a reference
         starts from the plainly pretrained model, as it starts from the plain initial one."""
         if self.state is None or self.state.keys() != model.state_dict().keys():
             self._fit(owner, model)

@@ -19,8 +19,9 @@ mesh is Lightning's: on one node (1, devices) shards over every process; on seve
 nodes, gradients all-reduced between replicas. clbench applies no tensor parallelism.
 
 Rule for strategies: every parameter must exist before the model is sharded (create them in
-``setup`` or ``restore_model``); parameters added later would be neither sharded nor reduced,
-so :func:`check_unchanged` refuses them. Changing ``requires_grad`` later is fine.
+``adapt_model``, which the module calls for the whole stream just before sharding); parameters
+added later would be neither sharded nor reduced, so :func:`check_unchanged` refuses them.
+Changing ``requires_grad`` later is fine.
 """
 
 from __future__ import annotations
@@ -103,8 +104,7 @@ def check_unchanged(model: nn.Module) -> None:
              and (id(p) in inside or p.requires_grad)]
     if added:
         raise RuntimeError(f"parameter '{added[0]}' was added after the model was sharded: a strategy that "
-                           "supports_sharded must create its parameters in setup(), restore_model() or "
-                           "before_sharding()")
+                           "supports_sharded must create its parameters in adapt_model()")
 
 
 def model_state(model: nn.Module) -> dict[str, Any]:

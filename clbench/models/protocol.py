@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import nn
 
-    from clbench.data.streams import Experience
-
 
 @runtime_checkable
 class ContinualModel(Protocol):
@@ -22,13 +20,14 @@ class ContinualModel(Protocol):
     - ``begin_experience(experience)``: called before each experience trains (after the
       strategy's ``before_experience``), and before a reference model or the pretraining trains
       on an experience's data: per-experience set-up the model owns, such as routing prototypes
-      computed from the experience's data (:mod:`clbench.models.vision.prototype`).
+      computed from the experience's data (:mod:`clbench.models.vision.prototype`). ``experience``
+      is a :class:`clbench.Experience`.
     - ``hf``: the wrapped transformers model of a language model; adapters go into it and
       sharding takes it as the root unit (its ``_no_split_modules`` name the blocks to shard).
     - ``tokenizer``: a language model's tokenizer (the causal-LM objective requires it).
     """
 
-    def begin_experience(self, experience: "Experience") -> None: ...
+    def begin_experience(self, experience: Any) -> None: ...
 
 
 @runtime_checkable
@@ -44,7 +43,7 @@ class RoutingLayer(Protocol):
     num_experts: int
 
 
-def begin_experience(model: "nn.Module", experience: "Experience") -> None:
+def begin_experience(model: "nn.Module", experience: Any) -> None:
     """Call the model's ``begin_experience`` (see :class:`ContinualModel`), if it has one."""
     begin = getattr(model, "begin_experience", None)
     if callable(begin):
