@@ -256,7 +256,7 @@ def _inject_lora(hf: nn.Module, spec: LoRASettings) -> None:
 def _trace_mini_tokenizer() -> Path:
     from importlib.resources import files
 
-    return Path(str(files("benchmarks") / "assets" / "trace-mini-tokenizer"))
+    return Path(str(files("clbench.benchmarks") / "assets" / "trace-mini-tokenizer"))
 
 
 #: Tokenizers shipped with clbench, by name (``tokenizer: trace-mini``).
