@@ -95,7 +95,7 @@ class StrategyContext:
     keep a reference to it.
     """
 
-    #: The network being trained (an ``nn.Module``; what :class:`clbench.models.ContinualModel` describes).
+    #: The network being trained (an ``nn.Module``; :class:`clbench.ContinualModel` lists what it may offer).
     model: "nn.Module"
     #: The stream's objective: ``split``, ``forward``, ``loss_of``, ``collate`` (:class:`clbench.Objective`).
     objective: "Objective"

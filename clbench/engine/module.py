@@ -123,7 +123,7 @@ class ContinualModule(pl.LightningModule):
     def configure_model(self) -> None:
         """Shard the model (FSDP2) under Lightning's ``ModelParallelStrategy``; Lightning calls
         this at every ``fit`` and evaluation, the model is sharded at the first of them (after the
-        strategy's ``setup`` and any ``--resume`` restore made and filled every parameter)."""
+        strategy's ``adapt_model`` and any ``--resume`` restore made and filled every parameter)."""
         mesh = self.device_mesh
         if mesh is None:
             return
