@@ -125,14 +125,10 @@ def restore_loop(trainer, state: dict) -> None:
     then behave as the uninterrupted Trainer's would at that point, not as Lightning's
     mid-epoch restart: the restart flags that ``load_state_dict`` raises are cleared.
     """
-    from lightning.pytorch.loops.loop import _Loop
+    from clbench.engine.lightning_internals import clear_restart_flags
 
     trainer.fit_loop.load_state_dict(state)
-    loops = [trainer.fit_loop]
-    while loops:
-        loop = loops.pop()
-        loop.on_iteration_done()
-        loops.extend(v for v in vars(loop).values() if isinstance(v, _Loop))
+    clear_restart_flags(trainer)
 
 
 class FrozenBase:

@@ -41,6 +41,7 @@ from torch import nn
 from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
 from clbench.data.datasets import Padding
+from clbench.engine.lightning_internals import attached_trainer
 from clbench.errors import NonFiniteLoss
 from clbench.metrics import routing
 from clbench.objectives.base import Objective
@@ -200,7 +201,8 @@ class ContinualModule(pl.LightningModule):
             else:
                 loss = self._step(batch, terms)
         self._accumulate(loss, terms)
-        if self._trainer is not None and self._trainer.loggers:
+        trainer = attached_trainer(self)
+        if trainer is not None and trainer.loggers:
             # every trainer.log_every_n_steps steps; the value is read (a device sync) only then
             self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, batch_size=1)
         return loss if self.automatic_optimization else None
@@ -271,7 +273,7 @@ class ContinualModule(pl.LightningModule):
         adds or reshapes parameters in the middle of an experience calls this afterwards; the
         old optimizer state is dropped, since it belongs to tensors that no longer exist.
         """
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
             trainer.strategy.setup_optimizers(trainer)
 

@@ -149,9 +149,12 @@ class ContinualRun:
             return None
         from lightning.pytorch.utilities import CombinedLoader
 
+        from clbench.engine.lightning_internals import combined_loader_mode
+
         if isinstance(loader, CombinedLoader):  # its length exists only once it is iterated
             sizes = [len(part) for part in loader.flattened]
-            batches = {"min_size": min, "max_size_cycle": max, "max_size": max}.get(loader._mode, sum)(sizes)
+            mode = combined_loader_mode(loader)
+            batches = {"min_size": min, "max_size_cycle": max, "max_size": max}.get(mode, sum)(sizes)
         else:
             try:
                 batches = len(loader)

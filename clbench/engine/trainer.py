@@ -111,6 +111,8 @@ def check_parallel_support(trainer, strategy, model, name: str, source: str) -> 
     if kind in _OTHER_SHARDING:
         raise UserError(f"clbench shards parameters with FSDP2, not {kind}", where=f"{source}: trainer.strategy",
                         fix="use trainer.strategy: fsdp (or ddp)")
+    from clbench.engine.lightning_internals import starts_processes_per_fit
+
     if shards_parameters(trainer):
         from clbench.engine.sharding import block_classes
 
@@ -121,11 +123,7 @@ def check_parallel_support(trainer, strategy, model, name: str, source: str) -> 
             block_classes(model)  # a model with no blocks to shard
         except UserError as err:
             raise UserError(err.what, where=f"{source}: trainer.strategy", fix=err.fix) from None
-    try:  # Lightning's launcher for ddp_spawn, ddp_fork and ddp_notebook (it has no public name)
-        from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
-    except ImportError:  # renamed in a later Lightning: the check is skipped, not every run broken
-        _MultiProcessingLauncher = ()
-    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+    if starts_processes_per_fit(trainer):  # ddp_spawn, ddp_fork, ddp_notebook
         raise UserError("this Trainer strategy starts new processes at every fit, and a run fits once per "
                         "experience: the CL strategy's state would be lost between experiences",
                         where=f"{source}: trainer.strategy", fix="use trainer.strategy: ddp (or fsdp)")
@@ -213,14 +211,11 @@ def start_process_group(trainer, module) -> None:
     to widen), and without the group every rank would decide alone."""
     import torch.distributed as dist
 
+    from clbench.engine.lightning_internals import launch_processes
+
     if trainer.world_size == 1 or (dist.is_available() and dist.is_initialized()):
         return
-    trainer.strategy.connect(module)  # as fit does first (the fsdp strategy hands the module its mesh)
-    launcher = trainer.strategy.launcher
-    if launcher is None:
-        trainer.strategy.setup_environment()
-    else:  # starts the other ranks from rank 0 (they re-run the command), then the group on each
-        launcher.launch(trainer.strategy.setup_environment, trainer=trainer)
+    launch_processes(trainer, module)
 
 
 def end_process_group(only_gloo: bool = False) -> None:
