@@ -199,8 +199,10 @@ class Crash(Exception):
 
 
 def crash_at(monkeypatch, point: str, cfg: dict, output: Path) -> None:
-    """Run ``cfg`` into ``output`` and stop it dead at fault ``point`` (``clbench.engine.faults`` syntax,
-    e.g. ``stage:2:step:5``), leaving what a killed process leaves: its last checkpoint."""
+    """Run ``cfg`` into ``output`` in this process and stop it dead at fault ``point``
+    (:mod:`clbench.engine.faults` syntax, e.g. ``stage:2:step:5``), leaving what a killed
+    process leaves: its last checkpoint. The one crash helper of the in-process tests; a
+    subprocess is killed for real with :func:`kill_env`."""
     import pytest
 
     from clbench.engine import faults
@@ -214,3 +216,17 @@ def crash_at(monkeypatch, point: str, cfg: dict, output: Path) -> None:
     with pytest.raises(Crash):
         run(cfg, output)
     monkeypatch.delenv(faults.ENV)
+
+
+def kill_env(point: str | None, env: dict | None = None, *, signal: str | None = None) -> dict:
+    """The environment of a ``clbench`` subprocess that kills itself at fault ``point`` (SIGKILL,
+    or ``signal="INT"`` for Ctrl-C); ``env`` is the rest (default: this process's), any kill
+    point it inherits removed first. ``point=None``: a run that is not killed."""
+    from clbench.engine.faults import ENV, SIGNAL_ENV
+
+    out = {k: v for k, v in (os.environ if env is None else env).items() if k not in (ENV, SIGNAL_ENV)}
+    if point is not None:
+        out[ENV] = point
+    if signal is not None:
+        out[SIGNAL_ENV] = signal
+    return out

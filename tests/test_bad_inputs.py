@@ -32,7 +32,7 @@ import yaml
 
 from clbench.config.load import deep_merge
 from clbench.errors import UserError
-from helpers import REPO, cli_in_process, run_cli, tiny_config
+from helpers import REPO, cli_in_process, kill_env, run_cli, tiny_config
 
 BASE = tiny_config()
 
@@ -287,7 +287,7 @@ def interrupted_run(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("interrupted")
     config = d / "config.yaml"
     config.write_text(yaml.safe_dump(BASE))
-    env = {**os.environ, "CLBENCH_TEST_KILL_AT": "stage:1:step:0"}
+    env = kill_env("stage:1:step:0")
     proc = subprocess.run([sys.executable, "-m", "clbench.cli.main", "run", "--config", str(config), "--output",
                            str(d / "out"), "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)

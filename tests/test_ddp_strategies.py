@@ -266,7 +266,7 @@ def test_a_two_process_digits_run_gives_the_one_process_r_matrix(tmp_path, write
     fit, so it fails unless the runner starts the process group first."""
     import json
 
-    from helpers import run_cli, tiny_config
+    from helpers import kill_env, run_cli, tiny_config
 
     from clbench.config.load import resolve_config
     from clbench.engine.runner import run
@@ -288,7 +288,7 @@ def test_a_two_process_digits_run_gives_the_one_process_r_matrix(tmp_path, write
     # a node loss: every rank killed in the middle of the second experience; --resume continues
     # from rank 0's checkpoint on both ranks and ends where the uninterrupted run ended
     killed = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "killed"), "--no-progress",
-                     env={**env, "CLBENCH_TEST_KILL_AT": "stage:1:step:3"})
+                     env=kill_env("stage:1:step:3", env))
     assert killed.returncode != 0 and (tmp_path / "killed" / "checkpoint.pt").is_file()
     assert not (tmp_path / "killed" / "result.json").exists()
     resumed = run_cli("run", "--config", str(write_yaml(cfg)), "--output", str(tmp_path / "killed"), "--resume",

@@ -147,7 +147,7 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
     in the second experience, the sharded run resumes to the uninterrupted R. Pretraining and
     the reference models (``metrics.reference_models``: the pretrained plain model trained on
     one experience alone) run sharded too, to DDP's scores."""
-    from helpers import run_cli
+    from helpers import kill_env, run_cli
 
     from clbench.engine.checkpoint import CHECKPOINT
 
@@ -160,7 +160,7 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
         config = write_yaml({**cfg, "trainer": trainer}, f"{kind}.yaml")
         results[kind] = run_two_processes(config, tmp_path / kind)
         killed = run_cli("run", "--config", str(config), "--output", str(tmp_path / f"{kind}-killed"),
-                         "--no-progress", env={"OMP_NUM_THREADS": "1", "CLBENCH_TEST_KILL_AT": "stage:1:step:1"})
+                         "--no-progress", env=kill_env("stage:1:step:1", {"OMP_NUM_THREADS": "1"}))
         assert killed.returncode != 0
         kills[kind] = (config, torch.load(tmp_path / f"{kind}-killed" / CHECKPOINT, weights_only=True))
     ddp, fsdp = results["ddp"], results["fsdp"]

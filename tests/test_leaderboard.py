@@ -20,7 +20,7 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import RUNS_DIR, run_suite
 from clbench.leaderboard.suite import default_suite_path, load_suite, preflight
 from clbench.leaderboard.table import build_tables
-from helpers import SMOKE, run_cli, smoke, write_suite
+from helpers import SMOKE, kill_env, run_cli, smoke, write_suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -266,14 +266,13 @@ def test_interrupted_suite_keeps_finished_entries_and_continues(tmp_path, monkey
 
 def test_a_killed_suite_resumes_the_interrupted_run_from_its_checkpoint(board, tmp_path, monkeypatch):
     """SIGKILL ``clbench leaderboard run`` in the second experience; the rerun continues that run."""
-    from clbench.engine.faults import ENV
     from clbench.engine.runner import CHECKPOINT
 
     suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"], orders=["default"])))
     digest = suite.runs[0].hash
     out = tmp_path / "lb"
     killed = run_cli("leaderboard", "run", "--suite", str(suite.path), "--output", str(out), "--no-progress",
-                     env={ENV: "stage:1:step:0"})
+                     env=kill_env("stage:1:step:0"))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (out / RUNS_DIR / digest / CHECKPOINT).is_file()
     assert (out / RUNS_DIR / f"{digest}.lock").is_file()  # the killed process's lock: stale, taken over below

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import LIGHTNING_NOISE
+from helpers import LIGHTNING_NOISE, crash_at
 from test_strategies_llm import build, lm, lm_config, stream, train, trainable
 from torch import nn
 
@@ -162,7 +162,6 @@ def test_balance_term_reaches_the_loss_and_bad_options_are_refused():
 
 
 def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same_r(tmp_path, monkeypatch):
-    from clbench.engine import faults
     from clbench.engine.runner import run
 
     cfg = lm_config({"class_path": "mh_moe", "init_args": {"heads": 4, "r": 2}})
@@ -184,16 +183,9 @@ def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same
     final = [v["n_eff"] for v in comps[-1].values()]
     assert reference["scores"]["n_eff"] == pytest.approx(sum(final) / len(final))
 
-    class Crash(Exception):
-        pass
-
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:1:step:2")
-    with pytest.raises(Crash):
-        run(cfg, tmp_path / "crashed")
+    crash_at(monkeypatch, "stage:1:step:2", cfg, tmp_path / "crashed")
     saved = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
     assert saved["state"]["stage"] == 1 and any(k.endswith("up_proj.lora_router") for k in saved["model"])
-    monkeypatch.delenv(faults.ENV)
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["expert_utilization"] == util

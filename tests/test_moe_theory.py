@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, crash_at
 
 
 def _round_case(M=4, d=10, s=6, seed=0):
@@ -76,7 +76,6 @@ def test_gating_parameters_sum_to_zero_after_every_round_and_termination_freezes
 def test_the_runner_path_gives_the_simulations_errors_in_its_r_matrix_and_resumes(tmp_path, monkeypatch):
     """20 rounds as 20 experiences: R[t][tau] is ||w_t^(m_tau) - w_{n_tau}||^2, so its rows give
     the simulation's F_t and G_t; routing per task is recorded; a crash resumes bit-identically."""
-    from clbench.engine import faults
     from clbench.config.load import resolve_config
     from clbench.metrics.theory import forgetting_curve, generalisation_curve
     from clbench.engine.runner import ContinualRun, run
@@ -104,14 +103,7 @@ def test_the_runner_path_gives_the_simulations_errors_in_its_r_matrix_and_resume
         row = record["MoETheoryModel"]["utilization"][int(task)]
         assert row[int(expert)] == pytest.approx(1.0)
 
-    class Crash(Exception):
-        pass
-
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:9:step:1")
-    with pytest.raises(Crash):
-        run(resolve_config(raw), tmp_path / "crashed")
-    monkeypatch.delenv(faults.ENV)
+    crash_at(monkeypatch, "stage:9:step:1", resolve_config(raw), tmp_path / "crashed")
     assert run(resolve_config(raw), tmp_path / "crashed", resume=True)["r_matrix"] == result["r_matrix"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import LIGHTNING_NOISE
+from helpers import LIGHTNING_NOISE, crash_at
 from test_strategies_llm import build, lm, lm_config, train
 from torch import nn
 
@@ -179,7 +179,6 @@ def test_prompt_prefix_changes_outputs_and_generation_runs_under_oracle_and_keys
 
 
 def test_runner_keys_mode_end_to_end_and_a_crashed_run_resumes_to_the_same_r(tmp_path, monkeypatch):
-    from clbench.engine import faults
     from clbench.engine.runner import run
 
     cfg = lm_config({"class_path": "moses", "init_args": {"task_inference": "keys"}})
@@ -194,17 +193,10 @@ def test_runner_keys_mode_end_to_end_and_a_crashed_run_resumes_to_the_same_r(tmp
     assert stages[0]["accuracy"] == 1.0 and 0.0 <= stages[1]["accuracy"] <= 1.0
     assert stages[1]["accuracy"] == sum(stages[1]["per_task"].values()) / 2  # 6 test prompts each
 
-    class Crash(Exception):
-        pass
-
-    monkeypatch.setattr(faults, "die", lambda: (_ for _ in ()).throw(Crash()))
-    monkeypatch.setenv(faults.ENV, "stage:1:step:2")
-    with pytest.raises(Crash):
-        run(cfg, tmp_path / "crashed")
+    crash_at(monkeypatch, "stage:1:step:2", cfg, tmp_path / "crashed")
     saved = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
     assert saved["state"]["stage"] == 1 and list(saved["strategy"]["slots"].values()) == [0]
     assert any(k.endswith("q_proj.mask_A") for k in saved["model"])
-    monkeypatch.delenv(faults.ENV)
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == r
     assert resumed["strategy"]["diagnostics"] == reference["strategy"]["diagnostics"]

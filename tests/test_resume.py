@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import REPO, default_sigint, tiny_config
+from helpers import REPO, crash_at, default_sigint, kill_env, tiny_config
 
 CONFIG = tiny_config(model={"class_path": "mlp", "init_args": {"hidden": 32, "dropout": 0.25}},
                      strategy={"class_path": "replay", "init_args": {"mem_size": 60}},
@@ -44,11 +44,8 @@ FIRST_EXPERIENCE = "stage:0:step:60"  # in its second epoch: the first one is lo
 
 
 def _cli(args: list[str], kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "CLBENCH_TEST_KILL_AT"}
-    if kill_at:
-        env["CLBENCH_TEST_KILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-m", "clbench.cli.main", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "clbench.cli.main", *args], cwd=REPO, env=kill_env(kill_at),
+                          capture_output=True, text=True, timeout=300)
 
 
 def _listing(out: Path) -> list[str]:
@@ -254,7 +251,7 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(runs, reference):
     The run sends itself the SIGINT at a fixed training step, so the test does not race the run."""
     out = runs["root"] / "interrupted-by-sigint"
     args = ["run", "--config", str(runs["config"]), "--output", str(out), "--no-progress"]
-    env = {**os.environ, "CLBENCH_TEST_KILL_AT": "stage:1:step:3", "CLBENCH_TEST_KILL_SIGNAL": "INT"}
+    env = kill_env("stage:1:step:3", signal="INT")
     proc = subprocess.run([sys.executable, "-m", "clbench.cli.main", *args], cwd=REPO, env=env, text=True,
                           capture_output=True, timeout=300, preexec_fn=default_sigint)
     stderr = proc.stderr
@@ -267,10 +264,6 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(runs, reference):
     assert json.loads((out / "result.json").read_text())["r_matrix"] == reference["r_matrix"]
 
 
-class _Crash(Exception):
-    """Stands in for SIGKILL inside the test process."""
-
-
 @pytest.mark.parametrize("strategy", [
     {"class_path": "ewc", "init_args": {"ewc_lambda": 50.0, "mode": "online", "gamma": 0.9}},
     {"class_path": "lwf", "init_args": {"alpha": 1.0}},
@@ -280,22 +273,13 @@ class _Crash(Exception):
 def test_every_strategy_state_survives_a_crash(strategy, tmp_path, monkeypatch):
     """Fisher matrices, teacher weights, episodic memories: crashed in the third experience,
     resumed from the checkpoint after the second, the result is the uninterrupted one."""
-    from clbench.engine import faults
     from clbench.config.load import resolve_config
     from clbench.engine.runner import run
 
     cfg = resolve_config(tiny_config(strategy=strategy, train={"epochs": 2, "batch_size": 32}))
     reference = run(cfg, tmp_path / "reference")
-
-    def crash() -> None:
-        raise _Crash
-
-    monkeypatch.setattr(faults, "die", crash)
-    monkeypatch.setenv(faults.ENV, "stage:2:step:30")
-    with pytest.raises(_Crash):
-        run(cfg, tmp_path / "crashed")
+    crash_at(monkeypatch, "stage:2:step:30", cfg, tmp_path / "crashed")
     assert torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)["state"]["stage"] == 2
-    monkeypatch.delenv(faults.ENV)
     resumed = run(cfg, tmp_path / "crashed", resume=True)
     assert resumed["r_matrix"] == reference["r_matrix"]
     assert resumed["scores"] == reference["scores"]
@@ -325,7 +309,6 @@ def test_a_resume_under_another_thread_count_is_refused_naming_both(tmp_path, mo
     is refused, one line naming both values and the fix, and the checkpoint is left as it was."""
     from clbench.cli.main import main
     from clbench.config.load import resolve_config
-    from helpers import crash_at
 
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(tiny_config(), sort_keys=False))

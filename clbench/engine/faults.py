@@ -14,7 +14,11 @@ experience in run order)::
 ``CLBENCH_TEST_KILL_SIGNAL=INT`` sends SIGINT (Ctrl-C) at the point instead of SIGKILL, so the
 interrupt tests stop a run at a known place rather than racing a timer.
 
-The variable is read once, when a run starts. Unset (always, outside tests), no callback is
+The injection is a Lightning callback, :class:`KillAt`: the Trainer's hooks reach the points
+inside training and evaluation. The two writes happen outside the Trainer, so the runner calls
+:func:`before_checkpoint_write` and :func:`before_result_write` there, which look for that
+callback on the Trainer and return at once when it is absent. The variable is read once, when
+a run builds its Trainer (:func:`callbacks`); unset (always, outside tests), no callback is
 added and nothing here runs on any path.
 """
 
@@ -27,6 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+import lightning.pytorch as pl
 
 from clbench.errors import UserError
 
@@ -86,28 +92,51 @@ def interrupted_write(path: Path, write: Callable[[Any], None]) -> None:
     atomic_write(path, half, "wb")
 
 
-def callback(point: KillPoint):
-    """A Lightning callback that dies at a ``step`` or ``eval`` kill point (None for others)."""
-    if point.where not in ("step", "eval"):
-        return None
-    import lightning.pytorch as pl
+class KillAt(pl.Callback):
+    """Dies at ``point``: at a training step or evaluation batch through the Trainer's hooks,
+    halfway through a checkpoint or result write when the runner announces one."""
 
-    class KillAt(pl.Callback):
-        def __init__(self) -> None:
-            self.steps = 0
-            self.training = False
+    def __init__(self, point: KillPoint) -> None:
+        self.point = point
+        self.steps = 0
+        self.training = False
 
-        def on_train_start(self, trainer, pl_module) -> None:
-            self.training = pl_module.experience == point.stage
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.training = pl_module.experience == self.point.stage
 
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            if point.where == "step" and self.training:
-                if self.steps == point.step:
-                    die()
-                self.steps += 1
-
-        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-            if point.where == "eval" and self.training:
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.point.where == "step" and self.training:
+            if self.steps == self.point.step:
                 die()
+            self.steps += 1
 
-    return KillAt()
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.point.where == "eval" and self.training:
+            die()
+
+
+def callbacks() -> list:
+    """The Trainer callbacks the environment asks for: ``[KillAt]`` under ``CLBENCH_TEST_KILL_AT``,
+    else none."""
+    point = kill_point()
+    return [] if point is None else [KillAt(point)]
+
+
+def _kill_at(trainer) -> KillPoint | None:
+    found = [c.point for c in trainer.callbacks if isinstance(c, KillAt)]
+    return found[0] if found else None
+
+
+def before_checkpoint_write(trainer, stage: int, path: Path, write: Callable[[Any], None]) -> None:
+    """The checkpoint after experience ``stage`` is about to be written to ``path`` by ``write``
+    (given a binary handle): die halfway through it if that is the kill point."""
+    point = _kill_at(trainer)
+    if point is not None and point.where == "checkpoint" and point.stage == stage:
+        interrupted_write(path, write)
+
+
+def before_result_write(trainer, path: Path, write: Callable[[Any], None]) -> None:
+    """``result.json`` is about to be written: die halfway through it if that is the kill point."""
+    point = _kill_at(trainer)
+    if point is not None and point.where == "result":
+        interrupted_write(path, write)

@@ -60,8 +60,6 @@ class ContinualRun:
 
     def __init__(self, cfg: dict, output: Path | None, *, source: str = "config", resume: bool = False,
                  overwrite: bool = False, progress: bool | None = None):
-        from clbench.engine import faults
-
         self.cfg = cfg
         self.output = Path(output) if output is not None else None
         self.path: Path | None = None  # where this run writes: output, or its staging folder
@@ -69,7 +67,6 @@ class ContinualRun:
         self.resume = resume
         self.overwrite = overwrite
         self.show_progress = cfg["logging"]["progress"] if progress is None else progress
-        self.kill = faults.kill_point()  # crash injection for the resume tests; None unless asked for
         self.world_size, self.rank = 1, 0
         self.sharded = False  # parameters sharded (trainer.strategy: fsdp)
 
@@ -227,7 +224,7 @@ class ContinualRun:
             (self.path / LOGS / "csv" / "metrics.csv").unlink(missing_ok=True)  # other loggers keep runs apart
 
     def _execute(self) -> dict:
-        from clbench.engine import checkpoint, faults
+        from clbench.engine import checkpoint
         from clbench.plugins.build import preflight
         from clbench.engine.trainer import (check_parallel_support, check_reserved, make_trainer, quiet_lightning,
                                      shards_parameters, start_process_group, trainer_args)
@@ -247,16 +244,15 @@ class ContinualRun:
         cfg = self.cfg
         epochs = cfg["train"]["epochs"]
         stages = [self.experiences[-1]] if self.strategy.single_stage else self.experiences
+        from clbench.engine import faults
+
         callbacks, progress = [], None
         if self.show_progress:
             from clbench.engine.progress import ContinualProgress
 
             progress = ContinualProgress(len(stages))
             callbacks.append(progress)
-        if self.kill is not None:
-            kill = faults.callback(self.kill)
-            if kill is not None:
-                callbacks.append(kill)
+        callbacks.extend(faults.callbacks())  # CLBENCH_TEST_KILL_AT's crash points: none outside tests
         loggers = []
         if self.path is not None:
             from clbench.engine.loggers import build_loggers, logger_specs
@@ -327,10 +323,10 @@ class ContinualRun:
 
             log_result(loggers, result)
         if writes:
+            from clbench.engine import faults
             from clbench.io import json_text, write_json
 
-            if self.kill is not None and self.kill.where == "result":
-                faults.interrupted_write(self.path / RESULT, lambda h: h.write(json_text(result).encode()))
+            faults.before_result_write(trainer, self.path / RESULT, lambda h: h.write(json_text(result).encode()))
             write_json(self.path / RESULT, result)
             (self.path / CHECKPOINT).unlink(missing_ok=True)
         return result
@@ -423,8 +419,7 @@ class ContinualRun:
         if not write:
             return
         path = self.path / CHECKPOINT
-        if self.kill is not None and self.kill.where == "checkpoint" and self.kill.stage == state.stage - 1:
-            faults.interrupted_write(path, lambda handle: torch.save(payload, handle))
+        faults.before_checkpoint_write(trainer, state.stage - 1, path, lambda handle: torch.save(payload, handle))
         torch_save(path, payload)
 
     def _check_finite(self, columns: dict[str, list], stage: int, total: int, label: str) -> None:
