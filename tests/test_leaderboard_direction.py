@@ -11,7 +11,8 @@ from clbench.cli.main import main
 from clbench.errors import UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import compare, print_comparison
-from clbench.leaderboard.table import build_tables, console_for_tables
+from clbench.leaderboard.table import build_tables
+from clbench.leaderboard.terminal import console_for_tables
 from test_leaderboard_compare import fake_entry
 
 # final mean error per strategy and order (default, reverse); lower is better

@@ -271,7 +271,7 @@ def test_moe_runs_show_n_eff_and_utilization_heatmaps(tmp_path, write_yaml):
 
 
 def test_header_says_which_scoring_made_a_text_benchmarks_numbers():
-    from clbench.leaderboard.render import _meta_line
+    from clbench.leaderboard.notes import meta_line
     from clbench.leaderboard.table import scoring
 
     assert scoring({"objective": {"name": "CausalLanguageModeling", "scoring": "trace"}}) == "trace"
@@ -279,16 +279,16 @@ def test_header_says_which_scoring_made_a_text_benchmarks_numbers():
     assert scoring({"objective": {"name": "Classification"}}) is None
     meta = {"scenario_type": "domain-il", "experiences": ["FOMC"], "num_classes": None, "orders": ["standard"],
             "seeds": [0], "models": ["hf_causal_lm"], "r_names": ["trace_exact_match"], "r_higher": True}
-    assert _meta_line({**meta, "scorings": ["trace"]}).endswith(
+    assert meta_line({**meta, "scorings": ["trace"]}).endswith(
         "· scoring: trace (TRACE's own evaluation scripts, comparable with papers)")
-    assert "scoring: normalized (lenient" in _meta_line({**meta, "scorings": ["normalized"]})
-    assert "scoring" not in _meta_line({**meta, "scorings": []})
+    assert "scoring: normalized (lenient" in meta_line({**meta, "scorings": ["normalized"]})
+    assert "scoring" not in meta_line({**meta, "scorings": []})
 
 
 def test_acc_is_labelled_op_on_trace_streams():
     """On a text stream whose tasks have metrics of their own, R's final mean is TRACE's OP (a mean
     over each task's own metric), not an accuracy, and the tables say so and how it was scored."""
-    from clbench.leaderboard.render import trace_note
+    from clbench.leaderboard.notes import trace_note
     from clbench.leaderboard.table import BenchmarkTable
 
     def table(scorings, names=("exact_match", "rouge_l", "sari")):
@@ -305,7 +305,7 @@ def test_acc_is_labelled_op_on_trace_streams():
 
 
 def test_a_gmean_of_zero_is_explained_under_the_table():
-    from clbench.leaderboard.render import gmean_note
+    from clbench.leaderboard.notes import gmean_note
     from clbench.leaderboard.table import BenchmarkTable, Row
 
     def run(gmean, global_gmean):

@@ -121,7 +121,8 @@ def check_launcher_args(args: argparse.Namespace) -> dict:
 def handle_run(args: argparse.Namespace) -> int:
     from clbench.leaderboard.entries import entries_dir, load_entries
     from clbench.leaderboard.suite import default_suite_path, load_suite
-    from clbench.leaderboard.table import build_tables, console_for_tables, print_tables
+    from clbench.leaderboard.table import build_tables
+    from clbench.leaderboard.terminal import console_for_tables, print_tables
 
     cluster = check_launcher_args(args)
     suite = load_suite(args.suite or default_suite_path())

@@ -215,7 +215,7 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
     """The comparison as rich tables, one per benchmark, with the tau and paired-test lines."""
     from rich.table import Table
 
-    from clbench.leaderboard.table import console_for_tables
+    from clbench.leaderboard.terminal import console_for_tables
 
     console = console or console_for_tables()
     metric = report["metric"]

@@ -1,14 +1,15 @@
 """Render a leaderboard directory: ``README.md`` (tables), ``index.html`` and one page per table row.
 
-The pages need nothing but a browser: they are rendered from the jinja2 templates in
-``clbench/leaderboard/templates``, figures are matplotlib PNGs embedded as ``data:`` URIs, the
-sortable table is a few lines of inline script, and a Content-Security-Policy forbids every
-network fetch, so they open from disk or a CI artifact as they are. ``index.html`` holds the
-tables and per-order charts only, so it stays small; each strategy's name links to its row's
-page under ``pages/`` (R-matrix heatmaps of every run, the final per-class recall, expert
-utilization), which the browser loads only when it is opened. Output is a pure function of the
-entries (no timestamps, PNGs without software metadata), so re-rendering unchanged entries
-gives identical files.
+All three are rendered from the jinja2 templates in ``clbench/leaderboard/templates``
+(``readme.md.j2``, ``index.html.j2``, ``run.html.j2``); their words are those of
+:mod:`clbench.leaderboard.notes`. The pages need nothing but a browser: figures are matplotlib
+PNGs embedded as ``data:`` URIs, the sortable table is a few lines of inline script, and a
+Content-Security-Policy forbids every network fetch, so they open from disk or a CI artifact
+as they are. ``index.html`` holds the tables and per-order charts only, so it stays small;
+each strategy's name links to its row's page under ``pages/`` (R-matrix heatmaps of every
+run, the final per-class recall, expert utilization), which the browser loads only when it is
+opened. Output is a pure function of the entries (no timestamps, PNGs without software
+metadata), so re-rendering unchanged entries gives identical files.
 
 Sorting: click (or Enter on) a column header; the first click sorts the way "better" points
 (descending for higher-is-better scores, ascending for rank, forgetting and the levels of an R
@@ -27,15 +28,17 @@ from pathlib import Path
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
+from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, NOTES, RECALL_MISSING, RECALL_NOTE, bench_meta,
+                                      direction_note, dirty_note, gmean_note, meta_line, routing_note, trace_note)
 from clbench.leaderboard.table import (RANK_BY, BenchmarkTable, arrow, build_tables, fmt, made_dirty, number,
-                                      runs_cell, scoring)
+                                      runs_cell)
 from clbench.metrics.score_registry import title as score_title
 from clbench.results.record import Status
 
 README = "README.md"
-INDEX = "index.html"
 DETAILS = "pages"  # one page per table row, beside index.html (runs/ holds working folders)
 BAR_METRIC = "acc"
+ROUTING_LAYERS = 6  # panels per run in the page's utilization figures (evenly spaced layers)
 
 
 # -- provenance -----------------------------------------------------------------------------
@@ -65,170 +68,25 @@ def _regenerate(root_arg: str, manifest: dict | None) -> str:
     return f"clbench leaderboard run{suite} --output {root_arg} && clbench leaderboard render {root_arg}"
 
 
-def _bench_meta(table: BenchmarkTable) -> dict:
-    entries = [e for row in table.rows for e in row.entries]
-    ok = [e for e in entries if e["status"] == Status.OK]
-    defaults = [e for e in ok if e["order_label"] == "default"]
-    first = (defaults or ok or entries)[0]
-    bench = first["benchmark"]
-    seeds = sorted({e["seed"] for e in entries})
-    models = sorted({row.model for row in table.rows})
-    return {"scenario_type": bench.get("scenario_type"), "num_classes": bench.get("num_classes"),
-            "experiences": list(first.get("experiences") or []), "orders": table.orders, "seeds": seeds,
-            "models": models, "init_args": bench.get("init_args") or {}, "r_names": table.r_names,
-            "r_higher": table.r_higher, "scorings": sorted({s for s in map(scoring, ok or entries) if s})}
-
-
-SCORING_NOTES = {"trace": "TRACE's own evaluation scripts, comparable with papers",
-                 "normalized": "lenient, not comparable with papers",
-                 "mixed": "tasks scored both ways"}
-
-
-def _meta_line(meta: dict) -> str:
-    parts = []
-    if meta["scenario_type"]:
-        parts.append(meta["scenario_type"])
-    if meta["experiences"]:
-        parts.append(f"{len(meta['experiences'])} experiences ({', '.join(meta['experiences'])})")
-    if meta["num_classes"]:
-        parts.append(f"{meta['num_classes']} classes")
-    parts.append(f"orders: {', '.join(meta['orders'])}")
-    parts.append(f"seeds: {', '.join(map(str, meta['seeds']))}")
-    parts.append(f"model: {', '.join(meta['models'])}")
-    if meta["r_names"] and meta["r_names"] != ["acc"]:
-        parts.append(f"R: {', '.join(meta['r_names'])} ({'higher' if meta['r_higher'] else 'lower'} is better)")
-    if meta["scorings"]:
-        parts.append("scoring: " + ", ".join(f"{s} ({SCORING_NOTES.get(s, 'see docs/language-models.md')})"
-                                             for s in meta["scorings"]))
-    return " · ".join(parts)
-
-
-def direction_note(table: BenchmarkTable) -> str | None:
-    """What the scores of a lower-is-better R mean (None for accuracy tables, whose notes are the page's)."""
-    if table.r_higher:
-        return None
-    return ("R holds errors (lower is better): ACC and AIA are mean final and incremental errors (↓); BWT < 0 "
-            "still means forgetting and FWT > 0 helpful transfer (↑); Forgetting is the mean rise of each "
-            "experience's error above its best (↓). Rows are ranked by lowest mean ACC; ↑/↓ mark each column's "
-            "better direction.")
-
-
-NOTES = ("Scores are percentages: mean ± sample standard deviation over task orders and seeds "
-         "(one run shows the value alone). ACC is the final average accuracy over all experiences; AIA the "
-         "average incremental accuracy; BWT < 0 means forgetting; FWT is forward transfer against the "
-         "untrained model; Forgetting is the mean drop from each experience's best accuracy to its final one "
-         "(lower is better). Rows are ranked by mean ACC. Joint training has a single stage, so its BWT, FWT and "
-         "Forgetting are undefined (—).")
-
-
-def trace_note(table: BenchmarkTable) -> str | None:
-    """What OP is, on a table whose ACC column is headed OP (see BenchmarkTable.op_title)."""
-    title = table.op_title
-    if title is None:
-        return None
-    how = ("as TRACE's own scripts score it" if title == "OP (TRACE)" else
-           "scored leniently, so not comparable with papers")
-    return (f"{title} is TRACE's overall performance: the final mean over tasks of each task's own metric "
-            f"({', '.join(dict.fromkeys(table.r_names))}; {how}), in the place of ACC; AIA, BWT, FWT and "
-            "Forgetting are computed from the same R.")
-
-
-GMEAN_SCORES = ("gmean_final", "global_gmean")
-
-
-def gmean_note(table: BenchmarkTable, page: bool = False) -> str | None:
-    """Why a G-mean column reads 0 (one class never predicted is enough), or None where none does."""
-    runs = [e for row in table.rows for e in row.ok if any(s in table.scores for s in GMEAN_SCORES)]
-    zero = [e for e in runs if any(e["scores"].get(s) == 0 for s in GMEAN_SCORES)]
-    if not zero:
-        return None
-    where = ("a strategy's page (click its name) shows the per-class recall after the last stage" if page else
-             f"each strategy's page, linked from {INDEX}, shows the per-class recall after the last stage")
-    return (f"G-mean is the geometric mean of per-class recalls, so it is 0 as soon as one class is never predicted "
-            f"correctly (recall 0), as happens to the classes of earlier experiences once a model forgets them. "
-            f"G-mean is 0 on some test set in {len(zero)} of {len(runs)} runs here; {where}.")
-
-
-DIRTY_MARK = "†"
-
-
-def dirty_note(table: BenchmarkTable) -> str | None:
-    """The footnote of a table with rows made (in part) from uncommitted code, or None."""
-    dirty = sum(len(row.dirty) for row in table.rows)
-    if not dirty:
-        return None
-    total = sum(len(row.entries) for row in table.rows)
-    return (f"{DIRTY_MARK} Made from uncommitted code ({dirty} of {total} runs, env.git_dirty): the code that made "
-            "these numbers cannot be found again, so 'clbench leaderboard verify' cannot rerun them. Regenerate "
-            "them from a clean tree.")
-
-
-def _label(row) -> str:
-    return f"{row.label} {DIRTY_MARK}" if row.dirty else row.label
-
-
-ROUTING_NOTE = ("N_eff (MoE methods): the route-wise effective composition number after the last stage, averaged "
-                "over MoE layers: how many compositions (language models: task, position and token-frequency "
-                "buckets; classifiers: test experience and class) share one route, weighted by the routes' share "
-                "of the test units of the experiences trained; 1 means every route carries one composition. A "
-                "plain number, not a percentage.")
-ROUTING_LAYERS = 6  # panels per run in the page's utilization figures (evenly spaced layers)
-
-
-def routing_note(table: BenchmarkTable) -> str | None:
-    return ROUTING_NOTE if "n_eff" in table.scores else None
-
-
 # -- README ---------------------------------------------------------------------------------
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|")
-
-
 def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict, root_arg: str) -> str:
-    lines = ["# clbench leaderboard", ""]
+    """``README.md``: the tables in Markdown, from ``templates/readme.md.j2``."""
     manifest = info["suite"]
-    if manifest:
-        desc = f": {manifest['description']}" if manifest.get("description") else ""
-        lines.append(f"Suite `{manifest['name']}` (`{manifest.get('source', '')}`){desc}")
-        lines.append("")
-    status = f"{info['runs']} runs"
-    if info["failed"]:
-        status += f", {info['failed']} failed"
-    if info["missing"]:
-        status += f", {info['missing']} of the suite's runs not yet run"
-    if info["dirty"]:
-        status += f", {info['dirty']} made from uncommitted code ({DIRTY_MARK})"
-    lines.append(f"{status} · {', '.join(info['harness'])} · commit {', '.join(info['commits']) or 'unknown'} · "
-                 f"device {', '.join(info['devices']) or 'unknown'} · torch {', '.join(info['torch']) or 'unknown'}")
-    lines += ["", f"Regenerate: `{_regenerate(root_arg, manifest)}` (runs only what is missing; add `--force` "
-                  "to rerun every entry after a code change)", "",
-              f"{NOTES} Open [`index.html`]({INDEX}) for the sortable table and per-order charts (each strategy "
-              "links to its runs' R-matrix heatmaps); `clbench compare` gives the comparison across task orders.", ""]
+    suite = None if not manifest else {"name": manifest["name"], "source": manifest.get("source", ""),
+                                       "description": manifest.get("description")}
+    contexts = []
     for table in tables:
-        lines += [f"## {table.label}", "", _meta_line(_bench_meta(table)), ""]
-        for note in (direction_note(table), trace_note(table), routing_note(table)):
-            if note:
-                lines += [note, ""]
-        head = ["Rank", "Strategy", "Runs", *[_md(table.title(s)) for s in table.scores], "Wall s"]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "|".join(["---:", ":---", "---:"] + ["---:"] * len(table.scores) + ["---:"]) + "|")
-        for row in table.rows:
-            wall = row.wall_seconds
-            cells = [str(row.rank or "—"), _md(_label(row)), runs_cell(row),
-                     *[fmt(row.stats.get(s), score=s) for s in table.scores], f"{wall:.1f}" if wall is not None else "—"]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-        for note in (dirty_note(table), gmean_note(table)):
-            if note:
-                lines += [note, ""]
-    failed = [e for e in entries if e["status"] == Status.FAILED]
-    if failed:
-        lines += ["## Failed runs", ""]
-        for e in failed:
-            lines.append(f"- {_md(e['strategy']['name'])} on {_md(e['benchmark']['name'])}, order "
-                         f"{_md(e['order_label'])}, seed {e['seed']} (`{e['config_hash'][:12]}`): {_md(e['error'])}")
-        lines.append("")
-    return "\n".join(lines)
+        rows = [{"rank": str(row.rank or "—"), "label": f"{row.label} {DIRTY_MARK}" if row.dirty else row.label,
+                 "runs": runs_cell(row), "cells": [fmt(row.stats.get(s), score=s) for s in table.scores],
+                 "wall": "—" if row.wall_seconds is None else f"{row.wall_seconds:.1f}"} for row in table.rows]
+        contexts.append({"label": table.label, "meta": meta_line(bench_meta(table)),
+                         "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table)) if n],
+                         "titles": [table.title(s) for s in table.scores], "rows": rows,
+                         "after": [n for n in (dirty_note(table), gmean_note(table)) if n]})
+    text = _templates().get_template("readme.md.j2").render(
+        suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest), notes=NOTES, index=INDEX,
+        tables=contexts, failed=_failed(entries))
+    return text.removesuffix("\n")  # every block ends with a blank line; the file, with one newline
 
 
 # -- figures --------------------------------------------------------------------------------
@@ -278,11 +136,15 @@ CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src
 
 
 def _templates():
-    """The page templates (``clbench/leaderboard/templates``), HTML-escaped by default."""
+    """The templates of ``clbench/leaderboard/templates``: pages HTML-escaped, the README not
+    (its table cells go through the ``md`` filter instead)."""
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-    return Environment(loader=PackageLoader("clbench.leaderboard", "templates"), undefined=StrictUndefined,
-                       autoescape=select_autoescape(["html", "j2"]), keep_trailing_newline=True)
+    env = Environment(loader=PackageLoader("clbench.leaderboard", "templates"), undefined=StrictUndefined,
+                      autoescape=select_autoescape(["html", "html.j2"], default_for_string=True),
+                      keep_trailing_newline=True)
+    env.filters["md"] = lambda text: str(text).replace("|", "\\|")
+    return env
 
 
 def detail_name(table: BenchmarkTable, row) -> str:
@@ -323,7 +185,7 @@ def _table_context(table: BenchmarkTable) -> dict:
                   "title": table.title(BAR_METRIC), "png": _png(order_bar_figure(comparison, title=table.title(BAR_METRIC)))}
     after = [(note, "dirty") for note in [dirty_note(table)] if note]
     after += [(note, "") for note in [gmean_note(table, page=True)] if note]
-    return {"label": table.label, "meta": _meta_line(_bench_meta(table)), "columns": columns, "rows": rows,
+    return {"label": table.label, "meta": meta_line(bench_meta(table)), "columns": columns, "rows": rows,
             "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table)) if n],
             "after": after, "orders": orders}
 
@@ -383,13 +245,6 @@ def _recall_lines(e: dict) -> dict | None:
                       "gmean": "—" if gmean is None else f"{100 * gmean:.1f}"})
     width = max((len(line["cells"]) for line in lines), default=0)
     return {"lines": lines, "classes": list(range(width))}
-
-
-RECALL_NOTE = ("Recall of each class (columns) on each test experience and on the stream-wide test set (rows) after "
-               "the last stage; · marks a class with no test sample there. G-mean is the geometric mean of a row's "
-               "recalls, so one class never predicted (recall 0, in red) makes it 0.")
-RECALL_MISSING = ("These entries do not record per-class recall (recall_final, written by runs since it was added); "
-                  "rerun them with --force to see which classes make G-mean 0.")
 
 
 def render_run_page(table: BenchmarkTable, row) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 from clbench.config.load import canonical_json
 from clbench.errors import UserError
-from clbench.metrics.score_registry import CORE_SCORES, RANK_BY, TABLE_SCORES, higher_is_better, percent, title
+from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, higher_is_better, percent, title
 from clbench.results.record import Status
 from clbench.plugins.registry import display_name
 
@@ -321,57 +321,3 @@ def fmt(stat: Stat | None, digits: int = 1, score: str | None = None) -> str:
 
 def runs_cell(row: Row) -> str:
     return f"{len(row.ok)}" + (f" (+{len(row.failed)} failed)" if row.failed else "")
-
-
-def console_for_tables():
-    """A rich console; when output is not a terminal (CI logs, pipes), wide enough for the tables."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
-
-
-def print_tables(tables: list[BenchmarkTable], console=None) -> None:
-    """The leaderboard in the terminal: one rich table per benchmark.
-
-    A terminal too narrow for every score column gets the core ones (ACC to Forgetting) and a
-    note naming the rest, rather than cells wrapped over three lines.
-    """
-    from rich import box
-    from rich.table import Table
-
-    from clbench.leaderboard.render import gmean_note
-
-    console = console or console_for_tables()
-    for t in tables:
-        label_width = max([len(r.label) for r in t.rows] + [8])
-        scores, narrow = t.scores, 30 + label_width + 14 * len(t.scores) > console.width
-        if narrow:
-            scores = [s for s in t.scores if s in CORE_SCORES]
-        table = Table(title=f"{t.label}: mean ± std over orders and seeds (%), {t.ranked_by()}", title_justify="left",
-                      box=box.SIMPLE_HEAVY, padding=(0, 1))
-        table.add_column("rank", justify="right")
-        table.add_column("strategy", style="bold", no_wrap=True)
-        table.add_column("runs", justify="right")
-        for score in scores:
-            table.add_column(t.title(score), justify="right", no_wrap=True)
-        if not narrow:
-            table.add_column("wall s", justify="right")
-        for row in t.rows:
-            cells = [fmt(row.stats.get(s), score=s) for s in scores]
-            if narrow:
-                cells = [c.replace(" ± ", "±") for c in cells]
-            else:
-                wall = row.wall_seconds
-                cells.append(f"{wall:.1f}" if wall is not None else "—")
-            table.add_row(str(row.rank or "—"), row.label, runs_cell(row), *cells)
-        console.print(table)
-        hidden = [t.title(s) for s in t.scores if s not in scores] + (["wall time"] if narrow else [])
-        if hidden:
-            console.print(f"  (also {', '.join(hidden)}: widen the terminal, or see the rendered README.md)",
-                          style="dim", highlight=False)
-        note = gmean_note(t) if any(s in scores for s in ("gmean_final", "global_gmean")) else None
-        if note:
-            console.print(f"  {note}", style="dim", highlight=False)
-    if not tables:
-        console.print("no entries")

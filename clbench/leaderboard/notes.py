@@ -1,0 +1,129 @@
+"""What a leaderboard says about its tables in words: each benchmark's one-line description,
+the notes above and below a table, and the footnotes that explain a surprising column.
+
+The terminal (:mod:`clbench.leaderboard.terminal`), ``README.md`` and the HTML pages
+(:mod:`clbench.leaderboard.render`) say the same things, so each note is written once, here.
+"""
+
+from __future__ import annotations
+
+from clbench.leaderboard.table import BenchmarkTable, scoring
+from clbench.results.record import Status
+
+INDEX = "index.html"  # the rendered page, which the notes point readers to
+
+
+def bench_meta(table: BenchmarkTable) -> dict:
+    entries = [e for row in table.rows for e in row.entries]
+    ok = [e for e in entries if e["status"] == Status.OK]
+    defaults = [e for e in ok if e["order_label"] == "default"]
+    first = (defaults or ok or entries)[0]
+    bench = first["benchmark"]
+    seeds = sorted({e["seed"] for e in entries})
+    models = sorted({row.model for row in table.rows})
+    return {"scenario_type": bench.get("scenario_type"), "num_classes": bench.get("num_classes"),
+            "experiences": list(first.get("experiences") or []), "orders": table.orders, "seeds": seeds,
+            "models": models, "init_args": bench.get("init_args") or {}, "r_names": table.r_names,
+            "r_higher": table.r_higher, "scorings": sorted({s for s in map(scoring, ok or entries) if s})}
+
+
+SCORING_NOTES = {"trace": "TRACE's own evaluation scripts, comparable with papers",
+                 "normalized": "lenient, not comparable with papers",
+                 "mixed": "tasks scored both ways"}
+
+
+def meta_line(meta: dict) -> str:
+    parts = []
+    if meta["scenario_type"]:
+        parts.append(meta["scenario_type"])
+    if meta["experiences"]:
+        parts.append(f"{len(meta['experiences'])} experiences ({', '.join(meta['experiences'])})")
+    if meta["num_classes"]:
+        parts.append(f"{meta['num_classes']} classes")
+    parts.append(f"orders: {', '.join(meta['orders'])}")
+    parts.append(f"seeds: {', '.join(map(str, meta['seeds']))}")
+    parts.append(f"model: {', '.join(meta['models'])}")
+    if meta["r_names"] and meta["r_names"] != ["acc"]:
+        parts.append(f"R: {', '.join(meta['r_names'])} ({'higher' if meta['r_higher'] else 'lower'} is better)")
+    if meta["scorings"]:
+        parts.append("scoring: " + ", ".join(f"{s} ({SCORING_NOTES.get(s, 'see docs/language-models.md')})"
+                                             for s in meta["scorings"]))
+    return " · ".join(parts)
+
+
+def direction_note(table: BenchmarkTable) -> str | None:
+    """What the scores of a lower-is-better R mean (None for accuracy tables, whose notes are the page's)."""
+    if table.r_higher:
+        return None
+    return ("R holds errors (lower is better): ACC and AIA are mean final and incremental errors (↓); BWT < 0 "
+            "still means forgetting and FWT > 0 helpful transfer (↑); Forgetting is the mean rise of each "
+            "experience's error above its best (↓). Rows are ranked by lowest mean ACC; ↑/↓ mark each column's "
+            "better direction.")
+
+
+NOTES = ("Scores are percentages: mean ± sample standard deviation over task orders and seeds "
+         "(one run shows the value alone). ACC is the final average accuracy over all experiences; AIA the "
+         "average incremental accuracy; BWT < 0 means forgetting; FWT is forward transfer against the "
+         "untrained model; Forgetting is the mean drop from each experience's best accuracy to its final one "
+         "(lower is better). Rows are ranked by mean ACC. Joint training has a single stage, so its BWT, FWT and "
+         "Forgetting are undefined (—).")
+
+
+def trace_note(table: BenchmarkTable) -> str | None:
+    """What OP is, on a table whose ACC column is headed OP (see BenchmarkTable.op_title)."""
+    title = table.op_title
+    if title is None:
+        return None
+    how = ("as TRACE's own scripts score it" if title == "OP (TRACE)" else
+           "scored leniently, so not comparable with papers")
+    return (f"{title} is TRACE's overall performance: the final mean over tasks of each task's own metric "
+            f"({', '.join(dict.fromkeys(table.r_names))}; {how}), in the place of ACC; AIA, BWT, FWT and "
+            "Forgetting are computed from the same R.")
+
+
+GMEAN_SCORES = ("gmean_final", "global_gmean")
+
+
+def gmean_note(table: BenchmarkTable, page: bool = False) -> str | None:
+    """Why a G-mean column reads 0 (one class never predicted is enough), or None where none does."""
+    runs = [e for row in table.rows for e in row.ok if any(s in table.scores for s in GMEAN_SCORES)]
+    zero = [e for e in runs if any(e["scores"].get(s) == 0 for s in GMEAN_SCORES)]
+    if not zero:
+        return None
+    where = ("a strategy's page (click its name) shows the per-class recall after the last stage" if page else
+             f"each strategy's page, linked from {INDEX}, shows the per-class recall after the last stage")
+    return (f"G-mean is the geometric mean of per-class recalls, so it is 0 as soon as one class is never predicted "
+            f"correctly (recall 0), as happens to the classes of earlier experiences once a model forgets them. "
+            f"G-mean is 0 on some test set in {len(zero)} of {len(runs)} runs here; {where}.")
+
+
+DIRTY_MARK = "†"
+
+
+def dirty_note(table: BenchmarkTable) -> str | None:
+    """The footnote of a table with rows made (in part) from uncommitted code, or None."""
+    dirty = sum(len(row.dirty) for row in table.rows)
+    if not dirty:
+        return None
+    total = sum(len(row.entries) for row in table.rows)
+    return (f"{DIRTY_MARK} Made from uncommitted code ({dirty} of {total} runs, env.git_dirty): the code that made "
+            "these numbers cannot be found again, so 'clbench leaderboard verify' cannot rerun them. Regenerate "
+            "them from a clean tree.")
+
+
+ROUTING_NOTE = ("N_eff (MoE methods): the route-wise effective composition number after the last stage, averaged "
+                "over MoE layers: how many compositions (language models: task, position and token-frequency "
+                "buckets; classifiers: test experience and class) share one route, weighted by the routes' share "
+                "of the test units of the experiences trained; 1 means every route carries one composition. A "
+                "plain number, not a percentage.")
+
+
+def routing_note(table: BenchmarkTable) -> str | None:
+    return ROUTING_NOTE if "n_eff" in table.scores else None
+
+
+RECALL_NOTE = ("Recall of each class (columns) on each test experience and on the stream-wide test set (rows) after "
+               "the last stage; · marks a class with no test sample there. G-mean is the geometric mean of a row's "
+               "recalls, so one class never predicted (recall 0, in red) makes it 0.")
+RECALL_MISSING = ("These entries do not record per-class recall (recall_final, written by runs since it was added); "
+                  "rerun them with --force to see which classes make G-mean 0.")
