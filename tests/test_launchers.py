@@ -21,7 +21,8 @@ from rich.console import Console
 
 from clbench.cli.main import main
 from clbench.leaderboard import entries as E
-from clbench.leaderboard.execute import RUNS_DIR, run_suite
+from clbench.leaderboard.cell import RUNS_DIR
+from clbench.leaderboard.execute import run_suite
 from clbench.leaderboard.launch import LOGS_DIR, run_local
 from clbench.leaderboard.suite import load_suite
 from helpers import REPO, SMOKE, default_sigint, smoke, write_suite
@@ -146,7 +147,7 @@ def test_the_submitit_path_runs_end_to_end_with_the_local_executor(tmp_path, ser
 
 def test_local_workers_get_one_gpu_each_round_robin_and_the_suites_threads(tmp_path, monkeypatch):
     from clbench.leaderboard import launch
-    from clbench.leaderboard.execute import SuiteOutcome
+    from clbench.leaderboard.cell import SuiteOutcome
 
     started = []
 
@@ -176,7 +177,7 @@ def test_a_cell_whose_entry_another_process_wrote_is_not_run_again(tmp_path, mon
     import shutil
 
     import clbench.engine.runner
-    from clbench.leaderboard.execute import run_cell
+    from clbench.leaderboard.cell import run_cell
 
     suite = load_suite(REPO / "configs" / "suites" / "quickstart.yaml")
     digest = suite.runs[0].hash

@@ -17,7 +17,8 @@ from clbench.cli.main import main
 from clbench.config.load import config_hash, deep_merge, resolve_config
 from clbench.errors import NonFiniteLoss, UserError
 from clbench.leaderboard import entries as E
-from clbench.leaderboard.execute import RUNS_DIR, run_suite
+from clbench.leaderboard.cell import RUNS_DIR
+from clbench.leaderboard.execute import run_suite
 from clbench.leaderboard.suite import default_suite_path, load_suite, preflight
 from clbench.leaderboard.table import build_tables
 from helpers import SMOKE, kill_env, run_cli, smoke, write_suite

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from clbench.leaderboard import entries as E
-from clbench.leaderboard.execute import RUNS_DIR
+from clbench.leaderboard.cell import RUNS_DIR
 from clbench.leaderboard.lock import CellLock
 from clbench.leaderboard.suite import load_suite
 from helpers import REPO

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from clbench.errors import UserError
-from clbench.metrics.text import (SARI, TEXT_METRICS, TRACE_TASK_METRICS, AnswerLetterAccuracy, EditSimilarity,
-                                  ExactMatch, RougeL, answer_letter, make_text_metric, py150_postprocess,
-                                  sari_sentence, tokenize_13a)
+from clbench.metrics.text import TEXT_METRICS, TRACE_TASK_METRICS, make_text_metric
+from clbench.metrics.text_scores import (SARI, AnswerLetterAccuracy, EditSimilarity, ExactMatch, RougeL, answer_letter,
+                                         py150_postprocess, sari_sentence, tokenize_13a)
 
 
 def mean_of(metric, preds, targets, sources=None) -> float:

@@ -19,8 +19,8 @@ from collections import Counter
 import pytest
 
 from clbench.errors import UserError
-from clbench.metrics.text import (TEXT_METRICS, TRACE_SCORED_METRICS, TRACE_SCORINGS, TRACE_TASK_METRICS,
-                                  fuzz_ratio, trace_py150_postprocess, trace_score)
+from clbench.metrics.text import TEXT_METRICS, TRACE_SCORED_METRICS, TRACE_SCORINGS, TRACE_TASK_METRICS, trace_score
+from clbench.metrics.trace_scores import fuzz_ratio, trace_py150_postprocess
 
 with warnings.catch_warnings():  # "Using slow pure-python SequenceMatcher": the path TRACE ran
     warnings.simplefilter("ignore")

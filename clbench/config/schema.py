@@ -133,13 +133,20 @@ class Metrics(Section):
     reference_models: bool = False
 
 
-def _logger_name(name: str) -> str:
-    from clbench.engine.loggers import SHORT_NAMES
+#: The loggers a config may name without an import path (:mod:`clbench.engine.loggers` builds them).
+LOGGER_SHORT_NAMES = {
+    "tensorboard": "lightning.pytorch.loggers:TensorBoardLogger",
+    "csv": "lightning.pytorch.loggers:CSVLogger",
+    "mlflow": "lightning.pytorch.loggers:MLFlowLogger",
+    "wandb": "lightning.pytorch.loggers:WandbLogger",
+}
 
+
+def _logger_name(name: str) -> str:
     if not name:
         raise refuse("a logger's name is empty", _LOGGERS)
-    if name not in SHORT_NAMES and ":" not in name and "." not in name:
-        raise refuse(f"unknown logger '{name}'", did_you_mean(name, SHORT_NAMES))
+    if name not in LOGGER_SHORT_NAMES and ":" not in name and "." not in name:
+        raise refuse(f"unknown logger '{name}'", did_you_mean(name, LOGGER_SHORT_NAMES))
     return name
 
 
@@ -152,7 +159,7 @@ def _loggers_once(items: list) -> list:
 
 
 _LOGGERS = "write e.g. loggers: [tensorboard, csv] or [{class_path: mlflow, init_args: {tracking_uri: 'file:./mlruns'}}]"
-LoggerName = Annotated[str, AfterValidator(_logger_name)]  # a short name (clbench.engine.loggers) or an import path
+LoggerName = Annotated[str, AfterValidator(_logger_name)]  # a short name (LOGGER_SHORT_NAMES) or an import path
 
 
 class Logger(Section):

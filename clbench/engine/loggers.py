@@ -33,12 +33,6 @@ from typing import Any
 from clbench.errors import UserError
 from clbench.engine.outputs import LOGS
 
-SHORT_NAMES = {
-    "tensorboard": "lightning.pytorch.loggers:TensorBoardLogger",
-    "csv": "lightning.pytorch.loggers:CSVLogger",
-    "mlflow": "lightning.pytorch.loggers:MLFlowLogger",
-    "wandb": "lightning.pytorch.loggers:WandbLogger",
-}
 
 
 def logger_specs(logging: dict, source: str = "config") -> list[dict]:
@@ -71,6 +65,7 @@ def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: i
     """The Lightning loggers for a run writing into ``folder``."""
     from lightning.pytorch.loggers import Logger
 
+    from clbench.config.schema import LOGGER_SHORT_NAMES
     from clbench.plugins import registry
     from clbench.plugins.build import _call
     from clbench.engine.outputs import TENSORBOARD
@@ -85,7 +80,7 @@ def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: i
         args = {**_defaults(name, folder), **spec["init_args"]}
         if name == "mlflow" and str(args.get("tracking_uri", "")).startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        target = registry._load_import_path(SHORT_NAMES.get(name, name), f"{where}.class_path")
+        target = registry._load_import_path(LOGGER_SHORT_NAMES.get(name, name), f"{where}.class_path")
         if not (isinstance(target, type) and issubclass(target, Logger)):
             raise UserError(f"'{name}' is not a Lightning Logger", where=f"{where}.class_path",
                             fix="name a subclass of lightning.pytorch.loggers.Logger")

@@ -70,6 +70,20 @@ def check_output(output: Path | None, *, resume: bool, overwrite: bool) -> None:
                         fix="run without --resume to start it, or point --output at the interrupted run")
 
 
+def remove_leftovers(path: Path, *, resuming: bool) -> None:
+    """Remove what a crashed earlier attempt left in the run folder ``path`` (never before the
+    new run is built): half-written files always; without a resume, its logs."""
+    from clbench.io import remove_stale_temporaries
+
+    for name in (CHECKPOINT, RESULT):
+        remove_stale_temporaries(path, name)
+    if not resuming:
+        tensorboard = path / TENSORBOARD
+        for stale in (*tensorboard.glob("events.out.tfevents.*"), tensorboard / "hparams.yaml"):
+            stale.unlink(missing_ok=True)
+        (path / LOGS / "csv" / "metrics.csv").unlink(missing_ok=True)  # other loggers keep runs apart
+
+
 class OutputDir:
     """Where one run writes: ``output`` itself, or its staging folder under ``--overwrite``.
 

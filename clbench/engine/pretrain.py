@@ -101,7 +101,7 @@ class Pretraining:
 
     def run(self, owner, trainer, eval_loaders: list) -> dict[str, Any]:
         """Score the untrained model, pretrain it in place; the record for ``result.json``."""
-        untrained = owner.split_columns(owner.evaluate(trainer, eval_loaders))[0]["primary"]
+        untrained = owner.columns.split(owner.evaluate(trainer, eval_loaders))[0]["primary"]
         start = time.perf_counter()
         self._fit(owner, owner.module.model)
         if owner.cfg["metrics"]["reference_models"]:

@@ -16,8 +16,9 @@
 What is learned and how it is scored belongs to the objective (:mod:`clbench.objectives`): R's
 entries are each test column's primary metric, in the objective's direction. The parts around
 the loop have modules of their own: the Trainer (:mod:`clbench.engine.trainer`), the output directory
-(:mod:`clbench.engine.outputs`), checkpoints (:mod:`clbench.engine.checkpoint`) and the result
-(:mod:`clbench.results.assemble`). ``docs/engine.md`` draws how they fit together.
+(:mod:`clbench.engine.outputs`), the test sets and R's columns (:mod:`clbench.engine.columns`),
+checkpoints (:mod:`clbench.engine.checkpoint`), the tests' crash points (:mod:`clbench.engine.faults`)
+and the result (:mod:`clbench.results.assemble`). ``docs/engine.md`` draws how they fit together.
 
 Evaluation runs under ``no_grad`` rather than inference mode (``inference_mode=False``): the
 metric states live across ``validate`` and ``fit`` calls, and tensors created in inference mode
@@ -44,11 +45,9 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-
 from clbench.engine.checkpoint import CHECKPOINT
 from clbench.errors import NonFiniteLoss, Unwritable, UserError, unwritable
-from clbench.engine.outputs import LOGS, RESULT, TENSORBOARD, OutputDir, check_output
+from clbench.engine.outputs import RESULT, TENSORBOARD, OutputDir, check_output, remove_leftovers
 from clbench.results.assemble import RunState, environment  # noqa: F401  (environment: the leaderboard records it)
 from clbench.engine.trainer import RESERVED_TRAINER_ARGS, end_process_group
 
@@ -74,6 +73,7 @@ class ContinualRun:
     def _build(self) -> None:
         from clbench.plugins import build
         from clbench.engine import checkpoint, pretrain, seeding
+        from clbench.engine.columns import EvalColumns
         from clbench.engine.module import ContinualModule
         from clbench.data.streams import ordered_experiences, spec_of
 
@@ -106,26 +106,10 @@ class ContinualRun:
         # Reference models are rebuilt the same seeded way; the digest proves they start equal.
         self.initial_digest = checkpoint.digest(model.state_dict()) if cfg["metrics"]["reference_models"] else None
         self.frozen_base = checkpoint.FrozenBase(model)
-        self.has_global_test = self.spec.global_test is not None
-        # Experiences that share one test set (CORe50's NI protocol) are evaluated once.
-        self.test_sets: list = []
-        self.column_of: list[int] = []
-        owners: list[list] = []
-        for exp in self.experiences:
-            found = next((i for i, data in enumerate(self.test_sets) if data is exp.test), None)
-            if found is None:
-                self.test_sets.append(exp.test)
-                owners.append([])
-                found = len(self.test_sets) - 1
-            owners[found].append(exp)
-            self.column_of.append(found)
-        # A column is scored as its first experience's; routing is attributed to a test set's
-        # domain only when the set belongs to one experience.
-        columns = [group[0] for group in owners] + ([None] if self.has_global_test else [])
-        domains = [group[0].domain_id if len(group) == 1 else None for group in owners]
+        self.columns = EvalColumns(self.experiences, self.spec.global_test)
         self.module = ContinualModule(model, self.strategy, self.objective, optimizer=self.optimizer,
-                                      scheduler=self.scheduler, columns=columns,
-                                      column_domains=domains + ([None] if self.has_global_test else []),
+                                      scheduler=self.scheduler, columns=self.columns.scored_as,
+                                      column_domains=self.columns.domains,
                                       num_domains=max(exp.domain_id for exp in self.experiences) + 1)
         self.module.sharding_listeners.append(self.frozen_base)
         self.strategy.setup(self.module.context, self.experiences, seeding.derive(seed, "strategy"))
@@ -142,22 +126,9 @@ class ContinualRun:
     def steps_per_stage(self, trainer, loader, epochs: int) -> int | None:
         """Optimizer steps one experience takes: the length of its schedule (None without one,
         or when the loader has no length)."""
-        if self.scheduler is None:
-            return None
-        from lightning.pytorch.utilities import CombinedLoader
+        from clbench.engine.trainer import optimizer_steps
 
-        from clbench.engine.lightning_internals import combined_loader_mode
-
-        if isinstance(loader, CombinedLoader):  # its length exists only once it is iterated
-            sizes = [len(part) for part in loader.flattened]
-            mode = combined_loader_mode(loader)
-            batches = {"min_size": min, "max_size_cycle": max, "max_size": max}.get(mode, sum)(sizes)
-        else:
-            try:
-                batches = len(loader)
-            except TypeError:
-                return None
-        return epochs * max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+        return None if self.scheduler is None else optimizer_steps(trainer, loader, epochs)
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, trainer, loaders) -> dict[str, list]:
@@ -166,13 +137,6 @@ class ContinualRun:
         interruptible(trainer, trainer.validate, self.module, loaders, verbose=False)
         self.watch.check()
         return self.module.last_eval
-
-    def split_columns(self, evaluation: dict[str, list]) -> tuple[dict[str, list], dict[str, Any]]:
-        """Per-experience columns (shared test sets fanned out), and the stream-wide test
-        set's values (the last loader)."""
-        columns = {k: [v[i] for i in self.column_of] for k, v in evaluation.items()}
-        global_ = {k: v[len(self.test_sets)] for k, v in evaluation.items()} if self.has_global_test else {}
-        return columns, global_
 
     # -- the run --------------------------------------------------------------------------
     def execute(self) -> dict:
@@ -209,19 +173,6 @@ class ContinualRun:
             return Unwritable(reported.what, where=reported.where,
                               fix=f"{reported.fix} with --resume: the experiences finished before are checkpointed")
         return reported
-
-    def _prepare(self, resuming: bool) -> None:
-        """Remove what a crashed earlier attempt left in this run's folder (never before the new
-        run is built): half-written files always; without a resume, its logs."""
-        from clbench.io import remove_stale_temporaries
-
-        for name in (CHECKPOINT, RESULT):
-            remove_stale_temporaries(self.path, name)
-        if not resuming:
-            tensorboard = self.path / TENSORBOARD
-            for stale in (*tensorboard.glob("events.out.tfevents.*"), tensorboard / "hparams.yaml"):
-                stale.unlink(missing_ok=True)
-            (self.path / LOGS / "csv" / "metrics.csv").unlink(missing_ok=True)  # other loggers keep runs apart
 
     def _execute(self) -> dict:
         from clbench.engine import checkpoint
@@ -271,10 +222,8 @@ class ContinualRun:
         self.sharded = shards_parameters(trainer)
         writes = self.path is not None and trainer.is_global_zero
         if writes:
-            self._prepare(resuming=ckpt is not None)  # the logger writes nothing before the first metric
-        eval_loaders = [self.make_loader(data, shuffle=False) for data in self.test_sets]
-        if self.has_global_test:
-            eval_loaders.append(self.make_loader(self.spec.global_test, shuffle=False))
+            remove_leftovers(self.path, resuming=ckpt is not None)  # the logger writes nothing before the first metric
+        eval_loaders = [self.make_loader(data, shuffle=False) for data in self.columns.sets]
 
         state = RunState()
         if ckpt is not None:
@@ -289,7 +238,7 @@ class ContinualRun:
             if self.pretraining is not None:
                 state.pretrain = self.pretraining.run(self, trainer, eval_loaders)
             t0 = time.perf_counter()
-            state.r_init, state.global_init = self.split_columns(self.evaluate(trainer, eval_loaders))
+            state.r_init, state.global_init = self.columns.split(self.evaluate(trainer, eval_loaders))
             state.eval_seconds += time.perf_counter() - t0
 
         start_process_group(trainer, self.module)  # resumed: no evaluation above made it
@@ -375,20 +324,20 @@ class ContinualRun:
         if self.module.epoch_evals:
             evaluation = self.module.epoch_evals[-1]
             for epoch_eval in self.module.epoch_evals:
-                state.epoch_rows.append(self.split_columns(epoch_eval)[0])
+                state.epoch_rows.append(self.columns.split(epoch_eval)[0])
                 state.epoch_stage.append(stage)
         else:
             t0 = time.perf_counter()
             evaluation = self.evaluate(trainer, eval_loaders)
             state.eval_seconds += time.perf_counter() - t0
-        columns, global_ = self.split_columns(evaluation)
+        columns, global_ = self.columns.split(evaluation)
         self._check_finite(columns, stage, len(stages), label)
         state.rows.append(columns)
         state.global_rows.append(global_)
         recalls = self.module.last_recalls
         if any(r is not None for r in recalls):
-            state.recall = {"columns": [recalls[i] for i in self.column_of],
-                            "global": recalls[len(self.test_sets)] if self.has_global_test else None}
+            state.recall = {"columns": self.columns.per_experience(recalls),
+                            "global": self.columns.global_value(recalls)}
         if self.module.routing is not None:
             state.routing.append(self.module.last_routing)
             state.compositions.append(self.module.last_compositions)

@@ -132,6 +132,27 @@ def check_parallel_support(trainer, strategy, model, name: str, source: str) -> 
                         where=f"{source}: trainer", fix="run it on one device (trainer.devices: 1)")
 
 
+def optimizer_steps(trainer, loader, epochs: int) -> int | None:
+    """Optimizer steps ``epochs`` epochs over ``loader`` take (a schedule's length; None when
+    the loader has no length)."""
+    import math
+
+    from lightning.pytorch.utilities import CombinedLoader
+
+    from clbench.engine.lightning_internals import combined_loader_mode
+
+    if isinstance(loader, CombinedLoader):  # its length exists only once it is iterated
+        sizes = [len(part) for part in loader.flattened]
+        mode = combined_loader_mode(loader)
+        batches = {"min_size": min, "max_size_cycle": max, "max_size": max}.get(mode, sum)(sizes)
+    else:
+        try:
+            batches = len(loader)
+        except TypeError:
+            return None
+    return epochs * max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+
+
 def interruptible(trainer, call, *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)`` (a Trainer entry point), with Ctrl-C kept a KeyboardInterrupt.
 

@@ -27,10 +27,10 @@ then, it counts as done by another process, and if that process died, the point 
 over (resumed from its checkpoint). An entry that changed since this process first looked
 (with ``force`` or ``retry_failed`` too) was written by another process and is not redone.
 
-:func:`run_cell` runs one grid point by hash through the same steps, for the launchers that
+The steps of one grid point (recover, resume or run, write the entry) are
+:mod:`~clbench.leaderboard.cell`'s, which also runs one point by hash for the launchers that
 give each grid point a process (or a cluster job) of its own (:mod:`~clbench.leaderboard.launch`,
-:mod:`~clbench.leaderboard.slurm`); :func:`record_death` writes the failed entry of one whose
-process died before it could write any.
+:mod:`~clbench.leaderboard.slurm`).
 
 All runs of ``run_suite`` share one process, so torch and Lightning are imported once. A run that raises is
 recorded as a ``failed`` entry with its one-line error and the suite goes on; Ctrl-C stops
@@ -42,70 +42,18 @@ reruns that run; TensorBoard logs, when the suite enables them, stay in the fold
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import tempfile
 import time
-import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from clbench.errors import Unwritable, UserError, unwritable
-from clbench.leaderboard.entries import (check_entry_names, entry_from_result, entry_path, failed_entry, read_entry,
-                                         write_entry)
+from clbench.errors import UserError
+from clbench.leaderboard.cell import POLL_SECONDS, RUNS_DIR, SuiteOutcome, run_point
+from clbench.leaderboard.entries import check_entry_names, entry_path, read_entry
 from clbench.leaderboard.lock import CellLock
 from clbench.leaderboard.manifest import MANIFEST, manifest_hashes, read_manifest  # noqa: F401 - re-exported
 from clbench.leaderboard.suite import RunSpec, Suite, preflight
 from clbench.results.record import Status
-
-RUNS_DIR = "runs"
-POLL_SECONDS = 1.0  # how often a process waiting for another's grid points looks again
-
-
-@dataclass
-class SuiteOutcome:
-    """What a call to :func:`run_suite` did, by config hash."""
-
-    total: int
-    skipped: list[str] = field(default_factory=list)
-    ran: list[str] = field(default_factory=list)
-    resumed: list[str] = field(default_factory=list)
-    recovered: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    elsewhere: list[str] = field(default_factory=list)  # finished by another process meanwhile
-    submitted: list[str] = field(default_factory=list)  # cluster jobs still queued or running on return
-
-
-def _one_line_error(err: BaseException) -> str:
-    if isinstance(err, UserError):
-        return err.one_line()
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".strip()
-
-
-def _recover(workdir: Path, spec: RunSpec) -> dict | None:
-    """The finished result left in ``workdir`` for this very config, if there is one."""
-    path = workdir / "result.json"
-    if not path.is_file():
-        return None
-    try:
-        result = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-        return None
-    if not isinstance(result, dict) or result.get("status") != Status.OK or result.get("config_hash") != spec.hash:
-        return None
-    return result
-
-
-def _finish_workdir(workdir: Path) -> None:
-    """Drop what the entry now holds; keep TensorBoard logs if there are any."""
-    (workdir / "result.json").unlink(missing_ok=True)
-    try:
-        if workdir.is_dir() and not any(workdir.iterdir()):
-            workdir.rmdir()
-    except OSError:  # another process may be creating or removing files here
-        pass
 
 
 def _check_writable(output: Path) -> None:
@@ -125,22 +73,6 @@ def _check_writable(output: Path) -> None:
 def _wanted(entry: dict, retry_failed: bool) -> bool:
     """Whether an existing entry still leaves its grid point to be run."""
     return retry_failed and entry["status"] == Status.FAILED
-
-
-def _execute(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tuple[dict, bool]:
-    """Run (or resume, unless ``fresh``) one grid point in ``workdir``; returns (result, resumed)."""
-    from clbench.engine.runner import CHECKPOINT, run
-
-    if not fresh and (workdir / CHECKPOINT).is_file():
-        try:
-            return run(spec.config, workdir, source=source, resume=True, progress=False), True
-        except UserError as err:
-            # An unusable checkpoint (damaged, or made under another thread count) is started over.
-            if err.where not in ("--resume", "--threads"):  # a real failure of the run
-                raise
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    return run(spec.config, workdir, source=source, progress=False), False
 
 
 def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, force: bool = False,
@@ -230,111 +162,6 @@ def run_suite(suite: Suite, output: str | Path, *, progress: bool = True, retry_
     return outcome
 
 
-def _changed(output: Path, digest: str, seen: str | None) -> dict | None:
-    """The entry another process wrote since ``seen`` (its content hash then, None: no entry), if any."""
-    path = entry_path(output, digest)
-    if not path.exists():
-        return None
-    entry = read_entry(path)
-    return entry if entry["content_hash"] != seen else None
-
-
-def run_cell(suite_path: str | Path, output: str | Path, digest: str, *, seen: str | None = None,
-             force: bool = False, console=None) -> dict:
-    """Run the grid point ``digest`` of the suite at ``suite_path`` into ``output``, as ``run_suite`` would.
-
-    Waits for the point's lock (another process may hold it), then skips the point if its entry
-    changed since ``seen``; otherwise recovers, resumes or runs it and writes its entry. Returns
-    ``{"hash", "status", "note"}``, status one of ran, resumed, recovered, failed, elsewhere.
-    """
-    import torch
-    from rich.console import Console
-
-    from clbench.leaderboard.suite import load_suite
-    from clbench.engine.runner import environment
-
-    console = console or Console()
-    suite, output = load_suite(suite_path), Path(output)
-    spec = next((r for r in suite.runs if r.hash == digest), None)
-    if spec is None:
-        raise UserError(f"the suite has no grid point {digest[:12]}…", where=str(suite_path),
-                        fix="the suite was edited after the launch: run 'clbench leaderboard run' again")
-    outcome = SuiteOutcome(total=1)
-    lock = CellLock(output / RUNS_DIR, digest)
-    while not lock.try_acquire():  # another process works on it: wait, then see whether it finished
-        time.sleep(POLL_SECONDS)
-    threads_before = torch.get_num_threads()
-    try:
-        if suite.threads:
-            torch.set_num_threads(suite.threads)
-        if _changed(output, digest, seen) is not None:
-            outcome.elsewhere.append(digest)
-            note = "finished by another process"
-        else:
-            note = _run_point(spec, suite, output, force=force, env=environment(), outcome=outcome,
-                              console=console)
-    finally:
-        torch.set_num_threads(threads_before)
-        lock.release()
-    status = next(name for name in ("ran", "resumed", "recovered", "failed", "elsewhere") if getattr(outcome, name))
-    return {"hash": digest, "status": status, "note": note}
-
-
-def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
-    """Run a recorded entry's config again into the folder ``scratch``, as its grid point runs; the new entry.
-
-    The same steps as a suite's cell (:func:`_run_point`: runner, entry, a failure recorded as a
-    failed entry) under the entry's own torch thread count; what ``clbench leaderboard verify``
-    compares with the committed entry. Nothing outside ``scratch`` is written.
-    """
-    import torch
-    from rich.console import Console
-
-    from clbench.engine.runner import environment
-
-    config = entry["config"]
-    spec = RunSpec(index=0, config=config, hash=entry["config_hash"], benchmark=entry["benchmark"]["name"],
-                   model=entry["model"]["name"], strategy=entry["strategy"]["name"], order=entry["order_label"],
-                   seed=entry["seed"])
-    suite = Suite(name=entry.get("suite"), description="", path=Path(source), runs=[spec])
-    threads = (entry.get("execution") or {}).get("torch_threads")
-    before = torch.get_num_threads()
-    try:
-        if threads:
-            torch.set_num_threads(threads)
-        _run_point(spec, suite, Path(scratch), force=True, env=environment(), outcome=SuiteOutcome(total=1),
-                   console=Console(stderr=True))
-    finally:
-        torch.set_num_threads(before)
-    return read_entry(entry_path(scratch, spec.hash))
-
-
-def record_death(output: Path, spec: RunSpec, suite_name: str, why: str, *, seen: str | None, env: dict,
-                 wall_seconds: float = 0.0) -> str:
-    """After the process running ``spec`` died: a failed entry saying ``why``, unless an entry came meanwhile.
-
-    Returns the status to count: ``failed``, or ``ran`` / ``failed`` / ``elsewhere`` for an entry
-    the dead process (or another one) wrote. The working folder stays, so ``--retry-failed``
-    resumes from its checkpoint.
-    """
-    entry = _changed(output, spec.hash, seen)
-    if entry is not None:
-        return "ran" if entry["status"] == Status.OK else "failed"
-    lock = CellLock(output / RUNS_DIR, spec.hash)
-    # Taken when it can be (the dead process's marker is stale at once on this host), so two
-    # launchers on one host do not both write; a marker from another host stays until its lease
-    # runs out, and the entry is written without it: a live holder's own entry would replace it.
-    held = lock.try_acquire() or lock.try_acquire()
-    try:
-        if _changed(output, spec.hash, seen) is not None:
-            return "elsewhere"
-        write_entry(output, failed_entry(spec.config, why, env=env, wall_seconds=wall_seconds, suite=suite_name))
-    finally:
-        if held:
-            lock.release()
-    return "failed"
-
-
 class _Grid:
     """The loop over the grid points still to do, each under its lock."""
 
@@ -418,44 +245,5 @@ class _Grid:
             lock.release()
 
     def _execute(self, spec: RunSpec) -> str:
-        return _run_point(spec, self.suite, self.output, force=self.force, env=self.env, outcome=self.outcome,
+        return run_point(spec, self.suite, self.output, force=self.force, env=self.env, outcome=self.outcome,
                           console=self.console)
-
-
-def _run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: dict, outcome: SuiteOutcome,
-               console) -> str:
-    """Recover, resume or run one grid point (its lock held by the caller), write its entry; returns a note."""
-    from rich.markup import escape
-
-    workdir = output / RUNS_DIR / spec.hash
-    start = time.perf_counter()
-    recovered = None if force else _recover(workdir, spec)
-    if recovered is not None:
-        entry = entry_from_result(recovered, suite=suite.name)
-        outcome.recovered.append(spec.hash)
-        note = "recovered from its finished working folder"
-    else:
-        try:
-            result, resumed = _execute(spec, workdir, str(suite.path), fresh=force)
-        except Unwritable:  # a full or read-only disk stops the grid; the cell's checkpoint stays for a rerun
-            raise
-        except Exception as err:  # noqa: BLE001 - one broken run must not stop the grid
-            if unwritable(err) is not None:
-                raise unwritable(err) from None
-            message = _one_line_error(err)
-            entry = failed_entry(spec.config, message, env=env, wall_seconds=time.perf_counter() - start,
-                                 suite=suite.name)
-            outcome.failed.append(spec.hash)
-            if not isinstance(err, UserError):
-                console.print(traceback.format_exc(), markup=False, highlight=False, style="dim")
-            shutil.rmtree(workdir, ignore_errors=True)  # a retry starts over
-            note = f"[red]failed[/]: {escape(message)}"
-        else:
-            entry = entry_from_result(result, suite=suite.name)
-            (outcome.resumed if resumed else outcome.ran).append(spec.hash)
-            acc = entry["scores"].get("acc")
-            note = (f"acc {100 * acc:.1f}%" if isinstance(acc, (int, float)) else "done") + \
-                f" in {time.perf_counter() - start:.1f}s" + (" (resumed)" if resumed else "")
-    write_entry(output, entry)
-    _finish_workdir(workdir)
-    return note

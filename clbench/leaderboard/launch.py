@@ -2,7 +2,7 @@
 
 Each grid point still to do runs in ``python -m clbench.leaderboard.worker`` (a fresh process:
 a segfault, an out-of-memory kill or a wedged GPU ends that cell only), which goes through the
-serial run's own steps (:func:`~clbench.leaderboard.execute.run_cell`: the cell's lock, recover,
+serial run's own steps (:func:`~clbench.leaderboard.cell.run_cell`: the cell's lock, recover,
 resume or run, the entry). So a serial run, another launcher or a cluster job sharing the
 directory never runs a cell twice. A worker that dies without writing its entry gets a
 ``failed`` entry saying how it died (its working folder stays: ``--retry-failed`` resumes it
@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clbench.leaderboard.execute import RUNS_DIR, SuiteOutcome, plan_suite, record_death
+from clbench.leaderboard.cell import RUNS_DIR, SuiteOutcome, record_death
+from clbench.leaderboard.execute import plan_suite
 from clbench.leaderboard.lock import LOCK_SUFFIX
 from clbench.leaderboard.suite import RunSpec, Suite, preflight
 

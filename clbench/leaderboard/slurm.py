@@ -2,7 +2,7 @@
 
 Submission goes through submitit (``AutoExecutor(cluster="slurm")``; ``--launcher
 submitit-local`` swaps in its local executor, to try the whole path on one machine). Each task
-calls :class:`CellJob`, i.e. :func:`~clbench.leaderboard.execute.run_cell`: the serial run's own
+calls :class:`CellJob`, i.e. :func:`~clbench.leaderboard.cell.run_cell`: the serial run's own
 steps under the cell's lock, so cluster jobs, serial runs and other launchers sharing the
 directory never run a cell twice. ::
 
@@ -28,7 +28,8 @@ import submitit
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from clbench.errors import UserError
-from clbench.leaderboard.execute import RUNS_DIR, SuiteOutcome, plan_suite, record_death, run_cell
+from clbench.leaderboard.cell import RUNS_DIR, SuiteOutcome, record_death, run_cell
+from clbench.leaderboard.execute import plan_suite
 from clbench.leaderboard.launch import COUNTED, CellStatus, last_line
 from clbench.leaderboard.lock import LOCK_SUFFIX
 from clbench.leaderboard.suite import RunSpec, Suite, preflight

@@ -2,7 +2,7 @@
 
 A leaderboard's numbers are only as good as their reruns. Each entry records its resolved
 config, so it is run again exactly as ``leaderboard run`` runs a grid point
-(:func:`~clbench.leaderboard.execute.rerun`: same runner, same entry, the entry's torch thread
+(:func:`~clbench.leaderboard.cell.rerun`: same runner, same entry, the entry's torch thread
 count), in a temporary folder (the leaderboard directory is only read), and its ``r_matrix``,
 ``r_init``, the other metrics' ``matrices`` and every score are compared with the committed
 ones. One verdict per entry:
@@ -240,7 +240,7 @@ class Verifier:
         note, refusal = self._commit_note(made_by)
         if refusal and self.same_code:
             return Verdict(digest, label, CANNOT, refusal)
-        from clbench.leaderboard.execute import rerun
+        from clbench.leaderboard.cell import rerun
 
         with tempfile.TemporaryDirectory(prefix="clbench-verify.") as scratch:
             new = rerun(entry, Path(scratch), source=str(path))

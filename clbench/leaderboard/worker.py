@@ -4,7 +4,7 @@
 
     python -m clbench.leaderboard.worker --suite S --output DIR --hash H [--seen C] [--force] --report FILE
 
-It calls :func:`~clbench.leaderboard.execute.run_cell` (the serial run's own steps: lock,
+It calls :func:`~clbench.leaderboard.cell.run_cell` (the serial run's own steps: lock,
 recover, resume or run, entry) and writes what happened as JSON to ``--report``. A process of
 its own per cell means a segfault, an out-of-memory kill or a hung CUDA context ends that cell
 only; the launcher sees no report and records the death (exit 0: handled, 2: bad input,
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     route_dependency_warnings()
     try:
-        from clbench.leaderboard.execute import run_cell
+        from clbench.leaderboard.cell import run_cell
 
         summary = run_cell(args.suite, args.output, args.hash, seen=args.seen, force=args.force)
     except UserError as err:

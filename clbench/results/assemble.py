@@ -134,7 +134,7 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
     higher = run.objective.higher_is_better
     r = [row["primary"] for row in state["rows"]]
     r_init = state["r_init"]["primary"]
-    column_names = [run.module.primary[i] for i in run.column_of]  # R's metric, per experience column
+    column_names = run.columns.per_experience(run.module.primary)  # R's metric, per experience column
     primary_names = set(column_names)
     matrices = {k: v for k, v in _column_matrices(state["rows"]).items() if k not in primary_names}
     global_test = {name: [row[name] for row in state["global_rows"]] for name in state["global_rows"][-1]
