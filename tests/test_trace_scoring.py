@@ -220,7 +220,7 @@ def test_py150_literals_are_replaced_in_turn_as_trace_does():
 
 
 def test_13a_tokenizer_equals_sacrebleus():
-    from clbench.metrics.text import tokenize_13a
+    from clbench.metrics.text_scores import tokenize_13a
 
     tok = Tokenizer13a()
     for text in ["Das Volk spricht, laut & ruhig: \"ja\".", "1,000.5 - 3-4 a.b", "x &amp; y &lt;z&gt; &quot;",
