@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from clbench.benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichlet_split
-from clbench.benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageSize, Normalization, batch_transform,
-                               dataset_root, image_transform, resolve_augment)
+from clbench.benchmarks.image_transforms import (Augment, AugmentOverrides, batch_transform, image_transform,
+                                                 resolve_augment)
+from clbench.benchmarks.images import ImageArray, ImageSize, Normalization, dataset_root
 from clbench.data.datasets import ArrayDataset
 from clbench.errors import UserError
 from clbench.data.streams import StreamSpec, build_scenario

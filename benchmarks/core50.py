@@ -41,9 +41,9 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import AfterValidator, Field
 
-from clbench.benchmarks.images import (Augment, AugmentOverrides, ImageArray, ImageFiles, ImageSize, Normalization, NpzArray,
-                               TestFraction, dataset_root, derived_seed, image_transform, resolve_augment,
-                               stratified_split)
+from clbench.benchmarks.image_transforms import Augment, AugmentOverrides, image_transform, resolve_augment
+from clbench.benchmarks.images import (ImageArray, ImageFiles, ImageSize, Normalization, NpzArray, TestFraction,
+                                       dataset_root, derived_seed, stratified_split)
 from clbench.errors import UserError
 from clbench.data.streams import StreamSpec, build_scenario
 from clbench.config.validation import ArgumentError, distinct

@@ -26,13 +26,7 @@ KNOWN_CYCLE_EDGES = {
 
 MAX_LINES = 400
 # Modules allowed over MAX_LINES, each with why it stays one module.
-LONG_MODULES: dict[str, str] = {
-    "clbench.benchmarks.images": "decoding and augmenting one image are measured and tuned together (the module's "
-                                 "table of cost per image sets the streams' worker counts), so the image datasets "
-                                 "and their transforms stay side by side",
-    "clbench.models.lm.causal_lm": "the one path from a config to a transformers causal LM: weights, tokenizer, "
-                                   "config overrides, LoRA and dtype checks name the same config fields",
-}
+LONG_MODULES: dict[str, str] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -157,7 +157,7 @@ def test_training_transform_is_random_and_evaluation_is_not(root):
 def test_augment_mapping_declares_every_augmentation():
     from dataclasses import fields
 
-    from clbench.benchmarks.images import Augment, AugmentOverrides
+    from clbench.benchmarks.image_transforms import Augment, AugmentOverrides
 
     assert list(AugmentOverrides.__annotations__) == [f.name for f in fields(Augment)]
     assert (SESSIONS[-1], NUM_OBJECTS) == (11, 50)  # the bounds Sessions and Objects declare
