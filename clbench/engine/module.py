@@ -152,7 +152,7 @@ class ContinualModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Lightning attached a Trainer (every ``fit`` and evaluation): where training runs."""
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is not None:
             self.context.device = trainer.strategy.root_device
             self.context.rank, self.context.world_size = trainer.global_rank, trainer.world_size
