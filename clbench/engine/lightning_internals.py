@@ -20,10 +20,10 @@ def clear_restart_flags(trainer) -> None:
     """Make the Trainer's loops, just loaded from a state dict, behave as the uninterrupted
     Trainer's would between two ``fit`` calls rather than as a mid-epoch restart.
 
-    Why private: ``fit_loop.load_state_dict`` marks every loop as restarting, and nothing public
-    clears that; ``_Loop.on_iteration_done`` is what Lightning itself calls when an iteration
-    ends. The nested loops are found as the ``_Loop`` instances among each loop's attributes.
-    Checked on: 2.5.0 to 2.6.6 (``on_iteration_done`` first appears in 2.5.0; 2.4 lacks it).
+    Why private: ``fit_loop.load_state_dict`` raises the loops' restart flags (``restarting``,
+    ``_loaded_from_state_dict``, ``_resuming_from_checkpoint``) and nothing public lowers them;
+    ``_Loop.on_iteration_done`` is what Lightning itself calls when an iteration ends. The nested loops are found as the ``_Loop`` instances among each loop's attributes.
+    Checked on: 2.5.0 to 2.6.6. Lightning 2.4.0 has no ``on_iteration_done``, hence ``lightning>=2.5``.
     """
     from lightning.pytorch.loops.loop import _Loop
 
