@@ -230,3 +230,59 @@ def kill_env(point: str | None, env: dict | None = None, *, signal: str | None =
     if signal is not None:
         out[SIGNAL_ENV] = signal
     return out
+
+
+# -- shared by several test folders ------------------------------------------------------
+def make_experience(position: int, labels, dim: int = 4, seed: int = 0):
+    """An experience whose inputs carry (position, index) in their first two features."""
+    import torch
+
+    from clbench.data.datasets import ArrayDataset
+    from clbench.data.streams import Experience
+
+    g = torch.Generator().manual_seed(seed + 100 * position)
+    y = torch.as_tensor(labels, dtype=torch.long)
+    x = torch.randn(len(y), dim, generator=g)
+    x[:, 0] = position
+    x[:, 1] = torch.arange(len(y), dtype=torch.float)
+    ds = ArrayDataset(x, y)
+    return Experience(position=position, name=f"e{position}", domain_id=position,
+                      classes=sorted(set(y.tolist())), train=ds, test=ds)
+
+
+def tiny_model(dim: int = 4, classes: int = 4, seed: int = 0):
+    """A two-layer classifier for the classic strategies' tests."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(dim, 8), nn.Tanh(), nn.Linear(8, classes))
+
+
+def fake_entry(strategy: str, order, seed: int, acc: float, benchmark: str = "digits-domains",
+               higher_is_better: bool = True) -> dict:
+    """An entry as the runner would write it, whose R gives final mean ``acc``.
+
+    R = [[best, 0.5], [acc, acc]] with best = 1 (0 for errors), so ``forgetting`` is ``1 - acc``
+    for accuracies and ``acc`` for errors; every score is the one ``cl_scores`` gives, so the
+    entry verifies when it is read back.
+    """
+    from clbench.config.load import SCHEMA_VERSION, config_hash, order_label, resolve_config
+    from clbench.leaderboard import entries as E
+    from clbench.metrics import cl_scores
+
+    cfg = resolve_config({"seed": seed, "strategy": strategy, "order": order, "benchmark": benchmark,
+                          "logging": {"tensorboard": False}})
+    r_matrix = [[1.0 if higher_is_better else 0.0, 0.5], [acc, acc]]
+    r_init = [0.1, 0.1]
+    result = {"schema": SCHEMA_VERSION, "status": "ok",
+              "benchmark": {"name": benchmark, "init_args": {}, "scenario_type": "domain-il", "num_classes": 10},
+              "model": {"name": "mlp", "init_args": {}, "params_total": 10, "params_trainable": 10},
+              "strategy": {"name": strategy, "params": {}}, "seed": seed, "order": order,
+              "order_label": order_label(order), "experiences": ["a", "b"], "r_matrix": r_matrix,
+              "r_init": r_init, "scores": cl_scores(r_matrix, r_init, higher_is_better=higher_is_better),
+              "config": cfg, "config_hash": config_hash(cfg),
+              "env": {"git_commit": None, "device": "cpu"}, "compute": {"wall_seconds": 1.0}}
+    if not higher_is_better:
+        result["r_metric"] = {"names": ["err", "err"], "higher_is_better": False}
+    return E.entry_from_result(result)

@@ -197,7 +197,7 @@ def test_routing_units_are_the_unpadded_teacher_forced_tokens_with_their_composi
     from clbench.objectives.causal_lm import FREQUENCY_BUCKETS, POSITION_BUCKETS, CausalLanguageModeling
     from clbench.data.streams import StreamSpec
     from clbench.strategies.moe_lora import LoRAMoE
-    from test_strategies_llm import build, lm, stream
+    from lm_helpers import build, lm, stream
 
     experiences = stream(8)
     objective = CausalLanguageModeling(max_length=48, max_new_tokens=3)

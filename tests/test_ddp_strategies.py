@@ -95,7 +95,7 @@ def setup_group(group: str, name: str):
 
     torch.manual_seed(0)
     if group == "classic":
-        from test_strategies import make_experience, tiny_model
+        from helpers import make_experience, tiny_model
 
         strategy = classic(name)
         experiences = [make_experience(0, [0, 1, 2, 3] * 10), make_experience(1, [3, 2, 1, 0] * 12)]
@@ -104,7 +104,7 @@ def setup_group(group: str, name: str):
         strategy.setup(module.context, experiences, 0)
         strategy.adapt_model(module.context, 0)
         return strategy, module, experiences, PER_RANK_BATCH, 2
-    from test_strategies_llm import build, lm
+    from lm_helpers import build, lm
 
     from clbench.data.streams import Experience
 

@@ -12,7 +12,7 @@ from clbench.cli.main import main
 from clbench.plugins.describe import arg_docs, describe, first_sentence
 from clbench.leaderboard.table import build_tables
 from clbench.plugins.registry import KINDS, available, display_name
-from test_leaderboard_compare import fake_entry
+from helpers import fake_entry
 
 PLUGIN = '''
 from clbench.strategy import Strategy

@@ -118,7 +118,7 @@ def lm_config() -> dict:
     has 2 batches and rank 1's 1 (plus a padding batch under sharding). Py150 is scored by edit
     similarity, which the tiny model's generations do not leave at zero, so R compares scores
     rather than zeros; FOMC's short labels keep its generations non-empty."""
-    from test_strategies_llm import lm_config as base
+    from lm_helpers import lm_config as base
 
     cfg = base({"class_path": "seq_lora", "init_args": {"r": 4, "dropout": 0.0}})
     cfg["benchmark"]["init_args"].update(tasks=["FOMC", "Py150"], n_train=16, n_test=5)

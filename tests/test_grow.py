@@ -244,7 +244,7 @@ def test_a_model_without_mlps_is_refused():
 def test_a_causal_lm_grows_its_top_mlp_and_keeps_its_originals(tmp_path):
     """Qwen3 (gated MLPs) under the causal-LM objective: the probe ranks both MLPs, one grows,
     the logits are unchanged by the growth and gate/up/down originals stay bit for bit."""
-    from test_strategies_llm import build, logits, stream, train
+    from lm_helpers import build, logits, stream, train
 
     from clbench.strategies.grow import Grow
 

@@ -7,44 +7,19 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
+from helpers import fake_entry
 from scipy.stats import kendalltau, ttest_rel, wilcoxon
 
 from clbench.cli.main import main
-from clbench.config.load import SCHEMA_VERSION, config_hash, order_label, resolve_config
+from clbench.config.load import order_label
 from clbench.errors import UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import MIN_PAIRS, compare
 from clbench.leaderboard.suite import load_suite
-from clbench.metrics import cl_scores
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "leaderboard"
 ORDERS = ["default", "reverse", {"permutation": 1}]
-
-
-def fake_entry(strategy: str, order, seed: int, acc: float, benchmark: str = "digits-domains",
-               higher_is_better: bool = True) -> dict:
-    """An entry as the runner would write it, whose R gives final mean ``acc``.
-
-    R = [[best, 0.5], [acc, acc]] with best = 1 (0 for errors), so ``forgetting`` is ``1 - acc``
-    for accuracies and ``acc`` for errors; every score is the one ``cl_scores`` gives, so the
-    entry verifies when it is read back.
-    """
-    cfg = resolve_config({"seed": seed, "strategy": strategy, "order": order, "benchmark": benchmark,
-                          "logging": {"tensorboard": False}})
-    r_matrix = [[1.0 if higher_is_better else 0.0, 0.5], [acc, acc]]
-    r_init = [0.1, 0.1]
-    result = {"schema": SCHEMA_VERSION, "status": "ok",
-              "benchmark": {"name": benchmark, "init_args": {}, "scenario_type": "domain-il", "num_classes": 10},
-              "model": {"name": "mlp", "init_args": {}, "params_total": 10, "params_trainable": 10},
-              "strategy": {"name": strategy, "params": {}}, "seed": seed, "order": order,
-              "order_label": order_label(order), "experiences": ["a", "b"], "r_matrix": r_matrix,
-              "r_init": r_init, "scores": cl_scores(r_matrix, r_init, higher_is_better=higher_is_better),
-              "config": cfg, "config_hash": config_hash(cfg),
-              "env": {"git_commit": None, "device": "cpu"}, "compute": {"wall_seconds": 1.0}}
-    if not higher_is_better:
-        result["r_metric"] = {"names": ["err", "err"], "higher_is_better": False}
-    return E.entry_from_result(result)
 
 
 def brute_tau(x: list[float], y: list[float]) -> float:

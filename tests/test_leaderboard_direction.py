@@ -13,7 +13,7 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import compare, print_comparison
 from clbench.leaderboard.table import build_tables
 from clbench.leaderboard.terminal import console_for_tables
-from test_leaderboard_compare import fake_entry
+from helpers import fake_entry
 
 # final mean error per strategy and order (default, reverse); lower is better
 ERR = {"naive": [0.40, 0.50], "replay": [0.20, 0.30], "ewc": [0.35, 0.25]}

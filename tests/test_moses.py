@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import LIGHTNING_NOISE, crash_at
-from test_strategies_llm import build, lm, lm_config, train
+from lm_helpers import build, lm, lm_config, train
 from torch import nn
 
 from clbench.benchmarks.trace_mini import generate

@@ -116,7 +116,7 @@ def test_reference_models_start_from_a_plain_pretraining_whatever_the_strategy_c
     a reference model is the plain model trained on one experience, and starts from the plain
     model's pretraining, the one naive's run pretrains: the references are the same under both
     strategies, and not those of a run without pretraining."""
-    from test_strategies_llm import lm_config
+    from lm_helpers import lm_config
 
     def references(strategy: dict, pretraining: dict | None) -> list[float]:
         cfg = lm_config(strategy)

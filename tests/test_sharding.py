@@ -41,7 +41,7 @@ def test_every_evaluation_shard_is_padded_to_the_largest_and_scores_each_sample_
 def test_padding_batches_change_no_score_routing_record_or_generation():
     """One evaluation with two padding batches added to every column equals one without."""
     import lightning.pytorch as pl
-    from test_strategies_llm import lm, stream
+    from lm_helpers import lm, stream
 
     from clbench.data.datasets import LockstepLoader, make_loader
     from clbench.engine.module import ContinualModule
@@ -81,7 +81,7 @@ def test_padding_batches_change_no_score_routing_record_or_generation():
 def test_fsdp_refuses_what_it_cannot_shard(tmp_path, write_yaml):
     """A strategy that does not support sharded parameters, a model with no transformer blocks,
     and Lightning's FSDP1 wrapper: one line each, exit 2, before any process starts."""
-    from test_strategies_llm import lm_config
+    from lm_helpers import lm_config
 
     moses = {**lm_config({"class_path": "moses", "init_args": {"r": 2}}),
              "trainer": {"accelerator": "cpu", "devices": 1, "strategy": "fsdp"}}

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from helpers import make_experience, tiny_model
 
-from clbench.data.datasets import ArrayDataset, make_loader
+from clbench.data.datasets import make_loader
 from clbench.errors import UserError
-from clbench.data.streams import Experience
 from clbench.strategies.agem import AGEM, project
 from clbench.strategies.ewc import EWC, diagonal_fisher
 from clbench.strategies.lwf import LwF, distillation
@@ -27,23 +27,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def make_experience(position: int, labels, dim: int = 4, seed: int = 0) -> Experience:
-    """An experience whose inputs carry (position, index) in their first two features."""
-    g = torch.Generator().manual_seed(seed + 100 * position)
-    y = torch.as_tensor(labels, dtype=torch.long)
-    x = torch.randn(len(y), dim, generator=g)
-    x[:, 0] = position
-    x[:, 1] = torch.arange(len(y), dtype=torch.float)
-    ds = ArrayDataset(x, y)
-    return Experience(position=position, name=f"e{position}", domain_id=position,
-                      classes=sorted(set(y.tolist())), train=ds, test=ds)
-
-
-def tiny_model(dim: int = 4, classes: int = 4, seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(dim, 8), nn.Tanh(), nn.Linear(8, classes))
-
-
 def make_module(strategy, model=None, lr: float = 0.1) -> ContinualModule:
     from clbench.engine.module import ContinualModule  # Lightning: imported when a test needs it, not at collection
 
