@@ -4,7 +4,7 @@ Lightning's public API covers running a Trainer, not driving one across many ``f
 the way a continual run does, so a few needs are met through names Lightning keeps private.
 Each is a function here, with why the public API does not suffice and the Lightning versions
 it was checked against (the sources of 2.4.0, 2.5.0 and 2.6.0, and the installed 2.6.6); each
-has a test in ``tests/test_lightning_internals.py`` that fails when Lightning changes it, so an
+has a test in ``tests/engine/test_lightning_internals.py`` that fails when Lightning changes it, so an
 upgrade that breaks one shows up there, named, rather than as a wrong resume. Nothing else in
 clbench imports a private Lightning name or reads a private attribute of a Lightning object.
 

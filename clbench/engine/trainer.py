@@ -247,7 +247,7 @@ def end_process_group(only_gloo: bool = False) -> None:
     The garbage collection after it is part of the fix: objects of finished collectives can sit
     in reference cycles, and if the interpreter's shutdown is what frees them, a gloo thread
     that needs the GIL to do so aborts the process (about one run in twenty of
-    tests/test_metrics_ddp.py before, none in a hundred after)."""
+    tests/metrics/test_metrics_ddp.py before, none in a hundred after)."""
     import gc
 
     import torch.distributed as dist

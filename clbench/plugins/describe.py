@@ -195,6 +195,20 @@ def _imported_from(tree: ast.Module, name: str) -> str | None:
     return None
 
 
+def _defined_at(target: str) -> str:
+    """Where a lazily re-exported name is defined: ``from clbench import Strategy`` is read in
+    :mod:`clbench.strategy` (the package's ``__init__`` has only the lazy table, and importing
+    the name itself would import torch)."""
+    module, _, attr = target.partition(":")
+    if module == "clbench":
+        import clbench
+
+        lazy = clbench._LAZY.get(attr)
+        if lazy is not None:
+            module, attr = lazy if isinstance(lazy, tuple) else (lazy, attr)
+    return f"{module}:{attr}"
+
+
 def _init_of(tree: ast.Module, cls: ast.ClassDef, depth: int = 0) -> tuple[ast.FunctionDef | None, str | None]:
     """The ``__init__`` a class runs and the docstring of the class that defines it, following
     base classes through this file and the files they are imported from. (None, None) when it
@@ -211,7 +225,7 @@ def _init_of(tree: ast.Module, cls: ast.ClassDef, depth: int = 0) -> tuple[ast.F
             continue
         parent_tree, parent = tree, _find(tree, base.id)
         if parent is None and (target := _imported_from(tree, base.id)):
-            path, attr = _source_file(target)
+            path, attr = _source_file(_defined_at(target))
             parent_tree = _parse(path) if path is not None else None
             parent = _find(parent_tree, attr) if parent_tree is not None else None
         if isinstance(parent, ast.ClassDef):

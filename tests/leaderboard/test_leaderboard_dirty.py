@@ -25,7 +25,7 @@ from clbench.leaderboard.execute import plan_suite
 from clbench.leaderboard.suite import load_suite
 from helpers import SMOKE, smoke, write_suite
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def git(repo: Path, *args: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 from clbench.config.load import config_hash, load_config, resolve_config
 from clbench.leaderboard.suite import load_suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "leaderboards").glob("*/suite.json"))
 EXPERIMENTS = {
     "cifar10_dirichlet_vit.yaml": "e970b8e140a13c10fbd5e1fa94919eaafb5fe8128dea4409dbca82ad23a7e120",

@@ -14,7 +14,7 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.rescore import expected_scores
 from clbench.leaderboard.verify import cheapest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "leaderboard"
 COMMITTED = [QUICKSTART, *sorted(p for p in (REPO / "leaderboards").glob("*") if (p / "entries").is_dir())]
 needs_quickstart = pytest.mark.skipif(not (QUICKSTART / "entries").is_dir(), reason="no committed leaderboard/")

@@ -8,7 +8,7 @@ import pytest
 from clbench.plugins.build import build_strategy, preflight
 from clbench.config.load import read_yaml, resolve_config
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "experiments").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)

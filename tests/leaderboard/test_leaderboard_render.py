@@ -18,7 +18,7 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import run_suite
 from clbench.leaderboard.suite import load_suite
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
 COMMITTED = REPO / "leaderboard"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 FULL = ["naive", "replay", "cumulative", "joint"]  # every weight trained
 STRATEGIES = ["seq_lora", "o_lora", "loramoe", "mh_moe", *FULL]
 ATOL, RTOL = 1e-5, 1e-4

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "experiments").glob("*.yaml"))
 SECTIONS = (("train",), ("pretrain",), ("model", "init_args"), ("strategy", "init_args"), ("benchmark", "init_args"),
             ("objective", "init_args"))
 PATH_KEYS = {"root", "path"}

@@ -178,7 +178,7 @@ def test_the_language_model_quickstart_config_is_valid():
     from clbench.plugins.build import build_strategy, preflight
     from clbench.config.load import read_yaml, resolve_config
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "examples" / "trace-mini-smollm2.yaml"
+    path = Path(__file__).resolve().parents[2] / "configs" / "examples" / "trace-mini-smollm2.yaml"
     cfg = resolve_config(read_yaml(path), source=str(path))
     preflight(cfg, str(path))
     build_strategy(cfg, str(path))

@@ -12,7 +12,7 @@ import yaml
 
 from clbench.data.fixtures import write_cifar10, write_core50, write_office_home
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

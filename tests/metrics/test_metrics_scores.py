@@ -242,7 +242,7 @@ def test_accuracy_scores_are_bit_identical_with_the_default_direction(seed):
     assert cl_scores(r, init, init + 0.5, higher_is_better=True) == cl_scores(r, init, init + 0.5)
 
 
-COMMITTED = Path(__file__).resolve().parents[1] / "leaderboard" / "entries"
+COMMITTED = Path(__file__).resolve().parents[2] / "leaderboard" / "entries"
 
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="no committed leaderboard/")

@@ -23,7 +23,7 @@ from clbench.leaderboard.suite import default_suite_path, load_suite, preflight
 from clbench.leaderboard.table import build_tables
 from helpers import SMOKE, kill_env, run_cli, smoke, write_suite
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 

@@ -11,7 +11,7 @@ from clbench.plugins.build import preflight
 from clbench.config.load import config_hash, load_config
 from clbench.leaderboard.suite import load_suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "configs" / "examples").glob("*.yaml"))
 SUITES = {load_suite(p).name: p for p in sorted((ROOT / "configs" / "suites").glob("*.yaml"))}
 NO_EXAMPLE = {"smoke"}  # the tests' suite

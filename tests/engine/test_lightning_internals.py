@@ -15,7 +15,7 @@ import pytest
 
 from clbench.engine import lightning_internals as internals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _trainer(**kw):

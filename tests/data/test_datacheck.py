@@ -18,7 +18,7 @@ CORE50 = "clbench.benchmarks.core50:core50"
 OFFICE_HOME = "clbench.benchmarks.office_home:office_home"
 CIFAR10 = "clbench.benchmarks.cifar10:cifar10_dirichlet"
 OBJECTS = "objects=[1,2,6]"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

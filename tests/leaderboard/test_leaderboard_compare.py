@@ -17,7 +17,7 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import MIN_PAIRS, compare
 from clbench.leaderboard.suite import load_suite
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "leaderboard"
 ORDERS = ["default", "reverse", {"permutation": 1}]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 PER_RANK_BATCH = 4  # classic group; the single process uses 2 x this
 LM_PER_RANK_BATCH = 2
 ATOL, RTOL = 1e-5, 1e-4
