@@ -9,6 +9,7 @@ import pytest
 from clbench.api import RunResult
 from clbench.config.load import resolve_config
 from clbench.errors import UserError
+from clbench.engine.columns import EvalColumns
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.rescore import expected_scores
 from clbench.metrics.derive import derive_scores
@@ -27,7 +28,7 @@ def fake_run(strategy: str, *, single_stage: bool, columns: int = 2):
         objective=SimpleNamespace(higher_is_better=True, summary=lambda: {}),
         strategy=SimpleNamespace(single_stage=single_stage, hparams=lambda: {}, diagnostics=lambda: None),
         module=SimpleNamespace(primary=["acc"] * columns, model=torch.nn.Linear(2, 2)),
-        column_of=list(range(columns)),
+        columns=EvalColumns([SimpleNamespace(test=object(), domain_id=i) for i in range(columns)]),
         spec=SimpleNamespace(scenario_type="domain-il", num_classes=10),
         experiences=[SimpleNamespace(name=f"d{i}") for i in range(columns)])
 
