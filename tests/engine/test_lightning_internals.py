@@ -12,8 +12,11 @@ import inspect
 from pathlib import Path
 
 import pytest
+from helpers import LIGHTNING_NOISE
 
 from clbench.engine import lightning_internals as internals
+
+pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
 ROOT = Path(__file__).resolve().parents[2]
 
