@@ -128,7 +128,7 @@ class Leaderboard:
 def load_leaderboard(folder: str | Path) -> Leaderboard:
     """The entries of a leaderboard folder (a suite's grid only, when it has a manifest)."""
     from clbench.leaderboard.entries import load_entries
-    from clbench.leaderboard.execute import manifest_hashes
+    from clbench.leaderboard.manifest import manifest_hashes
 
     return Leaderboard(Path(folder), load_entries(folder, manifest_hashes(folder)))
 
@@ -161,7 +161,7 @@ def compare(folder: str | Path, *, metric: str = "acc", benchmark: str | None = 
     from clbench.errors import UserError
     from clbench.leaderboard.compare import compare as compare_entries
     from clbench.leaderboard.entries import load_entries
-    from clbench.leaderboard.execute import manifest_hashes
+    from clbench.leaderboard.manifest import manifest_hashes
 
     if a is not None and a == b:
         raise UserError(f"--a and --b both name '{a}': a paired test compares two different strategies",

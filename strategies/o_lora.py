@@ -42,8 +42,7 @@ from pydantic import Field
 from torch import nn
 
 from clbench import Strategy, derive_seed, full_tensor
-from clbench.strategies.lora import (activate, adapter_names, add_adapter, lora_config, lora_layers,
-                             refuse_other_adapters)
+from clbench.strategies.lora import activate, add_adapter, lora_config, lora_layers, refuse_other_adapters
 
 
 def task_adapter(index: int) -> str:

@@ -48,7 +48,7 @@ from pathlib import Path
 from clbench.engine.checkpoint import CHECKPOINT
 from clbench.errors import NonFiniteLoss, Unwritable, UserError, unwritable
 from clbench.engine.outputs import RESULT, TENSORBOARD, OutputDir, check_output, remove_leftovers
-from clbench.results.assemble import RunState, environment  # noqa: F401  (environment: the leaderboard records it)
+from clbench.results.assemble import RunState
 from clbench.engine.trainer import RESERVED_TRAINER_ARGS, end_process_group
 
 __all__ = ["CHECKPOINT", "RESULT", "TENSORBOARD", "RESERVED_TRAINER_ARGS", "ContinualRun", "run"]

@@ -156,7 +156,7 @@ def run_cell(suite_path: str | Path, output: str | Path, digest: str, *, seen: s
     from rich.console import Console
 
     from clbench.leaderboard.suite import load_suite
-    from clbench.engine.runner import environment
+    from clbench.results.assemble import environment
 
     console = console or Console()
     suite, output = load_suite(suite_path), Path(output)
@@ -195,7 +195,7 @@ def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
     import torch
     from rich.console import Console
 
-    from clbench.engine.runner import environment
+    from clbench.results.assemble import environment
 
     config = entry["config"]
     spec = RunSpec(index=0, config=config, hash=entry["config_hash"], benchmark=entry["benchmark"]["name"],

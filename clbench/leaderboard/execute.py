@@ -51,7 +51,7 @@ from clbench.errors import UserError
 from clbench.leaderboard.cell import POLL_SECONDS, RUNS_DIR, SuiteOutcome, run_point
 from clbench.leaderboard.entries import check_entry_names, entry_path, read_entry
 from clbench.leaderboard.lock import CellLock
-from clbench.leaderboard.manifest import MANIFEST, manifest_hashes, read_manifest  # noqa: F401 - re-exported
+from clbench.leaderboard.manifest import MANIFEST
 from clbench.leaderboard.suite import RunSpec, Suite, preflight
 from clbench.results.record import Status
 
@@ -178,7 +178,7 @@ class _Grid:
         from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from clbench.engine.runner import environment
+        from clbench.results.assemble import environment
 
         self.env = environment()
         self.total = len(todo)

@@ -145,7 +145,7 @@ class _Local:
     def run(self, todo: list[RunSpec], *, progress: bool) -> None:
         import torch
 
-        from clbench.engine.runner import environment
+        from clbench.results.assemble import environment
 
         self.env = environment()
         runs = self.output / RUNS_DIR

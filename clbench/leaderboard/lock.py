@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clbench.lease import HEARTBEAT_SECONDS, LEASE_SECONDS, Lease  # noqa: F401  (re-exported)
+from clbench.lease import Lease
 
 LOCK_SUFFIX = ".lock"
 

@@ -240,7 +240,7 @@ class _Cluster:
     def _died(self, spec: RunSpec, record: dict, why: str, job) -> tuple[str, str]:
         from rich.markup import escape
 
-        from clbench.engine.runner import environment
+        from clbench.results.assemble import environment
 
         if self.env is None:
             self.env = environment()
