@@ -35,8 +35,8 @@ something (``train_dataset``, ``train_loader``, ``prepare_batch``, ``training_lo
 (``ctx.model``), the stream's objective (``ctx.objective``: a strategy that needs the task loss of
 another batch asks ``ctx.objective.loss_of(model, inputs, targets)`` rather than assuming
 cross-entropy), the device, the process's rank, the experience being trained and the optimizer
-factories. Importing only :mod:`clbench`'s public names (``clbench.PUBLIC``) keeps a strategy
-working across the engine's changes.
+factories. Importing only :mod:`clbench`'s public API (the names in ``clbench.__all__`` and the
+modules in ``clbench.PUBLIC_MODULES``) keeps a strategy working across the engine's changes.
 
 Changing the model's structure (injecting adapters, widening layers, adding a task's parameters)
 happens in :meth:`adapt_model` and nowhere else: the harness replays it on resume (from the
