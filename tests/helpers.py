@@ -20,6 +20,21 @@ LIGHTNING_NOISE = ["ignore:You defined a `validation_step`",
                    "ignore:The '(train|val)_dataloader' does not have many workers"]
 
 
+@contextlib.contextmanager
+def as_clean_tree():
+    """Runs inside record a clean tree at the checked-out commit, as in CI's clean checkout, so a
+    test of what a leaderboard shows of clean entries holds while a developer has changes (the
+    tests of dirty trees are in test_leaderboard_dirty.py)."""
+    import pytest
+
+    from clbench.results import provenance
+
+    head = provenance.head_commit(provenance.code_repo())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(provenance, "git_state", lambda: (head, False if head else None))
+        yield
+
+
 def checked(target, where: str = "benchmark.init_args", **init_args):
     """``target(**init_args)`` after the check a run makes of them first (their annotations)."""
     from clbench.plugins.build import check_init_args

@@ -22,7 +22,10 @@ question a reader of a committed table asks is whether it holds for this code, a
 commits and how many code files differ between them.
 
 CPU float rounding differs between CPUs and torch builds, so the default (exact) fits a rerun
-on the machine class that made the entry; elsewhere pass a tolerance. ``sample`` picks the
+on the machine class that made the entry; elsewhere pass a tolerance. Entries record the CPU's
+model and the instruction set torch's kernels use (``env.cpu``), and a verdict names them when
+they differ: an AVX2 and an AVX-512 machine round differently, and a run that generates text or
+routes by top-k can turn that rounding into a different answer. ``sample`` picks the
 ``n`` cheapest ok entries by recorded wall time (ties by hash), so CI can verify a sample of
 every committed leaderboard in its time budget.
 """
@@ -172,6 +175,24 @@ def _machine(env: dict) -> str:
     return device + (f" (CUDA {env['cuda']})" if env.get("cuda") else "")
 
 
+def _cpu(env: dict) -> str | None:
+    cpu = env.get("cpu")
+    return f"{cpu.get('model')} ({cpu.get('isa')})" if isinstance(cpu, dict) else None
+
+
+def _cpu_change(old: dict, new: dict) -> tuple[str | None, str | None]:
+    """(note for any verdict, note for a differing one) about the CPUs of a run computed on CPU:
+    their model and instruction set where both are recorded and differ, or that the entry does not
+    record its CPU (entries made before ``env.cpu`` existed)."""
+    if old.get("cuda") or new.get("cuda"):
+        return None, None
+    before, after = _cpu(old), _cpu(new)
+    if before is None:
+        return None, f"the entry does not record its CPU, and float rounding differs between CPU types " \
+                     f"(this one: {after})"
+    return (f"made on {before}, rerun on {after}" if before != after else None), None
+
+
 def _package_changes(old: dict, new: dict) -> str | None:
     """``"transformers 5.23.0 -> 5.24.0, ..."`` for every recorded package whose version differs."""
     before, after = old.get("packages") or {}, new.get("packages") or {}
@@ -250,12 +271,17 @@ class Verifier:
         notes = [note] if note else []
         if _machine(env) != _machine(new["env"]):
             notes.append(f"made on {_machine(env)}, rerun on {_machine(new['env'])}")
+        cpu, unrecorded_cpu = _cpu_change(env, new["env"])
+        if cpu:
+            notes.append(cpu)
         packages = _package_changes(env, new["env"])
         if packages:
             notes.append(f"packages differ: {packages}")
         if largest <= self.tolerance:
             shown = "exact" if largest == 0 else f"largest difference {largest:.3g} at {where}, within {self.tolerance:g}"
             return Verdict(digest, label, OK, "; ".join([shown, *notes]), largest=largest, where=where)
+        if unrecorded_cpu:
+            notes.append(unrecorded_cpu)
         gap = f"{largest:.3g}" if math.isfinite(largest) else "shape"
         detail = f"by {gap} at {where} (committed {_shown(old_value)}, rerun {_shown(new_value)})"
         if self.tolerance:

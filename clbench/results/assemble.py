@@ -71,10 +71,30 @@ def environment() -> dict[str, Any]:
             packages[name] = None
     commit, dirty = git_state()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
-    # torch_threads is recorded because CPU results depend on it (reduction order).
+    # torch_threads and cpu are recorded because CPU results depend on them (reduction order, and
+    # which vector kernels torch and MKL pick: the same run differs between an AVX2 and an AVX-512 CPU).
     return {"python": platform.python_version(), "platform": platform.platform(), "packages": packages,
             "device": device, "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-            "torch_threads": torch.get_num_threads(), "git_commit": commit, "git_dirty": dirty}
+            "cpu": cpu_identity(), "torch_threads": torch.get_num_threads(), "git_commit": commit,
+            "git_dirty": dirty}
+
+
+def cpu_identity() -> dict[str, str]:
+    """The CPU a run computed on: its model name and the instruction set torch's kernels use
+    (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``, ``AVX512``, ...; the environment
+    variable ``ATEN_CPU_CAPABILITY`` lowers it)."""
+    import platform
+
+    import torch
+
+    model = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:  # Linux: the marketing name
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or platform.machine() or "unknown",
+            "isa": torch.backends.cpu.get_cpu_capability()}
 
 
 def peak_memory_mb() -> dict[str, float | None]:

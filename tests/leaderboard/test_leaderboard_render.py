@@ -17,6 +17,7 @@ from clbench.cli.main import main
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import run_suite
 from clbench.leaderboard.suite import load_suite
+from helpers import as_clean_tree
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
@@ -26,7 +27,8 @@ COMMITTED = REPO / "leaderboard"
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("render") / "lb"
-    run_suite(load_suite(SMOKE), out, progress=False, console=Console(file=io.StringIO()))
+    with as_clean_tree():
+        run_suite(load_suite(SMOKE), out, progress=False, console=Console(file=io.StringIO()))
     assert main(["leaderboard", "render", str(out)]) == 0
     return out
 
