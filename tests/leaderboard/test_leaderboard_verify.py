@@ -26,7 +26,7 @@ needs_quickstart = pytest.mark.skipif(not (QUICKSTART / "entries").is_dir(), rea
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory) -> Path:
     """The smoke suite run here, from the checked-out code: entries whose reruns are bit-equal on
-    this machine (the committed ones are only where their CPU class made them)."""
+    this machine (committed entries rerun bit-equal only on the CPU class that made them)."""
     out = tmp_path_factory.mktemp("fresh") / "lb"
     with as_clean_tree(), contextlib.redirect_stdout(io.StringIO()):
         assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--no-progress"]) == 0
