@@ -52,7 +52,7 @@ def _provenance(entries: list[dict], root: Path, manifest: dict | None) -> dict:
         "suites": distinct(e.get("suite") for e in entries),
         "harness": distinct(f"clbench {e['harness'].get('version')}" for e in entries),
         "commits": distinct((e["harness"].get("git_commit") or "")[:12] for e in entries),
-        "devices": distinct(e["env"].get("device") for e in entries),
+        "devices": distinct(_device(e["env"]) for e in entries),
         "torch": distinct((e["env"].get("packages") or {}).get("torch") for e in entries),
         "suite": None, "missing": 0, "dirty": sum(made_dirty(e) for e in entries),
     }
@@ -61,6 +61,14 @@ def _provenance(entries: list[dict], root: Path, manifest: dict | None) -> dict:
         info["suite"] = manifest
         info["missing"] = sum(h not in have for h in manifest_hashes(root) or [])
     return info
+
+
+def _device(env: dict) -> str | None:
+    """``cpu (Intel(R) Xeon(R) Processor, AVX512)``: on CPU the numbers depend on its instruction set."""
+    cpu = env.get("cpu")
+    if env.get("cuda") or not isinstance(cpu, dict):
+        return env.get("device")
+    return f"{env.get('device')} ({cpu.get('model')}, {cpu.get('isa')})"
 
 
 def _regenerate(root_arg: str, manifest: dict | None) -> str:

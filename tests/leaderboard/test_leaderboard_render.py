@@ -65,6 +65,13 @@ def test_readme_has_one_row_per_strategy_with_mean_and_std(rendered):
     assert "clbench leaderboard run --suite" in readme and "index.html" in readme
 
 
+def test_header_names_the_cpu_the_numbers_were_made_on(rendered):
+    from clbench.results.assemble import cpu_identity
+
+    cpu = cpu_identity()
+    assert f" · device cpu ({cpu['model']}, {cpu['isa']}) · " in (rendered / "README.md").read_text()
+
+
 def _run_pages(root: Path, page: str) -> dict[str, str]:
     """Each table row's page, by strategy, as linked from the row of ``page``."""
     links = re.findall(r'<tr data-strategy="([^"]+)">.*?<a href="(pages/[^"]+\.html)"', page, re.S)
