@@ -1,4 +1,4 @@
-"""Warnings that installed packages print are not the user's business.
+"""Warnings and progress bars that installed packages print are not the user's business.
 
 A dependency that warns at import (a solver library that finds no backend, a deprecation
 inside a framework) would otherwise add lines to every command's output, and a one-line error
@@ -8,16 +8,19 @@ would no longer be one line. The CLI routes a warning to the ``clbench.dependenc
 the user's own plugin files are attributed to those files and still show.
 
 ``CLBENCH_SHOW_WARNINGS=1``, ``python -W ...`` or ``PYTHONWARNINGS`` keep Python's own handling.
+transformers' progress bars are off while clbench loads a model (:func:`no_progress_bars`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import sysconfig
 import warnings
 from pathlib import PurePath
+from typing import Iterator
 
 _INSTALLED = ("site-packages", "dist-packages")
 
@@ -48,3 +51,19 @@ def route_dependency_warnings() -> bool:
 
     warnings.showwarning = showwarning
     return True
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' own progress bars off for the duration: 5.x draws one per model load
+    ("Loading weights"), which a run reports itself and which ``leaderboard verify`` would print
+    once per entry."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

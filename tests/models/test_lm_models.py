@@ -150,6 +150,17 @@ def test_model_not_on_disk_is_one_line_telling_to_download(name):
     assert "download" in text and "hf download" in text and "local folder" in text
 
 
+def test_loading_a_model_draws_no_progress_bar(model_dir, capfd):
+    """transformers 5 draws a "Loading weights" bar per load: noise once per entry in a verify."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    hf_causal_lm(path=str(model_dir))
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert hf_logging.is_progress_bar_enabled()  # put back for the caller
+
+
 def test_folder_without_weights_or_tokenizer_is_named(model_dir, tmp_path):
     no_weights = tmp_path / "no-weights"
     shutil.copytree(model_dir, no_weights)

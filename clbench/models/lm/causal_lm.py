@@ -27,6 +27,7 @@ from torch import nn
 from typing_extensions import TypedDict
 
 from clbench.errors import UserError, did_you_mean
+from clbench.quiet import no_progress_bars
 from clbench.config.validation import ArgumentError, mapping_argument
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -268,7 +269,8 @@ def _from_disk(load: Callable[[], Any], name: str, field: str) -> Any:
     from safetensors import SafetensorError
 
     try:
-        return _flash_guard(load)
+        with no_progress_bars():
+            return _flash_guard(load)
     except (OSError, ValueError, SafetensorError) as err:
         if Path(name).expanduser().is_dir():
             detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -38,21 +38,15 @@ def write_tiny_model(out_dir: str | Path, tokenizer_dir: str | Path, architectur
     The weights depend only on ``seed`` (the global RNG is left as it was); ``sizes`` go to
     :func:`tiny_config` (``kv_heads``, ``intermediate``, ``max_positions``).
     """
-    from transformers.utils import logging as hf_logging
-
     from clbench.models.lm.causal_lm import hf_causal_lm
+    from clbench.quiet import no_progress_bars
 
     config = tiny_config(architecture, layers=layers, hidden=hidden, heads=heads, **sizes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = hf_causal_lm(architecture=architecture, config=config, tokenizer=str(tokenizer_dir))
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a one-shard bar per tiny model is noise in test logs
-    try:
+    with no_progress_bars():  # a one-shard bar per tiny model is noise in test logs
         return model.save_pretrained(out_dir)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def sample_texts(n: int = 200, seed: int = 0) -> list[str]:
