@@ -27,3 +27,20 @@ def write_yaml(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def clean_smoke_board(tmp_path_factory) -> Path:
+    """The smoke suite run once here from the checked-out code, as from a clean tree: entries
+    whose reruns are bit-equal on this machine (committed entries rerun bit-equal only on the CPU
+    class that made them). Shared: copy it before changing anything in it."""
+    import contextlib
+    import io
+
+    from clbench.cli.main import main
+    from helpers import SMOKE, as_clean_tree
+
+    out = tmp_path_factory.mktemp("smoke") / "lb"
+    with as_clean_tree(), contextlib.redirect_stdout(io.StringIO()):
+        assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--no-progress"]) == 0
+    return out

@@ -55,6 +55,7 @@ class Verdict:
     detail: str = ""
     largest: float | None = None  # the largest absolute difference found (ok and differs)
     where: str | None = None
+    other_cpu: bool = False  # computed on CPU, and the entry records another CPU than the rerun's, or none
 
     @property
     def line(self) -> str:
@@ -279,11 +280,13 @@ class Verifier:
             notes.append(f"packages differ: {packages}")
         if largest <= self.tolerance:
             shown = "exact" if largest == 0 else f"largest difference {largest:.3g} at {where}, within {self.tolerance:g}"
-            return Verdict(digest, label, OK, "; ".join([shown, *notes]), largest=largest, where=where)
+            return Verdict(digest, label, OK, "; ".join([shown, *notes]), largest=largest, where=where,
+                           other_cpu=bool(cpu or unrecorded_cpu))
         if unrecorded_cpu:
             notes.append(unrecorded_cpu)
         gap = f"{largest:.3g}" if math.isfinite(largest) else "shape"
         detail = f"by {gap} at {where} (committed {_shown(old_value)}, rerun {_shown(new_value)})"
         if self.tolerance:
             detail += f", beyond {self.tolerance:g}"
-        return Verdict(digest, label, DIFFERS, "; ".join([detail, *notes]), largest=largest, where=where)
+        return Verdict(digest, label, DIFFERS, "; ".join([detail, *notes]), largest=largest, where=where,
+                       other_cpu=bool(cpu or unrecorded_cpu))

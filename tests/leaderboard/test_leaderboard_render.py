@@ -17,18 +17,15 @@ from clbench.cli.main import main
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.execute import run_suite
 from clbench.leaderboard.suite import load_suite
-from helpers import as_clean_tree
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
 COMMITTED = REPO / "leaderboard"
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
+def rendered(clean_smoke_board, tmp_path_factory):
     out = tmp_path_factory.mktemp("render") / "lb"
-    with as_clean_tree():
-        run_suite(load_suite(SMOKE), out, progress=False, console=Console(file=io.StringIO()))
+    shutil.copytree(clean_smoke_board, out)
     assert main(["leaderboard", "render", str(out)]) == 0
     return out
 
