@@ -25,6 +25,7 @@ import copy
 import functools
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,37 +64,50 @@ class DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
-# YAML 1.2 core schema floats, plus bare inf/nan: what a person means by a number. PyYAML reads
-# YAML 1.1, where 1e-3 (no dot) and 1e30 are strings, so `lr: 1e-3` would reach the optimizer
-# as text. Non-finite values are read as floats and refused where a field must be finite.
-# Booleans are YAML 1.2's too: true and false only. YAML 1.1 also reads yes/no/on/off as
-# booleans, so `order: on` or a tokenizer's `padding_side: no` would silently become True or
-# False; read as text, they reach the field as written, and a bool field (strict) refuses the
-# string with "set it to true or false". One rule for every YAML the harness reads, instead of
-# a special case per field.
-_BOOL = r"^(?:true|True|TRUE|false|False|FALSE)$"
-_FLOAT = (r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
-          r"|[-+]?\.?(?:inf|Inf|INF)|\.?(?:nan|NaN|NAN))$")
+# YAML 1.2's core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution), exactly, for every
+# YAML the harness reads. PyYAML implements YAML 1.1, which reads `017` as 15 (octal), `1:00` as
+# 60 (base 60), `0b1000000` as 64, `1_0` as 10, `yes`/`no`/`on`/`off` as booleans, `1e-3` (no
+# dot) as text and `2024-01-02` as a date: a value a person wrote would reach the run as another
+# one without a word. Under the core schema `017` is the integer 17, `0o17` is 15, `0x1f` is 31,
+# and `1:00`, `0b1000000`, `1_0`, `yes` and dates are text, which a typed field then refuses by
+# name. Non-finite floats are `.inf`, `-.inf` and `.nan` (read as floats and refused where a
+# field must be finite). Merge keys (`<<`, YAML 1.1) are kept: they change no scalar's value.
+_CORE = {
+    "tag:yaml.org,2002:null": (r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    "tag:yaml.org,2002:bool": (r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
+    "tag:yaml.org,2002:int": (r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
+    "tag:yaml.org,2002:float": (r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                                r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", list("-+0123456789.")),
+}
+_KEPT = ("tag:yaml.org,2002:merge",)
+
+
+def _core_int(loader, node) -> int:
+    """An int as the core schema writes it (decimal with any leading zeros, ``0o``, ``0x``)."""
+    import yaml
+
+    text = loader.construct_scalar(node)
+    if re.fullmatch(r"[-+]?[0-9]+", text):
+        return int(text, 10)
+    if re.fullmatch(r"0o[0-7]+|0x[0-9a-fA-F]+", text):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not a YAML 1.2 integer", node.start_mark)
 
 
 @functools.lru_cache(maxsize=1)
 def _strict_loader():
-    """YAML's safe loader, with YAML 1.2 floats (``1e-3``, ``1E3``, ``.5``, ``inf``, ``.nan``) and
-    booleans (``true``/``false``; ``yes``, ``no``, ``on``, ``off`` are text), refusing
-    a key given twice in one mapping (plain YAML keeps the last silently, so a forgotten earlier
-    value would decide the run). Merge keys (``<<``) may still be overridden: that is what they
-    are for. Every YAML the harness reads (configs, overrides, suites) goes through it."""
-    import re
-
+    """YAML's safe loader resolving plain scalars by YAML 1.2's core schema (see above), and
+    refusing a key given twice in one mapping (plain YAML keeps the last silently, so a
+    forgotten earlier value would decide the run). Merge keys (``<<``) may still be overridden:
+    that is what they are for. Every YAML the harness reads (configs, overrides, suites) goes
+    through it."""
     import yaml
 
-    float_tag, bool_tag = "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"
-
     class StrictLoader(yaml.SafeLoader):
-        # Resolvers are a class-level table keyed by first character; replace the float and bool
-        # rows in a copy so plain yaml.SafeLoader stays as it is.
+        # Resolvers are a class-level table keyed by first character; build this class's own
+        # table from the core schema so plain yaml.SafeLoader stays as it is.
         yaml_implicit_resolvers = {
-            first: [(tag, regexp) for tag, regexp in resolvers if tag not in (float_tag, bool_tag)]
+            first: [(tag, regexp) for tag, regexp in resolvers if tag in _KEPT]
             for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
         def construct_mapping(self, node, deep=False):
@@ -111,13 +125,15 @@ def _strict_loader():
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
-    StrictLoader.add_implicit_resolver(float_tag, re.compile(_FLOAT), list("-+0123456789.iInN"))
-    StrictLoader.add_implicit_resolver(bool_tag, re.compile(_BOOL), list("tTfF"))
+    # Insertion order is resolution order: an int is tried before a float.
+    for tag, (pattern, first) in _CORE.items():
+        StrictLoader.add_implicit_resolver(tag, re.compile(pattern), first)
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", _core_int)
     return StrictLoader
 
 
 def load_yaml_text(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2 floats and booleans, raising :class:`DuplicateKey` for a key given twice."""
+    """``yaml.safe_load`` with YAML 1.2 core-schema scalars, raising :class:`DuplicateKey` for a key given twice."""
     import yaml
 
     return yaml.load(text, Loader=_strict_loader())

@@ -51,15 +51,15 @@ def run_refused(capsys, tmp_path: Path, raw: dict, *overrides: str) -> str:
 
 @pytest.mark.parametrize("text, number", [
     ("1e-3", 1e-3), ("1E3", 1000.0), ("-2.5e-4", -2.5e-4), (".5", 0.5), ("-.5", -0.5), ("1e30", 1e30),
-    ("1.0e-4", 1e-4), ("0.1", 0.1), ("inf", math.inf), (".inf", math.inf), ("-inf", -math.inf),
-    ("-.inf", -math.inf)])
+    ("1.0e-4", 1e-4), ("0.1", 0.1), (".inf", math.inf), ("+.Inf", math.inf), ("-.INF", -math.inf),
+    ("-.inf", -math.inf), ("1.", 1.0)])
 def test_yaml_reads_numbers_as_a_person_means_them(text, number):
     value = load_yaml_text(text)
     assert isinstance(value, float) and value == number
     assert load_yaml_text(f"{{lr: {text}}}") == {"lr": number}
 
 
-@pytest.mark.parametrize("text", ["nan", ".nan", "NaN"])
+@pytest.mark.parametrize("text", [".nan", ".NaN", ".NAN"])
 def test_yaml_reads_nan_as_a_float(text):
     assert math.isnan(load_yaml_text(text))
 
@@ -70,10 +70,42 @@ def test_yaml_other_scalars_are_unchanged(text, value):
     assert load_yaml_text(text) == value and type(load_yaml_text(text)) is type(value)
 
 
-def test_plain_pyyaml_is_left_as_it_is():
-    """The project's loader has its own resolver table; yaml.safe_load elsewhere is unaffected."""
-    load_yaml_text("1e-3")
-    assert yaml.safe_load("1e-3") == "1e-3"
+@pytest.mark.parametrize("text, value", [
+    # YAML 1.2 core schema integers: decimal (leading zeros are decimal), 0o octal, 0x hex.
+    ("017", 17), ("-017", -17), ("+5", 5), ("007", 7), ("0o17", 15), ("0x1F", 31),
+    # YAML 1.1 integers the core schema reads as text: a typed field then refuses them by name.
+    ("1:00", "1:00"), ("0b1000000", "0b1000000"), ("1_0", "1_0"), ("-0x1f", "-0x1f"), ("0O17", "0O17"),
+    ("0o8", "0o8"), ("1_000.5", "1_000.5"),
+    # YAML 1.1 booleans, bare inf/nan and dates are text too; null is null, ~ and empty only.
+    ("yes", "yes"), ("Off", "Off"), ("inf", "inf"), ("-inf", "-inf"), ("nan", "nan"), ("2024-01-02", "2024-01-02"),
+    ("~", None), ("", None), ("NULL", None), ("=", "=")])
+def test_yaml_scalars_follow_the_yaml_1_2_core_schema(text, value):
+    assert load_yaml_text(text) == value and type(load_yaml_text(text)) is type(value)
+    assert load_yaml_text(f"k: {text}") == {"k": value}
+
+
+def test_a_leading_zero_seed_is_decimal_in_files_and_overrides(tmp_path):
+    from clbench.config.load import load_config
+
+    path = write(tmp_path, tiny_config())
+    path.write_text(path.read_text().replace("seed: 0", "seed: 017"))
+    assert load_config(path)["seed"] == 17
+    assert load_config(path, ["seed=017"])["seed"] == 17
+    assert load_config(path, ["seed=0o17"])["seed"] == 15
+
+
+@pytest.mark.parametrize("field, written, text", [
+    ("train.epochs", "epochs: 1", "1:00"), ("train.batch_size", "batch_size: 64", "0b1000000"),
+    ("seed", "seed: 0", "1_0")])
+def test_yaml_1_1_integers_are_refused_by_name(tmp_path, capsys, field, written, text):
+    """Sexagesimal, binary and underscored numbers are text under YAML 1.2, refused by the int field."""
+    raw = tiny_config()
+    assert run_refused(capsys, tmp_path, raw, f"{field}={text}").startswith(
+        f"command line: {field}: expected int, got str '{text}'")
+    path = write(tmp_path, raw)
+    path.write_text(path.read_text().replace(written, f"{written.split(':')[0]}: {text}"))
+    line = refused(capsys, "run", "--config", str(path), "--output", str(tmp_path / "out"), "--no-progress")
+    assert line.startswith(f"{path}: {field}: expected int, got str '{text}'"), line
 
 
 def _record_adam_rates(monkeypatch) -> list:
@@ -121,7 +153,7 @@ def _optimizer(lr) -> dict:
     ("train.optimizer.init_args.lr=abc",
      "command line: train.optimizer.init_args.lr: expected float or Tensor, got str 'abc' "
      "(give lr a value of type float | Tensor)"),
-    ("train.optimizer.init_args.lr=nan",
+    ("train.optimizer.init_args.lr=.nan",
      "command line: train.optimizer.init_args.lr: lr must be a finite number, got nan "
      "(give lr a value of type float | Tensor)"),
     ("train.optimizer.init_args.betas=[0.9, x]",
