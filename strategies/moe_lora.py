@@ -7,7 +7,9 @@ whole stream: no task ids, boundaries or replay (MH-MoE, Sec. 5.1 and App. A.3.4
 
 * ``loramoe`` (Dou et al. 2024): one router over the module's input, K LoRA experts. Default
   K = 4, top-1: MH-MoE's Table 1 baseline. ``top_k=None`` gives LoRAMoE's published dense
-  softmax gating; ``balance_weight`` its (δ = 0) balancing term.
+  softmax gating; ``balance_weight`` its localized balancing constraint (δ = 0 by default;
+  ``balance_delta`` = δ with ``knowledge_tasks`` naming the tasks of LoRAMoE's "world knowledge"
+  type, whose samples favour the first half of the experts).
 * ``mh_moe`` (MH-MoE, Algorithm 1): the input split into ``heads`` contiguous slices, each
   with its own router and K = 4 private LoRA experts, top-1 per head, head outputs summed and
   added to the frozen base (the additive reading of "LoRA-style" experts, App. A.3.3).
@@ -56,7 +58,8 @@ class _MoELoRA(Strategy):
     def __init__(self, num_experts: Count = 4, top_k: Count | None = 1, r: Count = 4, alpha: Scale = 16.0,
                  heads: Count = 1, match_lora_rank: Count | None = None, top1_gate: Top1Gate = "probability",
                  dropout: Rate = 0.0, balance_weight: Weight = 0.0, target_modules: ModuleNames | None = None,
-                 layers: LayerIndices | None = None):
+                 layers: LayerIndices | None = None, balance_delta: Rate = 0.0,
+                 knowledge_tasks: list[str] | None = None):
         super().__init__()
         # Each argument's type and range is declared above and checked from the config
         # (clbench.config.validation); what depends on two arguments or on the method is checked here.
@@ -69,14 +72,21 @@ class _MoELoRA(Strategy):
         ]
         if self.kind == "mh_moe" and top_k is None:
             checks.append(("top_k", False, "an integer: MH-MoE routes top-k within each head"))
+        if balance_delta:
+            checks += [("balance_delta", num_experts % 2 == 0,
+                        "0, or an even num_experts: the type-wise term splits the experts in halves"),
+                       ("knowledge_tasks", knowledge_tasks is not None,
+                        "the names of the world-knowledge tasks (type 1) when balance_delta > 0")]
         for name, ok, fix in checks:
             if not ok:
-                value = {"top_k": top_k, "heads": heads}[name]
+                value = {"top_k": top_k, "heads": heads, "balance_delta": balance_delta,
+                         "knowledge_tasks": knowledge_tasks}[name]
                 raise ArgumentError("strategy", name, f"{name} = {value!r} is not valid for {self.kind}",
                                     fix=f"give {fix}")
         self.num_experts, self.top_k, self.r, self.alpha, self.heads = num_experts, top_k, r, alpha, heads
         self.match_lora_rank, self.top1_gate, self.dropout = match_lora_rank, top1_gate, dropout
         self.balance_weight, self.target_modules, self.layers = balance_weight, target_modules, layers
+        self.balance_delta, self.knowledge_tasks = balance_delta, knowledge_tasks
         self.active_params: int | None = None
         self.total_params: int | None = None
 
@@ -89,6 +99,10 @@ class _MoELoRA(Strategy):
     def setup(self, ctx, experiences, seed):
         super().setup(ctx, experiences, seed)
         refuse_other_adapters(ctx.model, self.kind)
+        unknown = sorted(set(self.knowledge_tasks or ()) - {e.name for e in experiences})
+        if unknown:
+            raise ArgumentError("strategy", "knowledge_tasks", f"{unknown} are not tasks of this stream",
+                                fix=f"name tasks among {sorted(e.name for e in experiences)}")
         target = lora_target(ctx.model)
         found = moe_layers.matching_linears(target, self.target_modules or MLP, self.layers)
         if not found:
@@ -116,9 +130,16 @@ class _MoELoRA(Strategy):
             return
         moe_layers.inject(target, self.target_modules or MLP, self.layers, r=self.r, alpha=self.alpha,
                             top1_gate=self.top1_gate, dropout=self.dropout, balance_weight=self.balance_weight,
-                            **self.layer_args())
+                            balance_delta=self.balance_delta, **self.layer_args())
         for name, p in model.named_parameters():
             p.requires_grad_("lora_" in name)
+
+    def before_experience(self, ctx, experience):
+        """The experience's LoRAMoE task type (1 for a world-knowledge task) on every layer, for
+        the type-wise balancing term: each experience is one task, so one type for its batches."""
+        kind = int(experience.name in (self.knowledge_tasks or ()))
+        for layer in moe_layers.moe_layers(lora_target(ctx.model)):
+            layer.sample_type = kind
 
     def state_dict(self):
         return {"r": self.r}
@@ -136,7 +157,9 @@ class LoRAMoE(_MoELoRA):
         r, alpha: each expert's rank and α (scale α/r); ``match_lora_rank`` overrides ``r``.
         top1_gate: with top-1, ``"probability"`` (Switch-style p_j, the router learns) or
             ``"renormalized"`` (weight ≡ 1, router frozen in effect).
-        dropout: on the experts' input. balance_weight: weight of the cv² balancing term.
+        dropout: on the experts' input. balance_weight: weight of the localized balancing term
+            (LoRAMoE's ``blc_weight``). balance_delta: its δ (``blc_alpha``); knowledge_tasks: the
+            tasks whose samples are of the world-knowledge type (needed when δ > 0).
         target_modules, layers: which linear modules, in which transformer layers.
     """
 
@@ -155,6 +178,7 @@ class MHMoE(_MoELoRA):
     def __init__(self, num_experts: Count = 4, top_k: Count | None = 1, r: Count = 4, alpha: Scale = 16.0,
                  heads: Count = 4, match_lora_rank: Count | None = None, top1_gate: Top1Gate = "probability",
                  dropout: Rate = 0.0, balance_weight: Weight = 0.0, target_modules: ModuleNames | None = None,
-                 layers: LayerIndices | None = None):
+                 layers: LayerIndices | None = None, balance_delta: Rate = 0.0,
+                 knowledge_tasks: list[str] | None = None):
         super().__init__(num_experts, top_k, r, alpha, heads, match_lora_rank, top1_gate, dropout,
-                         balance_weight, target_modules, layers)
+                         balance_weight, target_modules, layers, balance_delta, knowledge_tasks)

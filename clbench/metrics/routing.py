@@ -137,6 +137,15 @@ def units(*, token_mask: Tensor | None = None, token_labels: Tensor | None = Non
         _UNITS.reset(token)
 
 
+def token_mask(batch: int, length: int) -> Tensor | None:
+    """The active :func:`units` block's token mask when it describes ``batch`` samples of
+    ``length`` tokens (True for text, False for padding); None otherwise. For a layer's own
+    per-sample sums (LoRAMoE's balancing term), which should not count padding either."""
+    layout = _UNITS.get()
+    mask = None if layout is None else layout.token_mask
+    return mask.bool() if mask is not None and tuple(mask.shape) == (batch, length) else None
+
+
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """No routing is recorded inside the block, even within a recorder's ``domain``."""

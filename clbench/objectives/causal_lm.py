@@ -57,6 +57,7 @@ from torch import Tensor
 
 from clbench.errors import UserError
 from clbench.metrics import routing
+from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
 from clbench.objectives.base import Objective
 from clbench.config.validation import ArgumentError
@@ -247,7 +248,8 @@ class CausalLanguageModeling(Objective):
         return inputs, torch.cat([widen(labels, IGNORE) for _, labels in parts])
 
     def forward(self, model, inputs: dict) -> Tensor:
-        if routing.is_recording():  # padding tokens are not routing units
+        # padding tokens are not routing units, nor tokens of a layer's auxiliary loss
+        if routing.is_recording() or auxiliary.is_collecting():
             with routing.units(token_mask=inputs["attention_mask"]):
                 return model(**inputs).logits
         return model(**inputs).logits

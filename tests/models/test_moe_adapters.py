@@ -161,6 +161,96 @@ def test_balance_term_reaches_the_loss_and_bad_options_are_refused():
         build(MHMoE(heads=5), stream(4))
 
 
+def two_expert_layer(**kw) -> MoELoRALinear:
+    """LoRAMoE with 2 experts on a 2-wide input and router weight 10·I: the input [1, -1] goes
+    (almost) entirely to expert 0, [-1, 1] to expert 1."""
+    m = MoELoRALinear(nn.Linear(2, 2), kind="loramoe", num_experts=2, r=1, balance_weight=1.0, **kw)
+    with torch.no_grad():
+        m.lora_router.copy_(10 * torch.eye(2).view(1, 2, 2))
+    return m
+
+
+def balance_of(m: MoELoRALinear, x: torch.Tensor, **units) -> float:
+    from clbench.metrics import routing
+    from clbench.models import auxiliary
+
+    with auxiliary.collect() as terms, routing.units(**units):
+        m(x)
+    return terms["balance"].item()
+
+
+A, B = [1.0, -1.0], [-1.0, 1.0]  # one token routed to expert 0, one to expert 1
+
+
+@pytest.mark.parametrize("top_k", [None, 1])
+@pytest.mark.parametrize("samples,expected", [
+    ([[A], [B]], 4 / 3),             # the issue's case: Z = [1,0,0,1], var 1/3, mean 1/2 (batch sum: 0)
+    ([[A], [A], [B]], 1.2),          # Z = [1,0,1,0,0,1]: var 0.3, mean 1/2
+    ([[A, B], [B, A]], 0.0),         # each sample spreads evenly: every entry 1
+    ([[A, A], [B]], 44 / 27),        # Z = [2,0,0,1] (the second sample padded): var 11/12, mean 3/4
+])
+def test_localized_balance_takes_the_cv_over_samples_and_experts(samples, expected, top_k):
+    """Hand-worked values of LoRAMoE's released term (δ = 0): cv² = sample variance / mean² of
+    the per-sample importances, not of their batch sum."""
+    width = max(len(s) for s in samples)
+    x = torch.tensor([s + [[0.0, 0.0]] * (width - len(s)) for s in samples])
+    mask = torch.tensor([[True] * len(s) + [False] * (width - len(s)) for s in samples])
+    got = balance_of(two_expert_layer(top_k=top_k), x, token_mask=mask)
+    assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_localized_balance_weights_importance_by_type_and_leaves_padding_out():
+    from clbench.models.layers.moe_lora import localized_balance
+
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    # δ = 0.5: a type-1 sample weighs expert 0 (its type) by 1.5, expert 1 by 0.5; type 0 the reverse
+    assert localized_balance(q, torch.tensor([1, 1]), 0.5).item() == pytest.approx(2.0)  # Z = [1.5,0,0,.5]
+    assert localized_balance(q, torch.tensor([1, 0]), 0.5).item() == pytest.approx(4 / 3)  # Z = [1.5,0,0,1.5]
+    assert localized_balance(q, 0, 0.5).item() == pytest.approx(2.0)                       # Z = [.5,0,0,1.5]
+    even = torch.ones(2, 4)  # 4 experts: the first two of type 1
+    assert localized_balance(even, 1, 0.0).item() == 0.0
+    z = torch.tensor([1.5, 1.5, 0.5, 0.5] * 2)
+    assert localized_balance(even, 1, 0.5).item() == pytest.approx((z.var() / z.mean() ** 2).item())
+    # per head (MH-MoE): each head's experts split in halves, cv² over all 12 entries
+    # Z = [1.5, 0] × 3 heads, [0, .5] × 3: mean 1/2, variance 4.5/11
+    assert localized_balance(q.view(2, 1, 2).expand(2, 3, 2), torch.tensor([1, 1]), 0.5).item() \
+        == pytest.approx(18 / 11)
+    with pytest.raises(ValueError, match="types"):
+        localized_balance(q, None, 0.5)
+    with pytest.raises(ValueError, match="odd"):
+        MoELoRALinear(nn.Linear(2, 2), kind="loramoe", num_experts=3, balance_delta=0.5)
+    # the layer: the strategy's sample type reaches the term
+    m = two_expert_layer(top_k=None, balance_delta=0.5)
+    m.sample_type = 1
+    assert balance_of(m, torch.tensor([[A], [B]])) == pytest.approx(2.0, abs=1e-6)  # Z = [1.5,0,0,.5]
+    # padding tokens add nothing: a padded token that would route to expert 1
+    x = torch.tensor([[A, B], [B, A]])
+    padded = balance_of(two_expert_layer(), x, token_mask=torch.tensor([[True, False], [True, False]]))
+    assert padded == pytest.approx(4 / 3, abs=1e-6)
+    assert balance_of(two_expert_layer(), x) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_strategy_sets_the_task_type_and_refuses_delta_without_types():
+    experiences = stream(4)
+    names = [e.name for e in experiences]
+    model = lm()
+    strategy = LoRAMoE(num_experts=4, top_k=None, r=2, balance_weight=0.1, balance_delta=0.1,
+                       knowledge_tasks=[names[1]])
+    module = build(strategy, experiences, model)
+    layers = moe_layers(model)
+    assert all(m.balance_delta == 0.1 for m in layers)
+    for exp, kind in zip(experiences, [0, 1]):
+        train(module, exp, steps=1)
+        assert {m.sample_type for m in layers} == {kind}
+    for kwargs, field in [({"balance_delta": 0.1}, "knowledge_tasks"),
+                          ({"balance_delta": 0.1, "knowledge_tasks": [], "num_experts": 3}, "balance_delta")]:
+        with pytest.raises(UserError) as err:
+            LoRAMoE(**kwargs)
+        assert err.value.where == f"strategy.init_args.{field}"
+    with pytest.raises(UserError, match="not tasks of this stream"):
+        build(LoRAMoE(knowledge_tasks=["no-such-task"]), stream(4))
+
+
 def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same_r(tmp_path, monkeypatch):
     from clbench.engine.runner import run
 

@@ -38,11 +38,19 @@ B = 0 (each expert starts as the identity residual 0); the router initialised li
 ``nn.Linear`` (LoRAMoE's ``lora_route``); the router reads the undropped input; ``dropout`` on
 the experts' input (0 by default: neither MH-MoE nor its baselines give a value).
 
-LoRAMoE's localized balancing constraint weights the cv² of the experts' importance by ±δ
-according to each sample's task type (world knowledge vs other). A continual stream carries no
-such labels, so ``balance_weight`` adds the δ = 0 form, ``balance_weight · cv²(Σ_tokens g)``
-per layer, through :func:`clbench.models.auxiliary.add` (name ``"balance"``); off by default, as MH-MoE
-mentions no auxiliary loss for either method.
+LoRAMoE's localized balancing constraint (``balance_weight`` > 0, off by default, as MH-MoE
+mentions no auxiliary loss for either method) is computed as LoRAMoE's released layer computes
+it (:func:`localized_balance`): the importance matrix Q holds each sample's importance of each
+expert (its gate weights summed over the sample's tokens), Z = I ∘ Q weights Q by 1 + δ where the
+expert's type matches the sample's and by 1 − δ elsewhere (the first half of the experts is of
+type 1, "world knowledge", the second half of type 0), and the term is
+``balance_weight · cv²(Z)`` over all of Z's entries (sample variance over the squared mean). Each
+adapted module adds its own term through :func:`clbench.models.auxiliary.add` (name
+``"balance"``), summed over modules and layers as LoRAMoE adds them to the loss. δ = 0
+(``balance_delta``, LoRAMoE's ``blc_alpha``) needs no types; δ > 0 reads the samples' type from
+``sample_type`` (set by the strategy per experience). Padding tokens, which the objective names
+through :func:`clbench.metrics.routing.units`, are left out of the sums (LoRAMoE's script trains
+one sample per batch, so it has none). With H heads every head's experts are split in halves.
 
 Routing records: every layer sets ``records_routing`` and reports its top-k choices. A unit is a
 token; the layer does not see the attention mask, so the objective names the padding through
@@ -75,6 +83,33 @@ def cv_squared(x: Tensor) -> Tensor:
     return x.float().var() / (x.float().mean() ** 2 + 1e-10)
 
 
+def type_weights(types: Tensor, num_experts: int, delta: float) -> Tensor:
+    """LoRAMoE's I matrix (B, K) for sample types (B,) in {0, 1}: 1 + δ on the experts of the
+    sample's type (type 1 the first K/2 experts, type 0 the last K/2), 1 − δ on the others."""
+    if num_experts % 2:
+        raise ValueError(f"the type-wise term splits the experts in halves; {num_experts} is odd")
+    first = (types.reshape(-1, 1) == 1).expand(-1, num_experts // 2)
+    match = torch.cat([first, ~first], dim=1)
+    return torch.where(match, 1.0 + delta, 1.0 - delta)
+
+
+def localized_balance(importance: Tensor, types: Tensor | int | None = None, delta: float = 0.0) -> Tensor:
+    """LoRAMoE's localized balancing constraint cv²(I ∘ Q) for the importance matrix Q
+    ``(B, K)`` or ``(B, H, K)`` (each sample's summed gate weights; per head for H routers).
+
+    δ = 0 is the plain cv² over every (sample, expert) entry, so two samples that each send
+    everything to a different expert are imbalanced (cv² = 4/3 for K = 2), not balanced as a
+    batch-summed load would say. ``types``: each sample's type (0 or 1), or one type for all."""
+    q = importance.float()
+    if delta:
+        if types is None:
+            raise ValueError("the type-wise term (delta > 0) needs the samples' types")
+        types = torch.as_tensor(types, device=q.device).reshape(-1).expand(q.shape[0])
+        weights = type_weights(types, q.shape[-1], delta)
+        q = q * (weights if q.dim() == 2 else weights.unsqueeze(1))
+    return cv_squared(q.flatten())
+
+
 class AdaptedLinear(nn.Module):
     """A frozen ``nn.Linear`` (``base_layer``) that an adapter wraps by module replacement; it
     still answers ``in_features``, ``out_features`` and ``weight`` like the layer it replaced."""
@@ -105,7 +140,8 @@ class MoELoRALinear(AdaptedLinear):
 
     def __init__(self, base: nn.Linear, *, kind: str = "loramoe", num_experts: int = 4,
                  top_k: int | None = 1, r: int = 8, alpha: float = 16.0, heads: int = 1,
-                 top1_gate: str = "probability", dropout: float = 0.0, balance_weight: float = 0.0):
+                 top1_gate: str = "probability", dropout: float = 0.0, balance_weight: float = 0.0,
+                 balance_delta: float = 0.0):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if kind == "loramoe" and heads != 1:
@@ -118,11 +154,14 @@ class MoELoRALinear(AdaptedLinear):
             raise ValueError(f"heads ({heads}) must divide the input width {base.in_features}")
         if top1_gate not in TOP1_GATES:
             raise ValueError(f"top1_gate must be one of {TOP1_GATES}, got {top1_gate!r}")
+        if balance_delta and num_experts % 2:
+            raise ValueError(f"balance_delta splits each router's experts in halves; num_experts = {num_experts} is odd")
         super().__init__(base)
         self.kind, self.top_k, self.r, self.alpha = kind, top_k, r, alpha
         self.heads, self.experts_per_head = heads, num_experts
         self.num_experts = heads * num_experts  # what the routing recorder counts
-        self.top1_gate, self.balance_weight = top1_gate, balance_weight
+        self.top1_gate, self.balance_weight, self.balance_delta = top1_gate, balance_weight, balance_delta
+        self.sample_type: int | Tensor | None = None  # LoRAMoE's task type (1: world knowledge), for δ > 0
         self.scaling = alpha / r
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         d_in, d_out, h, k = base.in_features, base.out_features, heads, num_experts
@@ -176,10 +215,20 @@ class MoELoRALinear(AdaptedLinear):
         if routing.is_recording():
             self._record(probs, chosen)
         if self.balance_weight and auxiliary.is_collecting():
-            auxiliary.add("balance", self.balance_weight * cv_squared(weights.sum(0).flatten()))
+            auxiliary.add("balance", self.balance_weight * self._balance(weights, shape))
         codes = (codes.reshape(-1, heads, k, r) * weights.unsqueeze(-1)).reshape(-1, heads * k * r)
         delta = (codes @ self.lora_B.view(heads * k * r, -1)) * self.scaling
         return out + delta.reshape(*shape[:-1], -1).to(out.dtype)
+
+    def _balance(self, weights: Tensor, shape: torch.Size) -> Tensor:
+        """The localized balancing term of this forward: samples are the input's first dimension
+        (one sample per row of a 2-D input), tokens the rest; padding tokens count nothing."""
+        batch = shape[0] if len(shape) > 1 else 1
+        per_token = weights.reshape(batch, -1, self.heads, self.experts_per_head)
+        mask = routing.token_mask(batch, per_token.shape[1])
+        if mask is not None:
+            per_token = per_token * mask.to(per_token.device, per_token.dtype).view(batch, -1, 1, 1)
+        return localized_balance(per_token.sum(1), self.sample_type, self.balance_delta)
 
     def _record(self, probs: Tensor, chosen: Tensor | None) -> None:
         n = probs.shape[0]
