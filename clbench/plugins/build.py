@@ -78,7 +78,7 @@ def _call(target: Callable, args: dict, where: str, source: str, **provided: Any
         return target(**provided, **args)
     except UserError as err:
         raise _locate(err, source) from None
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         if not registry.is_plugin(target):
             raise
         try:

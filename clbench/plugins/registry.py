@@ -155,7 +155,7 @@ def _load_from_file(path: Path, attr: str, where: str) -> Any:
             del sys.modules[module_name]
             raise UserError(f"syntax error in {path} at line {err.lineno}: {err.msg}", where=where,
                             fix="fix the file") from None
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # sys.exit() in a plugin is its failure, not the run's end
             del sys.modules[module_name]
             raise plugin_failure(err, where=where, doing=f"importing {path}", path=path) from None
     module = sys.modules[module_name]
@@ -184,7 +184,7 @@ def _load_import_path(name: str, where: str) -> Any:
     except SyntaxError as err:
         raise UserError(f"syntax error in {err.filename} at line {err.lineno}: {err.msg}", where=where,
                         fix="fix the file") from None
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         if _is_harness_module(module_part):
             raise
         raise plugin_failure(err, where=where, doing=f"importing {module_part}", path=_origin(module_part)) from None
@@ -207,7 +207,7 @@ def resolve(kind: str, name: str, *, where: str | None = None) -> Any:
         module_part = eps[name].value.split(":")[0].strip()
         try:
             return eps[name].load()
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             if _is_harness_module(module_part):
                 raise
             raise plugin_failure(err, where=where, doing=f"importing {module_part}",
