@@ -37,15 +37,40 @@ def masks(layer: MoSELinear, slot: int) -> torch.Tensor:
     return torch.cat([layer.mask_A[slot].flatten(), layer.mask_B[slot].flatten(), layer.mask_router[slot].flatten()])
 
 
+def wsn_mask(scores: torch.Tensor, c: float) -> torch.Tensor:
+    """Winning SubNetworks' GetSubnetFaster on |s| with sparsity 1 − c, restated: the entries at
+    or above the k-th smallest |s|, k = 1 + round((1 − c)(n − 1))."""
+    magnitudes = scores.abs().flatten()
+    k = 1 + round(0.01 * float((1 - c) * 100) * (magnitudes.numel() - 1))
+    return (scores.abs() >= magnitudes.kthvalue(k).values).float()
+
+
+def test_masks_keep_the_largest_magnitudes_as_winning_subnetworks_does():
+    from clbench.models.layers.moses import kept_count, top_c
+
+    scores = torch.tensor([-0.9, 0.1, 0.2, -0.05])
+    assert top_c(scores, 0.5).tolist() == [True, False, True, False]  # WSN's mask; signed ranking: [0, 1, 1, 0]
+    assert [kept_count(n, c) for n, c in [(100, 0.3), (4, 0.5), (10, 0.03), (7, 1.0), (5, 0.0), (6, 0.5)]] \
+        == [31, 2, 1, 7, 1, 4]  # 100 − round(69.3); 4 − round(1.5); 10 − round(8.73); ...; 6 − round(2.5) = 6 − 2
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = int(torch.randint(2, 60, (1,), generator=generator))
+        c = float(torch.rand((), generator=generator)) * 0.9 + 0.05
+        s = torch.empty(n).uniform_(-1, 1, generator=generator)
+        assert torch.equal(top_c(s, c).float(), wsn_mask(s, c)), (trial, n, c)
+
+
 def test_straight_through_mask_keeps_top_c_and_passes_gradients_to_scores():
     torch.manual_seed(0)
     scores = torch.randn(4, 25, requires_grad=True)
     mask = straight_through_mask(scores, 0.3)
-    assert mask.sum() == 30 and set(mask.unique().tolist()) == {0.0, 1.0}
-    assert scores.detach().flatten()[mask.flatten().bool()].min() >= scores.detach().flatten()[~mask.flatten().bool()].max()
+    assert mask.sum() == 31 and set(mask.unique().tolist()) == {0.0, 1.0}  # 100 − round(0.7 · 99)
+    kept = mask.flatten().bool()
+    assert scores.detach().abs().flatten()[kept].min() >= scores.detach().abs().flatten()[~kept].max()
     weight = torch.randn(4, 25)
     (weight * mask).sum().backward()
-    torch.testing.assert_close(scores.grad, weight)  # identity backward: ∂L/∂s = ∂L/∂(θ⊙m) ⊙ θ
+    # straight through to |s| (WSN): ∂L/∂s = ∂L/∂(θ⊙m) ⊙ θ ⊙ sign(s)
+    torch.testing.assert_close(scores.grad, weight * scores.detach().sign())
 
     state = TaskState()
     layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=2, r=2, density=0.5)

@@ -15,10 +15,19 @@ Choices where the paper is silent:
 * Masks cover A, B and the router alike (the paper masks "router and expert weights").
 * Gates are the softmax over the k selected logits (renormalised; with the main E2T2 setting,
   N = k = 2, every token uses both experts).
-* The gradient through the top-c selection is the straight-through estimator (WSN's
-  ``GetSubnet``): the forward uses the binary mask, the backward passes the mask's gradient
-  unchanged to the scores, so ∂L/∂s = ∂L/∂(θ ⊙ m) ⊙ θ.
-* c is the kept fraction (density), ``round(c · numel)`` entries, at least one.
+* Which entries are the "top-c%": those of largest *absolute* score, as in Winning SubNetworks'
+  ``GetSubnet`` (the same authors' method, whose masks MoSEs' follow; WSN applies it to
+  ``scores.abs()``). The paper says only "top-c% of each weight score function"; the scores start
+  Kaiming-uniform with either sign, so ranking the signed values would keep other entries
+  (for scores [-0.9, 0.1, 0.2, -0.05] and c = 0.5: [1, 0, 1, 0], not [0, 1, 1, 0]).
+* The count kept is WSN's: with the pruned fraction 1 − c, WSN keeps the entries at or above the
+  (1 + round((1 − c)(n − 1)))-th smallest |s|, i.e. ``n − round((1 − c)(n − 1))`` of n entries
+  (:func:`kept_count`; Python's round, halves to even; at least one). Ties at the threshold are
+  broken by ``topk`` (WSN would keep every tied entry; continuous scores make that moot).
+* The gradient through the top-c selection is WSN's straight-through estimator: the forward uses
+  the binary mask of |s|, the backward passes the mask's gradient unchanged to |s|, so
+  ∂L/∂s = ∂L/∂(θ ⊙ m) ⊙ θ ⊙ sign(s).
+* c is the kept fraction (density; WSN's ``1 − sparsity``).
 
 Task state: ``mask_*`` buffers hold one stored mask per task slot (T, ...), saved with the model.
 While training (``state.training_slot`` set and the layer in training mode) the mask comes from
@@ -49,7 +58,7 @@ class TaskState:
 
 
 class _TopC(torch.autograd.Function):
-    """Binary mask of the top-c fraction of ``scores``; straight-through gradient."""
+    """Binary mask of the top-c fraction of ``magnitudes``; straight-through gradient."""
 
     @staticmethod
     def forward(ctx, scores: Tensor, c: float) -> Tensor:
@@ -60,17 +69,22 @@ class _TopC(torch.autograd.Function):
         return grad, None
 
 
+def kept_count(n: int, c: float) -> int:
+    """How many of ``n`` entries a density-c mask keeps: WSN's ``n − round((1 − c)(n − 1))``."""
+    return max(1, n - round((1.0 - c) * (n - 1)))
+
+
 def top_c(scores: Tensor, c: float) -> Tensor:
-    """Boolean mask of the ``round(c · numel)`` (≥ 1) largest entries of ``scores``."""
-    flat = scores.flatten()
-    k = max(1, round(c * flat.numel()))
+    """Boolean mask of the :func:`kept_count` entries of ``scores`` with the largest |s| (WSN)."""
+    flat = scores.flatten().abs()
     mask = torch.zeros_like(flat, dtype=torch.bool)
-    mask[flat.topk(k).indices] = True
+    mask[flat.topk(kept_count(flat.numel(), c)).indices] = True
     return mask.view_as(scores)
 
 
 def straight_through_mask(scores: Tensor, c: float) -> Tensor:
-    return _TopC.apply(scores, c)
+    """The top-c mask of |scores| with WSN's gradient: straight through to |s|, so ·sign(s) to s."""
+    return _TopC.apply(scores.abs(), c)
 
 
 class MoSELinear(AdaptedLinear):
@@ -181,7 +195,7 @@ class MoSELinear(AdaptedLinear):
     def param_counts(self) -> dict[str, int]:
         """Learnable weights (A, B, router; scores not counted) and those one task's masks keep."""
         total = sum(getattr(self, f"lora_{n}").numel() for n in NAMES)
-        kept = sum(max(1, round(self.density * getattr(self, f"lora_{n}").numel())) for n in NAMES)
+        kept = sum(kept_count(getattr(self, f"lora_{n}").numel(), self.density) for n in NAMES)
         return {"total": total, "per_task": kept}
 
     def extra_repr(self) -> str:
