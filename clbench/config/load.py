@@ -31,7 +31,8 @@ from typing import Any
 
 from clbench.errors import UserError, did_you_mean
 
-SCHEMA_VERSION = 1
+# result.json's schema; 2 added r_stderr, r_init_stderr, r_n and scores_stderr (readers of 2 read 1).
+SCHEMA_VERSION = 2
 
 # Keys that do not change what a run computes; left out of the config hash.
 NON_SEMANTIC = ("logging",)

@@ -44,6 +44,7 @@ from clbench.data.datasets import Padding
 from clbench.engine.lightning_internals import attached_trainer
 from clbench.errors import NonFiniteLoss
 from clbench.metrics import routing
+from clbench.metrics.stderr import N_KEY, STDERR_KEY, sampling_error
 from clbench.objectives.base import Objective
 from clbench.strategy import Strategy, StrategyContext
 
@@ -306,10 +307,11 @@ class ContinualModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         # name -> one value per column (None where a column has no such metric), and
         # "primary" -> each column's R-matrix entry.
-        computed = []
+        computed, sampling = [], []
         self.last_recalls = []
-        for column in self.eval_metrics:
+        for column, primary in zip(self.eval_metrics, self.primary):
             computed.append({name: float(value) for name, value in column.compute().items()})
+            sampling.append(sampling_error(column[primary]))  # the test set's noise in the R cell
             self.last_recalls.append(_class_recalls(column))
             column.reset()
         for scratch in self._scratch.values():
@@ -317,6 +319,8 @@ class ContinualModule(pl.LightningModule):
         names = list(dict.fromkeys(name for values in computed for name in values))
         results = {name: [values.get(name) for values in computed] for name in names}
         results["primary"] = [values[name] for values, name in zip(computed, self.primary)]
+        results[STDERR_KEY] = [se for se, _ in sampling]
+        results[N_KEY] = [n for _, n in sampling]
         self.last_eval = results
         self.objective.end_evaluation()
         if self.routing is not None:

@@ -11,7 +11,8 @@ with (:func:`clbench.metrics.derive.derive_scores`), and refuses a mismatch:
   ``acc``, the mean of that row; its stage-comparing scores are null;
 * ``<metric>_final`` from the last row of ``matrices[<metric>]``;
 * ``global_<metric>`` from the last value of ``global_test[<metric>]``;
-* ``n_eff`` from the final stage of ``route_compositions``.
+* ``n_eff`` from the final stage of ``route_compositions``;
+* ``scores_stderr`` (where the entry has it) from ``r_stderr`` (:mod:`clbench.metrics.stderr`).
 
 A missing value (null) in a mean's row makes that mean null (see :mod:`clbench.metrics.derive`).
 
@@ -151,3 +152,25 @@ def check_scores(entry: dict, where: str) -> None:
     missing = [key for key in expected if key not in scores and key not in optional]
     if missing:
         raise UserError(f"score(s) {', '.join(missing)} missing", where=where, fix=RERUN)
+    if entry.get("scores_stderr") is not None:
+        _check_stderr(entry, where)
+
+
+def _check_stderr(entry: dict, where: str) -> None:
+    """Refuse ``scores_stderr`` that the entry's ``r_stderr`` does not give (:mod:`clbench.metrics.stderr`)."""
+    from clbench.metrics.stderr import entry_score_stderr
+
+    stored = entry["scores_stderr"]
+    if not isinstance(stored, dict):
+        raise UserError("scores_stderr is not a mapping", where=where, fix=RERUN)
+    rows = entry.get("r_stderr")
+    if not isinstance(rows, list) or len(rows) != len(entry["r_matrix"]) or not all(
+            isinstance(row, list) and len(row) == len(r) for row, r in zip(rows, entry["r_matrix"])):
+        raise UserError("r_stderr is not a matrix of the shape of r_matrix", where=where, fix=RERUN)
+    for row in rows:
+        _vector(row, "r_stderr", None, where)
+    expected = entry_score_stderr(entry)
+    for key, value in stored.items():
+        if key not in expected or not _same(value, expected[key]):
+            raise UserError(f"scores_stderr '{key}' is {_show(value)} but the entry's r_stderr gives "
+                            f"{_show(expected.get(key))}", where=where, fix=RERUN)

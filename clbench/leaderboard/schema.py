@@ -60,6 +60,11 @@ class OkEntry(Entry):
     r_init: list[Any]
     scores: dict[str, Any]
     single_stage: StrictBool | None = None
+    # result schema 2: the test sets' noise (clbench.metrics.stderr); absent in older entries: unknown
+    r_stderr: list[Any] | None = None
+    r_init_stderr: list[Any] | None = None
+    r_n: list[Any] | None = None
+    scores_stderr: dict[str, Any] | None = None
 
 
 def _path(loc: tuple) -> str:

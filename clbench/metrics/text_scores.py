@@ -34,11 +34,13 @@ class MeanTextScore(Metric):
     scoring = "normalized"
 
     total: Tensor
+    total_sq: Tensor  # the squares' sum, for the standard error of the mean (clbench.metrics.stderr)
     count: Tensor
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total_sq", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def score(self, pred: str, target: str, source: str | None = None) -> float:  # pragma: no cover
@@ -69,6 +71,7 @@ class MeanTextScore(Metric):
         elif len(scores) != len(preds):
             raise ValueError(f"{len(preds)} predictions but {len(scores)} scores")
         self.total += sum(int(round(s * SCALE)) for s in scores)
+        self.total_sq += sum(int(round(s * s * SCALE)) for s in scores)
         self.count += len(scores)
 
     def compute(self) -> Tensor:

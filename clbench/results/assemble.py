@@ -7,6 +7,11 @@ CL scores follow that direction. Every other metric of the columns is a matrix o
 (joint training) has one row and reports only ``acc`` (its final mean). Every score comes from
 :func:`clbench.metrics.derive.derive_scores`, the function :mod:`clbench.leaderboard.rescore`
 re-scores entries with.
+
+Beside R, ``r_stderr`` holds each cell's standard error from its test set (``r_n`` the test
+sets' sizes) and ``scores_stderr`` what those make of ACC, AIA, BWT and FWT
+(:mod:`clbench.metrics.stderr`); result schema 2 added them, and a reader of a schema-1 result
+takes them as unknown.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from clbench.config.load import SCHEMA_VERSION, canonical_json, config_hash, order_label
 from clbench.metrics.derive import derive_scores
+from clbench.metrics.stderr import N_KEY, SAMPLING_KEYS, STDERR_KEY, score_stderr
 from clbench.results.record import Status
 
 
@@ -121,7 +127,7 @@ def finite_or_none(value: Any) -> Any:
 
 def _column_matrices(rows: list[dict[str, list]]) -> dict[str, list[list]]:
     """name -> matrix for every metric the columns report, besides the primary score."""
-    names = [name for name in rows[-1] if name != "primary"] if rows else []
+    names = [name for name in rows[-1] if name != "primary" and name not in SAMPLING_KEYS] if rows else []
     return {name: [row[name] for row in rows] for name in names}
 
 
@@ -146,6 +152,19 @@ def epoch_scores(r_epochs, epoch_stage, r_init, reference, *, higher_is_better: 
     return out
 
 
+def sampling(state: dict, r: list, r_init: list, *, single_stage: bool, higher_is_better: bool) -> dict[str, Any]:
+    """The test sets' noise (:mod:`clbench.metrics.stderr`): ``r_stderr`` (each R cell's standard
+    error, None where the metric gives none), ``r_init_stderr``, ``r_n`` (each test column's
+    sample count) and ``scores_stderr`` (ACC, AIA, BWT, FWT, cells taken as independent). Rows
+    restored from a checkpoint written before the errors were recorded read as None."""
+    r_stderr = [row.get(STDERR_KEY) or [None] * len(row["primary"]) for row in state["rows"]]
+    r_init_stderr = state["r_init"].get(STDERR_KEY) or [None] * len(r_init)
+    return {"r_stderr": r_stderr, "r_init_stderr": r_init_stderr,
+            "r_n": state["rows"][-1].get(N_KEY) or [None] * len(r_init),
+            "scores_stderr": score_stderr(r, r_stderr, r_init, r_init_stderr, single_stage=single_stage,
+                                          higher_is_better=higher_is_better)}
+
+
 def assemble(run, state: dict, reference: list[float] | None, wall: float, import_seconds: float) -> dict:
     """The result dict of a finished :class:`clbench.engine.runner.ContinualRun`."""
     from clbench.plugins.registry import plugin_source
@@ -158,7 +177,8 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
     primary_names = set(column_names)
     matrices = {k: v for k, v in _column_matrices(state["rows"]).items() if k not in primary_names}
     global_test = {name: [row[name] for row in state["global_rows"]] for name in state["global_rows"][-1]
-                   if name != "primary"} if state["global_rows"] and state["global_rows"][-1] else None
+                   if name != "primary" and name not in SAMPLING_KEYS} \
+        if state["global_rows"] and state["global_rows"][-1] else None
     compositions = state["compositions"] if any(state.get("compositions") or []) else None
     scores = derive_scores(r, r_init, reference, single_stage=run.strategy.single_stage, higher_is_better=higher,
                            matrices=matrices, global_test=global_test, compositions=compositions)
@@ -185,12 +205,14 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
         "r_metric": {"names": column_names, "higher_is_better": higher},
         "r_matrix": r,
         "r_init": r_init,
+        **sampling(state, r, r_init, single_stage=run.strategy.single_stage, higher_is_better=higher),
         "matrices": matrices,
         "scores": scores,
     }
     if global_test is not None:
         result["global_test"] = global_test
-        result["global_test_init"] = {k: v for k, v in state["global_init"].items() if k != "primary"}
+        result["global_test_init"] = {k: v for k, v in state["global_init"].items()
+                                      if k != "primary" and k not in SAMPLING_KEYS}
     if state.get("recall"):
         # after the last stage, each class's recall (None: absent) per test experience and on the
         # stream-wide test set: which classes make a G-mean 0 (one never predicted is enough)

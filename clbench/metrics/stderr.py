@@ -1,0 +1,123 @@
+"""The noise of one score: each R cell's standard error from its test set, and what it makes of ACC, AIA, BWT, FWT.
+
+An R cell is a mean over the samples of one test set, so even a perfectly reproducible run
+carries the sampling noise of that test set. :func:`sampling_error` reads it from the cell's
+metric after an evaluation:
+
+* accuracy (``MulticlassAccuracy``, micro): the binomial standard error ``sqrt(p (1 - p) / n)``;
+* a text score (:class:`~clbench.metrics.text_scores.MeanTextScore`: exact match, ROUGE-L, SARI,
+  edit similarity, ...): the standard error of a mean of per-sample scores,
+  ``sqrt(mean((s - mean s)^2) / n)``, from the metric's running sum of squares. This is the exact
+  value a bootstrap over the test samples estimates (the bootstrap standard error of a mean
+  converges to it as resamples grow), so it is computed in closed form, with no resampling
+  noise and no seed;
+* any other metric (a regression error, G-mean, MAUC): None (unknown), never a guess.
+
+:func:`score_stderr` propagates the cells' errors to the scores that are linear in R (ACC/OP,
+AIA, BWT, FWT) assuming the cells are independent: ``se(score) = sqrt(sum_c w_c^2 se_c^2)``
+with ``w_c`` the score's weight on cell c, read off the scoring function itself
+(:func:`clbench.metrics.derive.derive_scores`) by moving one cell at a time, so the weights can
+never disagree with the formulas. Cells of one row share a model and columns often share
+classes, so the independence is an approximation; Forgetting (a max over stages) is not
+propagated. Only the torch import of :func:`sampling_error` needs torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+# The scores that are linear in R and r_init, whose standard error is propagated.
+LINEAR_SCORES = ("acc", "aia", "bwt", "fwt")
+# The keys an evaluation carries beside its metrics (clbench.engine.module), left out of matrices.
+STDERR_KEY = "primary_stderr"
+N_KEY = "primary_n"
+SAMPLING_KEYS = (STDERR_KEY, N_KEY)
+
+
+def sampling_error(metric: Any) -> tuple[float | None, int | None]:
+    """``(standard error, number of test samples)`` of one evaluated metric; ``(None, None)``
+    where the metric does not say (see the module notes)."""
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from clbench.metrics.text_scores import SCALE, MeanTextScore
+
+    if isinstance(metric, MulticlassAccuracy) and metric.average == "micro" \
+            and getattr(metric, "multidim_average", "global") == "global":
+        with metric.sync_context(should_unsync=True):
+            correct, n = int(metric.tp.sum()), int((metric.tp + metric.fn).sum())
+        if n == 0:
+            return None, 0
+        p = correct / n
+        return math.sqrt(p * (1 - p) / n), n
+    if isinstance(metric, MeanTextScore):
+        with metric.sync_context(should_unsync=True):
+            n, total, total_sq = int(metric.count), int(metric.total), int(metric.total_sq)
+        if n == 0:
+            return None, 0
+        mean = total / SCALE / n
+        variance = max(total_sq / SCALE / n - mean * mean, 0.0)
+        return math.sqrt(variance / n), n
+    return None, None
+
+
+def _known(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def score_stderr(r: Sequence[Sequence[Any]], r_stderr: Sequence[Sequence[Any]] | None, r_init: Sequence[Any] | None,
+                 r_init_stderr: Sequence[Any] | None, *, single_stage: bool,
+                 higher_is_better: bool = True) -> dict[str, float | None]:
+    """Standard error of each of :data:`LINEAR_SCORES` a run defines, from its cells' errors
+    (independent cells); None where the score is undefined or a cell it reads has no error."""
+    from clbench.metrics.derive import derive_scores
+
+    def scores(matrix, init):
+        return derive_scores(matrix, init, single_stage=single_stage, higher_is_better=higher_is_better)
+
+    rows = [[math.nan if v is None else float(v) for v in row] for row in r]
+    init = None if r_init is None else [math.nan if v is None else float(v) for v in r_init]
+    base = scores(rows, init)
+    keys = [k for k in LINEAR_SCORES if k in base]
+    out: dict[str, float | None] = {k: None for k in keys}
+    defined = [k for k in keys if base[k] is not None]
+    if not defined:
+        return out
+    variance = dict.fromkeys(defined, 0.0)
+    unknown: set[str] = set()
+
+    def error(table: Sequence[Any] | None, k: int) -> Any:
+        return table[k] if isinstance(table, (list, tuple)) and k < len(table) else None
+
+    cells = [(i, j, error(error(r_stderr, i), j)) for i in range(len(rows)) for j in range(len(rows[i]))]
+    cells += [(None, j, error(r_init_stderr, j)) for j in range(len(init or []))]
+    for i, j, se in cells:  # move one cell by 1: the score moves by its weight on that cell
+        moved_rows, moved_init = [list(row) for row in rows], None if init is None else list(init)
+        if i is None:
+            moved_init[j] += 1.0
+        else:
+            moved_rows[i][j] += 1.0
+        moved = scores(moved_rows, moved_init)
+        for key in defined:
+            weight = math.nan if moved[key] is None else moved[key] - base[key]
+            if abs(weight) < 1e-12:
+                continue  # the score does not read this cell
+            if not (_known(se) and math.isfinite(weight)):
+                unknown.add(key)
+            else:
+                variance[key] += weight * weight * float(se) ** 2
+    for key in defined:
+        out[key] = None if key in unknown else math.sqrt(variance[key])
+    return out
+
+
+def entry_score_stderr(entry: dict) -> dict[str, float | None]:
+    """:func:`score_stderr` of a result or leaderboard entry; every score None (unknown) for one
+    written before ``r_stderr`` was recorded (result schema 1)."""
+    from clbench.results.record import single_stage
+
+    higher = bool((entry.get("r_metric") or {}).get("higher_is_better", True))
+    if not entry.get("r_stderr"):
+        return dict.fromkeys(LINEAR_SCORES)
+    return score_stderr(entry["r_matrix"], entry["r_stderr"], entry.get("r_init"), entry.get("r_init_stderr"),
+                        single_stage=single_stage(entry), higher_is_better=higher)
