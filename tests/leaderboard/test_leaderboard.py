@@ -172,6 +172,23 @@ def test_an_order_every_cell_would_fail_on_stops_the_suite_before_any_cell_and_w
     assert calls == [] and not out.exists()  # no cell ran, no manifest, no folder
 
 
+@pytest.mark.parametrize("orders, message", [
+    (["default", ["rot0", "rot90"]], "orders default and [rot0, rot90] are the same order of this stream (rot0, rot90)"),
+    (["reverse", {"permutation": 0}, ["rot90", "rot0"]],
+     "orders reverse and [rot90, rot0] are the same order of this stream (rot90, rot0)"),
+    (["default", {"permutation": 1}], "orders default and {permutation: 1} are the same order of this stream (rot0, rot90)")])
+def test_two_orders_that_are_the_same_sequence_stop_the_suite_before_any_cell(
+        tmp_path, monkeypatch, capsys, orders, message):
+    """Like a repeated seed: the same order under two labels would run its cells twice."""
+    path = write_suite(tmp_path, smoke(orders=orders))
+    calls = spy_runner(monkeypatch)
+    out = tmp_path / "out"
+    assert main(["leaderboard", "run", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"clbench: error: {path}: orders (digits-domains): {message} (list each order once)"], lines
+    assert calls == [] and not out.exists()
+
+
 def test_slurm_launcher_without_slurm_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no srun, no sbatch
     out = tmp_path / "out"
