@@ -1,15 +1,25 @@
 """GPU figures in one command: every GPU target measured beside its baseline, written as a report.
 
-    python perf/gpu_report.py --out perf/reports/h100              # CUDA: at most about 18 minutes on one H100
+    python perf/gpu_report.py --out perf/reports/h100              # CUDA: about 8.5 minutes on one H100
     OMP_NUM_THREADS=1 python perf/gpu_report.py --out /tmp/r --device cpu   # the same paths, tiny: < 1 min
 
 Writes ``DIR/gpu_report.md`` and ``DIR/gpu_report.json`` (one record per measurement: name,
 value, unit, baseline, ratio, goal, met or the shortfall, peak memory, or a skip reason) and
-prints where they are. Each part (``--only`` picks some) has its own time budget, a share of
-``--budget-s`` (default: the sum of the parts' own budgets, :data:`BUDGETS`); a part's clock
-includes building its models, and a part whose budget runs out records the rounds it measured
-and says so. Run with ``--only``, a part's records replace that part's in an existing report
-in ``DIR`` and the others are kept, so the figures can be taken in several commands.
+prints where they are. The report is written again after every part, so a command that is cut
+(a lease's time limit, ``timeout``'s SIGTERM) leaves the parts it finished, and the part it was
+in is recorded as cut.
+
+GPU time comes in short leases (one command of at most 10 minutes, machine start-up on top), so
+the parts run in the order of their value: the training ratios and MFU of full fine-tuning and
+LoRA at Qwen3-0.6B size with the mh_moe/loramoe step, then generation, then the trace-mini grid's
+estimate of the full TRACE grid, then the rest. ``--budget-s`` (default on CUDA: 500 s, the sum
+of :data:`BUDGETS`, which leaves about 40 s of a 9-minute command to install the carried wheels,
+import and write) is the time for the chosen parts together, counted from the first part's
+start; each part gets its share of what is left when it starts (so a part that ends early
+leaves its time to the later ones). A part's clock includes building its models, and a part
+whose budget runs out records the rounds it measured (at least the untimed warm-up's) and says
+so. Run with ``--only``, a part's records replace that part's in an existing report in ``DIR``
+and the others are kept.
 
 Every model is built from its architecture with random weights (nothing is downloaded): the
 Qwen3-0.6B architecture (``lm_throughput.SIZES``: hidden 1024, 28 layers, 16 heads, 8 KV heads,
@@ -46,7 +56,7 @@ round and their median reported; on CUDA the clock is read after a synchronise:
   a training step of the dense ViT against ``vit_moe`` (8 experts, top-1, MoE in the last 4
   blocks, experts of the dense MLP's width: equal active parameters) at image and at token
   level. Goal moe/dense <= 1.25; MFU with 6N + attention per token.
-- ``trace_grid``: ``clbench.engine.runner.run`` over trace-mini (standard order) for seq_ft, seq_lora,
+- ``trace_grid``: ``clbench.engine.runner.run`` over three trace-mini tasks for seq_ft, seq_lora,
   o_lora, loramoe, mh_moe, moses with the 0.6B architecture (TRACE's training settings,
   ``precision: bf16-mixed``): wall time per run split into train, generation (evaluation),
   checkpoint and the rest, and from it an estimate of the full TRACE grid (the six methods x 4
@@ -65,6 +75,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -74,8 +85,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling perf scripts
 
-#: Each part's own budget on CUDA (seconds, its model builds included); ``--budget-s`` rescales them.
-BUDGETS = {"lm_train": 330, "generation": 90, "teardown": 80, "vit": 100, "trace_grid": 450, "fsdp": 150}
+#: Each part's share of the budget on CUDA (seconds, its model builds included), in the order the
+#: parts run: most valuable first. The sum is the CUDA default of ``--budget-s``; see the docstring.
+BUDGETS = {"lm_train": 170, "generation": 60, "trace_grid": 160, "teardown": 35, "vit": 45, "fsdp": 30}
+#: The command this is sized for: one lease command of at most 9 minutes, everything included.
+COMMAND_LIMIT_S = 540
 PARTS = tuple(BUDGETS)
 TWO_GPU_PARTS = ("fsdp",)
 PEAK_FLOPS = 989e12  # H100/H200 SXM bf16 dense
@@ -91,7 +105,8 @@ PROFILES = {
     "cuda": {"size": "qwen3-0.6b", "dtype": "bfloat16", "seq_len": 2048, "batch": 4, "steps": 20, "rounds": 5,
              "heads": 8, "gen_batch": 32, "gen_batches": 2, "gen_new": 64, "stages": 3,
              "vit": {"name": "vit_small_patch16_224", "img": 224, "batch": 128, "steps": 10},
-             "grid": {"tasks": None, "n_train": 160, "n_test": 20, "epochs": 2, "batch_size": 10,
+             "grid": {"tasks": ["C-STANCE", "FOMC", "ScienceQA"], "n_train": 80, "n_test": 16, "epochs": 2,
+                      "batch_size": 10,
                       "eval_batch_size": 32, "max_length": 512, "max_new_tokens": 12}},
     "cpu": {"size": "tiny", "dtype": "bfloat16", "seq_len": 64, "batch": 2, "steps": 2, "rounds": 2,
             "heads": 4, "gen_batch": 4, "gen_batches": 1, "gen_new": 4, "stages": 2,
@@ -754,7 +769,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder for gpu_report.md and gpu_report.json")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--budget-s", type=float, default=None,
-                        help="seconds for the chosen parts together (default: the sum of their own budgets)")
+                        help="seconds for the chosen parts together, from the first part's start (default on CUDA: the "
+                             "sum of their shares, 500 s for all; on CPU: unbounded)")
     parser.add_argument("--only", nargs="+", choices=PARTS, metavar="NAME", help=f"parts to run: {', '.join(PARTS)}")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
                         help="torch deterministic algorithms for every part (clbench's default)")
@@ -793,50 +809,81 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--out: {out / DATA} is not a report this script wrote; give another folder or remove the file")
     kept = [r for r in previous.get("records", []) if r["part"] not in chosen]
     parts = {k: v for k, v in previous.get("parts", {}).items() if k not in chosen}
-    scale = 1.0 if args.budget_s is None else args.budget_s / sum(BUDGETS[p] for p in chosen)
-    if args.device == "cpu" and args.budget_s is None:
-        scale = 1.0  # the tiny sizes end long before any budget
+    # The tiny CPU sizes end long before any budget: without --budget-s they run unbounded.
+    total = args.budget_s if args.budget_s is not None else (
+        sum(BUDGETS[p] for p in chosen) if args.device == "cuda" else math.inf)
     ctx = Context(args.device, PROFILES[args.device], args.deterministic,
                   [Record(**{k: v for k, v in r.items() if k in Record.__dataclass_fields__})
                    for r in previous.get("records", [])])
     runners = {"lm_train": part_lm_train, "generation": part_generation, "teardown": part_teardown,
                "vit": part_vit, "trace_grid": lambda c: part_trace_grid(c, out), "fsdp": lambda c: part_fsdp(c, out)}
-    failed = False
-    for part in chosen:
-        ctx.budget = Budget(BUDGETS[part] * scale)
-        print(f"[gpu_report] {part}: budget {ctx.budget.seconds:.0f} s", flush=True)
+
+    def write() -> None:
+        """The report as it stands: written after every part, so a cut command keeps what it finished."""
+        env = environment(ctx)
+        records = kept + [asdict(r) for part in chosen for r in ctx.records if r.part == part]
+        order = {p: i for i, p in enumerate(PARTS)}
+        records.sort(key=lambda r: order[r["part"]])
+        ordered = dict(sorted(parts.items(), key=lambda kv: order[kv[0]]))
+        for name, text in ((DATA, json.dumps({"environment": env, "parts": ordered, "records": records}, indent=1)),
+                           (REPORT, markdown(env, ordered, records))):
+            (out / f".{name}.tmp").write_text(text + "\n")
+            os.replace(out / f".{name}.tmp", out / name)  # whole or not at all, if the command is cut here
+
+    signal.signal(signal.SIGTERM, cut)
+    failed, started = False, time.perf_counter()
+    for i, part in enumerate(chosen):
+        left = total - (time.perf_counter() - started)
+        ctx.budget = Budget(max(left, 0.0) * BUDGETS[part] / sum(BUDGETS[p] for p in chosen[i:]))
         error, note = None, None
-        for attempt in (1, 2):
-            try:
-                new = runners[part](ctx)
-                break
-            except Exception as err:  # a part's failure is a finding: record it, go on with the others
-                traceback.print_exc()
-                error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-                if attempt == 1 and ctx.deterministic and "determinis" in str(err):
-                    # A strict-mode refusal on the GPU would cost every later part too: say so, go on without.
-                    torch.use_deterministic_algorithms(False)
-                    ctx.deterministic, error = False, None
-                    note = f"deterministic mode refused an operation ({str(err).splitlines()[0]}); this part " \
-                           f"and the later ones ran without it"
-                    continue
-                failed, new = True, [Record(part, part, None, "", skip=f"error: {error}")]
-                break
+        try:
+            print(f"[gpu_report] {part}: budget {ctx.budget.seconds:.0f} s", flush=True)
+            for attempt in (1, 2):
+                try:
+                    new = runners[part](ctx)
+                    break
+                except Exception as err:  # a part's failure is a finding: record it, go on with the others
+                    traceback.print_exc()
+                    error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                    if attempt == 1 and ctx.deterministic and "determinis" in str(err):
+                        # A strict-mode refusal on the GPU would cost every later part too: say so, go on without.
+                        torch.use_deterministic_algorithms(False)
+                        ctx.deterministic, error = False, None
+                        note = f"deterministic mode refused an operation ({str(err).splitlines()[0]}); this part " \
+                               f"and the later ones ran without it"
+                        continue
+                    failed, new = True, [Record(part, part, None, "", skip=f"error: {error}")]
+                    break
+        except Cut:
+            # The command's time ran out inside this part: record that, keep what the others measured.
+            ctx.records = [r for r in ctx.records if r.part != part]
+            ctx.records.append(Record(part, part, None, "", skip=f"cut: the command was stopped (SIGTERM) "
+                                                                  f"{ctx.budget.used():.0f} s into this part"))
+            for later in chosen[i + 1:]:
+                ctx.records = [r for r in ctx.records if r.part != later]
+                ctx.records.append(Record(later, later, None, "", skip="not run: the command was stopped before it"))
+            parts[part] = {"seconds": round(ctx.budget.used(), 1), "budget_s": round(ctx.budget.seconds, 1),
+                           "out_of_budget": True, "error": "cut by SIGTERM", "note": note}
+            write()
+            print(f"[gpu_report] cut during {part}; partial report: {out / REPORT}", flush=True)
+            return 124
         ctx.records = [r for r in ctx.records if r.part != part] + new
         parts[part] = {"seconds": round(ctx.budget.used(), 1), "budget_s": round(ctx.budget.seconds, 1),
                        "out_of_budget": ctx.budget.ran_out, "error": error, "note": note}
+        write()
         gc.collect()
         if ctx.cuda:
             torch.cuda.empty_cache()
-    env = environment(ctx)
-    records = kept + [asdict(r) for part in chosen for r in ctx.records if r.part == part]
-    order = {p: i for i, p in enumerate(PARTS)}
-    records.sort(key=lambda r: order[r["part"]])
-    parts = dict(sorted(parts.items(), key=lambda kv: order[kv[0]]))
-    (out / DATA).write_text(json.dumps({"environment": env, "parts": parts, "records": records}, indent=1) + "\n")
-    (out / REPORT).write_text(markdown(env, parts, records) + "\n")
     print(f"[gpu_report] report: {out / REPORT}\n[gpu_report] figures: {out / DATA}")
     return 1 if failed else 0
+
+
+class Cut(BaseException):
+    """SIGTERM (a lease's limit, ``timeout``) inside a part: not an ``Exception``, so no part swallows it."""
+
+
+def cut(signum, frame) -> None:
+    raise Cut()
 
 
 if __name__ == "__main__":

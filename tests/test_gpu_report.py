@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,14 +42,23 @@ def rows(markdown: str) -> dict[tuple[str, str], list[str]]:
     return found
 
 
+def test_cuda_plan_fits_one_lease_command():
+    """The CUDA default budget (the shares' sum) leaves room for installs and imports in a 9-minute command,
+    and the parts run most valuable first: the training ratios, generation, then the grid estimate."""
+    gpu_report = load_script()
+    assert sum(gpu_report.BUDGETS.values()) <= gpu_report.COMMAND_LIMIT_S == 540
+    assert gpu_report.PARTS[:3] == ("lm_train", "generation", "trace_grid")
+
+
 def test_cpu_mode_measures_everything_and_the_two_reports_agree(tmp_path):
     gpu_report = load_script()
-    done = report(tmp_path)
+    done = report(tmp_path, "--budget-s", "60")
     assert done.returncode == 0, done.stderr[-3000:]
     assert str(tmp_path / "gpu_report.md") in done.stdout and str(tmp_path / "gpu_report.json") in done.stdout
     data = json.loads((tmp_path / "gpu_report.json").read_text())
     assert list(data["parts"]) == list(gpu_report.PARTS)
     assert not any(info["error"] for info in data["parts"].values())
+    assert sum(info["seconds"] for info in data["parts"].values()) <= 60 + 15  # a last round may overrun
     records = data["records"]
     assert {r["part"] for r in records} == set(gpu_report.PARTS)
     for r in records:
@@ -111,3 +121,30 @@ def test_two_gpu_figures_become_records():
     rate, memory = gpu_report.fsdp_records(figures)
     assert (rate.value, rate.baseline, rate.ratio, rate.ratio_rounds) == (80.0, 100.0, 1.2, [1.3, 1.1, 1.2])
     assert (memory.value, memory.baseline, memory.ratio) == (2.5, 4.0, 0.625)  # resident + step peak, MiB
+
+
+def test_a_cut_command_keeps_the_parts_it_finished(tmp_path):
+    """SIGTERM (a lease's time limit) inside a part: the report holds the finished parts' figures, the cut
+    part and the ones after it each say why they have none."""
+    gpu_report = load_script()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(tmp_path)], cwd=ROOT,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in process.stdout:  # the first part is written when the second starts
+            if line.startswith("[gpu_report] generation:"):
+                process.send_signal(signal.SIGTERM)
+                break
+        assert process.wait(timeout=120) == 124
+    finally:
+        process.kill()
+    data = json.loads((tmp_path / "gpu_report.json").read_text())
+    by_part = {}
+    for r in data["records"]:
+        by_part.setdefault(r["part"], []).append(r)
+    assert by_part["lm_train"] and all(r["value"] is not None for r in by_part["lm_train"])
+    assert [r["skip"].split(":")[0] for r in by_part["generation"]] == ["cut"]
+    assert data["parts"]["generation"]["error"] == "cut by SIGTERM"
+    for later in gpu_report.PARTS[2:]:
+        assert [r["skip"] for r in by_part[later]] == ["not run: the command was stopped before it"]
+    assert "cut by SIGTERM" in (tmp_path / "gpu_report.md").read_text()
