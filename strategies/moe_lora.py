@@ -25,7 +25,10 @@ methods". ``r`` sets the rank directly; ``match_lora_rank=r0`` instead picks, at
 whose active parameters per token (experts used + routers,
 :func:`~clbench.models.layers.moe_lora.param_counts`) over the adapted modules come closest to those
 of one plain LoRA of rank r0 on the same modules. ``active_params`` and ``total_params`` are
-then set on the strategy (and recorded through :meth:`hparams`).
+then set on the strategy (and recorded through :meth:`hparams`). Matching changes the rank, so
+a fixed α would change the scale α/r with it (α = 16: 8 at r = 2, 2 at r = 8) and, under Adam,
+the size of the steps in function space; ``scale`` fixes α/r instead (α = scale · r, recorded
+as ``alpha``), as the suites do to compare adapters on equal footing.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class _MoELoRA(Strategy):
                  heads: Count = 1, match_lora_rank: Count | None = None, top1_gate: Top1Gate = "probability",
                  dropout: Rate = 0.0, balance_weight: Weight = 0.0, target_modules: ModuleNames | None = None,
                  layers: LayerIndices | None = None, balance_delta: Rate = 0.0,
-                 knowledge_tasks: list[str] | None = None):
+                 knowledge_tasks: list[str] | None = None, scale: Scale | None = None):
         super().__init__()
         # Each argument's type and range is declared above and checked from the config
         # (clbench.config.validation); what depends on two arguments or on the method is checked here.
@@ -87,6 +90,7 @@ class _MoELoRA(Strategy):
         self.match_lora_rank, self.top1_gate, self.dropout = match_lora_rank, top1_gate, dropout
         self.balance_weight, self.target_modules, self.layers = balance_weight, target_modules, layers
         self.balance_delta, self.knowledge_tasks = balance_delta, knowledge_tasks
+        self.scale = scale
         self.active_params: int | None = None
         self.total_params: int | None = None
 
@@ -118,6 +122,8 @@ class _MoELoRA(Strategy):
             budget = sum(moe_layers.param_counts(i, o, kind="lora", num_experts=1, top_k=1,
                                                    r=self.match_lora_rank)["active"] for i, o in shapes)
             self.r = moe_layers.rank_for_budget(budget, shapes, **self.layer_args())
+        if self.scale is not None:  # α follows the rank, so the adapter scale α/r is the one given
+            self.alpha = self.scale * self.r
         counts = [moe_layers.param_counts(i, o, r=self.r, **self.layer_args()) for i, o in shapes]
         self.active_params = sum(c["active"] for c in counts)
         self.total_params = sum(c["total"] for c in counts)
@@ -146,6 +152,8 @@ class _MoELoRA(Strategy):
 
     def load_state_dict(self, state):
         self.r = int(state["r"])
+        if self.scale is not None:
+            self.alpha = self.scale * self.r
 
 
 class LoRAMoE(_MoELoRA):
@@ -155,6 +163,9 @@ class LoRAMoE(_MoELoRA):
         num_experts: K (4, MH-MoE's Table 1 baseline; LoRAMoE's code uses 8).
         top_k: experts per token, renormalised softmax over them; ``None`` for dense softmax gating.
         r, alpha: each expert's rank and α (scale α/r); ``match_lora_rank`` overrides ``r``.
+        scale: the adapter scale α/r itself; α = scale · r once the rank is known, so a matched
+            rank keeps the scale of the LoRA it is matched to (suites compare adapters at one
+            α/r: :func:`clbench.config.scales.check_adapter_scales`).
         top1_gate: with top-1, ``"probability"`` (Switch-style p_j, the router learns) or
             ``"renormalized"`` (weight ≡ 1, router frozen in effect).
         dropout: on the experts' input. balance_weight: weight of the localized balancing term
@@ -179,6 +190,6 @@ class MHMoE(_MoELoRA):
                  heads: Count = 4, match_lora_rank: Count | None = None, top1_gate: Top1Gate = "probability",
                  dropout: Rate = 0.0, balance_weight: Weight = 0.0, target_modules: ModuleNames | None = None,
                  layers: LayerIndices | None = None, balance_delta: Rate = 0.0,
-                 knowledge_tasks: list[str] | None = None):
+                 knowledge_tasks: list[str] | None = None, scale: Scale | None = None):
         super().__init__(num_experts, top_k, r, alpha, heads, match_lora_rank, top1_gate, dropout,
-                         balance_weight, target_modules, layers, balance_delta, knowledge_tasks)
+                         balance_weight, target_modules, layers, balance_delta, knowledge_tasks, scale)

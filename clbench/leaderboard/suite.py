@@ -22,6 +22,8 @@ only make sense for one stream). A strategy item may carry ``model_args``, laid 
 model's ``init_args`` for that strategy's points: a method defined on adapters (EWC or GEM on
 LoRA) beside one that trains the whole model, in one grid. Every mistake is reported before any run starts, as one
 line naming the suite file and the field (``suite.yaml: strategies[2].init_args.mem_size``).
+The pre-flight check also refuses adapters compared at unequal scales α/r
+(:func:`clbench.config.scales.check_adapter_scales`).
 
 The file's fields are checked by pydantic models (:class:`SuiteFile`) through the mechanism
 that checks a run config (:func:`clbench.config.validation.check_fields`), and the parts that are run
@@ -312,6 +314,9 @@ def preflight(suite: Suite) -> None:
                 raise UserError(f"'{key}' is set by the runner", where=f"{source}: base.trainer.{key}",
                                 fix="use train.epochs / train.eval_every_epoch instead, or remove it")
         check_init_args(pl.Trainer, trainer, f"{source}: base.trainer")
+    from clbench.config.scales import check_adapter_scales
+
+    check_adapter_scales([(run.strategy, run.config) for run in suite.runs], where=f"{source}: strategies")
     _check_orders(suite)
 
 

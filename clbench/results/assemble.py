@@ -165,6 +165,18 @@ def sampling(state: dict, r: list, r_init: list, *, single_stage: bool, higher_i
                                           higher_is_better=higher_is_better)}
 
 
+def adapter_scales(model) -> list[float]:
+    """The distinct scales α/r of the model's adapter layers (peft's LoRA, O-LoRA's task LoRAs,
+    LoRA experts, MoSEs' sub-experts: every module with ``lora_A`` and a ``scaling``), as they
+    ran: what suites keep equal across the methods they compare."""
+    found: set[float] = set()
+    for module in model.modules():
+        scaling = getattr(module, "scaling", None) if hasattr(module, "lora_A") else None
+        values = scaling.values() if isinstance(scaling, dict) else [scaling]
+        found.update(float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return sorted(found)
+
+
 def assemble(run, state: dict, reference: list[float] | None, wall: float, import_seconds: float) -> dict:
     """The result dict of a finished :class:`clbench.engine.runner.ContinualRun`."""
     from clbench.plugins.registry import plugin_source
@@ -191,7 +203,8 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
         "objective": {"name": type(run.objective).__name__, **run.objective.summary()},
         "model": {"name": cfg["model"]["class_path"], "init_args": cfg["model"]["init_args"],
                   "params_total": sum(p.numel() for p in model.parameters()),
-                  "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)},
+                  "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                  **({"adapter_scales": scales} if (scales := adapter_scales(model)) else {})},
         "strategy": {"name": cfg["strategy"]["class_path"],
                      "class": f"{type(run.strategy).__module__}:{type(run.strategy).__qualname__}",
                      "params": run.strategy.hparams(),

@@ -121,6 +121,22 @@ def test_strategy_freezes_the_base_matches_the_budget_and_trains(cls, kw, rank):
     assert all(m.lora_B.abs().sum() > 0 for m in layers)  # experts trained (B starts at 0)
 
 
+@pytest.mark.parametrize("cls,kw,rank", [(LoRAMoE, {}, 6), (MHMoE, {"heads": 4}, 2)], ids=["loramoe", "mh_moe"])
+def test_scale_sets_alpha_from_the_matched_rank_and_results_record_it(cls, kw, rank):
+    from clbench.results.assemble import adapter_scales
+
+    model = lm()
+    strategy = cls(match_lora_rank=8, scale=2.0, **kw)
+    build(strategy, stream(4), model)
+    assert strategy.r == rank and strategy.alpha == 2.0 * rank and strategy.hparams()["alpha"] == 2.0 * rank
+    assert {m.scaling for m in moe_layers(model)} == {2.0} and adapter_scales(model) == [2.0]
+    strategy.load_state_dict({"r": 3})  # a resumed run: α follows the restored rank
+    assert strategy.alpha == 6.0
+    fixed = cls(match_lora_rank=8, alpha=16.0, **kw)
+    build(fixed, stream(4), lm())
+    assert fixed.alpha == 16.0  # without scale, α stays as given and α/r follows the rank
+
+
 def test_routing_records_per_layer_and_heads_as_route_tuples():
     model = lm()
     inject(model.hf, ["up_proj"], [1], kind="mh_moe", heads=4, num_experts=4, top_k=1, r=2)
@@ -261,6 +277,7 @@ def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same
     assert all(len(row) == 16 for stage in util for figures in stage.values() for row in figures["utilization"])
     # per transformer layer: gate/up 16 experts · 2 · (16 + 128) + 4 · 64 router, down 16 · 2 · (32 + 64) + 4 · 128
     assert reference["model"]["params_trainable"] == 2 * (2 * (4608 + 256) + 3072 + 512)
+    assert reference["model"]["adapter_scales"] == [8.0]  # alpha 16 (the default) at r = 2
     # N_eff per stage over the test tokens of the tasks trained so far; padding is never a unit
     comps = reference["route_compositions"]
     assert len(comps) == 2 and all(set(stage) == set(util[0]) for stage in comps)

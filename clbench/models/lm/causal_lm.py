@@ -35,6 +35,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 Attention = Literal["sdpa", "eager", "flash_attention_2"]
 ATTENTION = get_args(Attention)
 Location = Annotated[str, Field(min_length=1)]  # a local folder, a hub id in the cache, a GGUF file or preset
+LORA_DEFAULTS = {"r": 8, "alpha": 16.0}  # the ``lora`` model argument's rank and α when not given
 
 
 @mapping_argument
@@ -244,7 +245,8 @@ def _inject_lora(hf: nn.Module, spec: LoRASettings) -> None:
     projections, as in the LoRA paper); only its parameters stay trainable."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    config = LoraConfig(r=int(spec.get("r", 8)), lora_alpha=float(spec.get("alpha", 16)),
+    spec = {**LORA_DEFAULTS, **spec}
+    config = LoraConfig(r=int(spec["r"]), lora_alpha=float(spec["alpha"]),
                         lora_dropout=float(spec.get("dropout", 0.0)),
                         target_modules=spec.get("target_modules", ["q_proj", "v_proj"]))
     try:
