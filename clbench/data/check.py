@@ -1,5 +1,8 @@
 """``clbench data check BENCHMARK --root DIR``: is a dataset on disk what the stream expects?
 
+``--root`` may be left out for a benchmark whose ``root`` has a default (Fashion-MNIST's
+streams look in the Debian package's folder, then the cache).
+
 The check builds the stream exactly as a run would (so the layout and count checks are the
 builder's own, and a check that passes means the run's data loading will too), then decodes
 every image file once to find corrupt ones, and prints one row per experience: its classes and
@@ -75,22 +78,26 @@ def image_paths(dataset) -> list[str]:
     return []
 
 
-def _builder(benchmark: str, root: str, init_args: dict):
+def _builder(benchmark: str, root: str | None, init_args: dict):
     import inspect
 
     from clbench.plugins import registry
     from clbench.plugins.build import check_init_args
 
     target = registry.resolve("benchmarks", benchmark, where=f"{PROG}: BENCHMARK")
-    if "root" not in inspect.signature(target).parameters:
+    parameter = inspect.signature(target).parameters.get("root")
+    if parameter is None:
         raise UserError(f"benchmark '{benchmark}' reads no dataset from disk (it takes no root)", where=PROG,
                         fix="check a benchmark that takes --root, e.g. core50, office-home, cifar10-dirichlet")
-    args = {"root": root, **init_args}
+    if root is None and parameter.default is inspect.Parameter.empty:
+        raise UserError(f"benchmark '{benchmark}' needs --root (it has no default location)", where=PROG,
+                        fix=f"run '{PROG} {benchmark} --root DIR' (see docs/datasets.md)")
+    args = {**({"root": root} if root is not None else {}), **init_args}
     check_init_args(target, args, f"{PROG}: {benchmark}")
     return target, args
 
 
-def build(benchmark: str, root: str, **init_args):
+def build(benchmark: str, root: str | None, **init_args):
     """(spec, experiences in default order) of ``benchmark`` built from ``root``."""
     from clbench.data.streams import ordered_experiences, spec_of
 
@@ -99,7 +106,7 @@ def build(benchmark: str, root: str, **init_args):
     return spec_of(scenario), ordered_experiences(scenario, "default")
 
 
-def summarize(benchmark: str, root: str, spec, experiences) -> Summary:
+def summarize(benchmark: str, root: str | None, spec, experiences) -> Summary:
     from clbench.data.datasets import targets_of
 
     labelled = spec.num_classes is not None  # text records (TRACE) have no classes to count
@@ -109,7 +116,8 @@ def summarize(benchmark: str, root: str, spec, experiences) -> Summary:
         rows.append(ExperienceSummary(name=exp.name, domain_id=int(exp.domain_id), classes=list(exp.classes),
                                       train=len(exp.train), test=len(exp.test),
                                       train_class_counts={c: int(n) for c, n in enumerate(counts) if n}))
-    return Summary(benchmark=benchmark, root=str(root), stream=spec.name, scenario_type=spec.scenario_type,
+    where = str(root) if root is not None else "its default location"
+    return Summary(benchmark=benchmark, root=where, stream=spec.name, scenario_type=spec.scenario_type,
                    num_classes=spec.num_classes or 0, input_shape=list(spec.input_shape or []), experiences=rows,
                    objective=spec.objective,
                    shared_test=len(experiences) > 1 and len({id(e.test) for e in experiences}) == 1,
@@ -133,7 +141,7 @@ def verify(experiences, threads: int = 8) -> int:
     return len(paths)
 
 
-def check(benchmark: str, root: str, *, decode: bool = True, threads: int = 8, **init_args) -> Summary:
+def check(benchmark: str, root: str | None, *, decode: bool = True, threads: int = 8, **init_args) -> Summary:
     """Build ``benchmark`` from ``root`` (a UserError names whatever is missing), decode every
     image file when ``decode``, and summarise the stream."""
     spec, experiences = build(benchmark, root, **init_args)
@@ -227,7 +235,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Verify a dataset's on-disk layout and counts; name exactly what is missing.")
     p.add_argument("benchmark", help="benchmark name or import path, e.g. core50, office-home, cifar10-dirichlet")
-    p.add_argument("--root", required=True, help="the dataset folder (see docs/datasets.md)")
+    p.add_argument("--root", help="the dataset folder (see docs/datasets.md); optional for a benchmark with a default "
+                                  "location (fashion-mnist-*: the Debian package's folder, then the cache)")
     p.add_argument("args", nargs="*", metavar="key=value",
                    help="benchmark init_args, YAML values (protocol=ni, objects=[1,2,3], augment.flip=false)")
     p.add_argument("--no-decode", action="store_true", help="check the layout and counts only, do not decode images")

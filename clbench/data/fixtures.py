@@ -1,17 +1,18 @@
 """Miniature datasets in exactly the official on-disk layouts, for tests and quick trials.
 
-Real CORe50, Office-Home and CIFAR-10 cannot be downloaded everywhere the harness runs, so the
-loaders are tested on look-alikes: the same folder and file names, the same file formats
-(PNG, JPEG, python pickles with the real keys, an npz with a ``paths.pkl`` index), with a few
-tiny images per class. Each image is a class-coloured square on a background tinted by its
+Real CORe50, Office-Home, CIFAR-10 and Fashion-MNIST cannot be downloaded everywhere the
+harness runs, so the loaders are tested on look-alikes: the same folder and file names, the
+same file formats (PNG, JPEG, python pickles with the real keys, an npz with a ``paths.pkl``
+index, IDX files), with a few tiny images per class. Each image is a class-coloured square on a background tinted by its
 domain/session, plus a little noise, so a small model can learn the classes and the domains
 differ visibly.
 
-    python -m clbench.data.fixtures OUTDIR            # all three layouts under OUTDIR
+    python -m clbench.data.fixtures OUTDIR            # all four layouts under OUTDIR
     python -m clbench.data.fixtures OUTDIR --frames 2 --per-class 3
 
 writes ``OUTDIR/core50/core50_128x128/...`` (+ ``core50_imgs.npz``, ``paths.pkl``),
-``OUTDIR/OfficeHomeDataset_10072016/...`` and ``OUTDIR/cifar-10-batches-py/...``.
+``OUTDIR/OfficeHomeDataset_10072016/...``, ``OUTDIR/cifar-10-batches-py/...`` and
+``OUTDIR/fashion-mnist/*-ubyte.gz`` (read those with ``verify=header``: they are not the official files).
 """
 
 from __future__ import annotations
@@ -132,20 +133,61 @@ def write_cifar10(root: str | Path, *, train_per_class: int = 40, test_per_class
     return base
 
 
+def idx_bytes(array: np.ndarray) -> bytes:
+    """``array`` (uint8, 1 or 3 dimensions) as an IDX file: magic 0x0801/0x0803, big-endian sizes, data."""
+    header = (0x0800 + array.ndim).to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+
+
+def write_fashion_mnist(root: str | Path, *, train_per_class: int = 6, test_per_class: int = 3, gz: bool = True,
+                        seed: int = 0) -> Path:
+    """``root/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``, Fashion-MNIST's four IDX files;
+    returns ``root``. Each 28x28 image is a bright bar whose position and orientation encode its
+    class, on a noisy dark background, so a small model can learn the classes and a rotation
+    changes the picture."""
+    import gzip
+
+    rng = np.random.default_rng(seed)
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+
+    def make(per_class: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.permutation(np.repeat(np.arange(10), per_class)).astype(np.uint8)
+        images = rng.integers(0, 40, size=(len(labels), 28, 28)).astype(np.uint8)
+        for img, c in zip(images, labels):
+            lo = 2 + 2 * (int(c) % 5)
+            if c < 5:
+                img[lo:lo + 3, 4:24] = 230
+            else:
+                img[4:24, lo:lo + 3] = 230
+        return images, labels
+
+    for prefix, per_class in (("train", train_per_class), ("t10k", test_per_class)):
+        images, labels = make(per_class)
+        for name, array in ((f"{prefix}-images-idx3-ubyte", images), (f"{prefix}-labels-idx1-ubyte", labels)):
+            data = idx_bytes(array)
+            if gz:
+                (base / f"{name}.gz").write_bytes(gzip.compress(data, mtime=0))
+            else:
+                (base / name).write_bytes(data)
+    return base
+
+
 def write_all(outdir: str | Path, *, frames: int = 5, per_class: int = 5, size: int = 8, seed: int = 0) -> dict:
-    """All three layouts under ``outdir``; returns {benchmark: root to pass as --root}."""
+    """All four layouts under ``outdir``; returns {benchmark: root to pass as --root}."""
     outdir = Path(outdir)
     return {
         "core50": write_core50(outdir / "core50", frames=frames, size=size, npz=True, seed=seed),
         "office-home": write_office_home(outdir, per_class=per_class, size=size, seed=seed),
         "cifar10-dirichlet": write_cifar10(outdir, seed=seed),
+        "fashion-mnist-split": write_fashion_mnist(outdir / "fashion-mnist", seed=seed),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clbench.data.fixtures",
-                                     description="Write miniature CORe50, Office-Home and CIFAR-10 in their official "
-                                                 "layouts.")
+                                     description="Write miniature CORe50, Office-Home, CIFAR-10 and Fashion-MNIST "
+                                                 "in their official layouts.")
     parser.add_argument("outdir")
     parser.add_argument("--frames", type=int, default=5, help="CORe50 frames per session and object (default 5)")
     parser.add_argument("--per-class", type=int, default=5, help="Office-Home images per domain and class (default 5)")

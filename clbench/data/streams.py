@@ -63,26 +63,29 @@ class Experience:
     test: Dataset
 
 
-def _wrap(dataset: Dataset, targets: bool = True):
-    """Classification datasets get Avalanche's classification wrapper (it reads their labels);
-    datasets without labels (text records) get the generic one, which yields items unchanged."""
+def _wrap(dataset: Dataset, targets: bool = True, task_label: int = 0):
+    """Classification datasets get Avalanche's classification wrapper (it reads their labels;
+    ``task_label`` is every sample's task label); datasets without labels (text records) get the
+    generic one, which yields items unchanged."""
     if not targets:
         from avalanche.benchmarks.utils import AvalancheDataset
 
         return AvalancheDataset([dataset])
     from avalanche.benchmarks.utils.classification_dataset import _make_taskaware_classification_dataset
 
-    return _make_taskaware_classification_dataset(dataset, task_labels=0)
+    return _make_taskaware_classification_dataset(dataset, task_labels=task_label)
 
 
 def build_scenario(spec: StreamSpec, train: Sequence[Dataset], test: Sequence[Dataset], names: Sequence[str],
                    domain_ids: Sequence[int] | None = None, classes: Sequence[Sequence[int]] | None = None,
-                   targets: bool = True):
+                   targets: bool = True, task_labels: Sequence[int] | None = None):
     """An Avalanche ``CLScenario`` over (train[i], test[i]) with clbench metadata attached.
 
     ``targets=False`` is for datasets without integer labels (e.g. ``{"prompt", "answer"}``
     records): they are wrapped as generic Avalanche datasets and, unless ``classes`` says
-    otherwise, their experiences have ``classes_in_this_experience == []``.
+    otherwise, their experiences have ``classes_in_this_experience == []``. ``task_labels``
+    (one per experience; default all 0) is what Avalanche code reads as each sample's task
+    label, for a task-incremental stream.
     """
     from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
 
@@ -92,8 +95,11 @@ def build_scenario(spec: StreamSpec, train: Sequence[Dataset], test: Sequence[Da
         raise ValueError("train, test and names must have one entry per experience")
     if len(set(names)) != len(names):
         raise ValueError(f"experience names must be unique: {list(names)}")
-    scenario = benchmark_from_datasets(train=[_wrap(d, targets) for d in train],
-                                       test=[_wrap(d, targets) for d in test])
+    tasks = list(task_labels) if task_labels is not None else [0] * len(names)
+    if len(tasks) != len(names):
+        raise ValueError("task_labels must have one entry per experience")
+    scenario = benchmark_from_datasets(train=[_wrap(d, targets, t) for d, t in zip(train, tasks)],
+                                       test=[_wrap(d, targets, t) for d, t in zip(test, tasks)])
     domain_ids = list(domain_ids) if domain_ids is not None else list(range(len(names)))
     if classes is None and not targets:
         classes = [[] for _ in names]

@@ -89,6 +89,13 @@ class Classification(Objective):
 
     ``class_weights: {alpha: auto | [w_0, ...], cap: 10}`` (or just ``auto``) weights the
     training cross-entropy per class; see the module docstring for the formula and the cap.
+
+    On a task-incremental stream (``scenario_type: task-il``) whose experiences hold disjoint
+    classes, the task identity is given: a sample's logits are restricted to the classes of its
+    task (the others set to the dtype's lowest value) in the training loss and at test, which is
+    a multi-headed output on one shared head. The task is read from the label, which names it
+    because the class sets are disjoint; streams whose tasks reuse labels (every task's classes
+    numbered from 0) are left unmasked, their labels already being per task.
     """
 
     model_args: ClassVar[tuple[str, ...]] = ("num_classes", "input_shape")
@@ -101,12 +108,14 @@ class Classification(Objective):
         self.imbalance = imbalance
         self.weighting = _settings(class_weights)
         self.weight: Tensor | None = None  # the current experience's class weights
+        self.task_mask: Tensor | None = None  # (K, K) bool: the classes of class c's task (task-il)
 
     def setup(self, spec, experiences) -> None:
         super().setup(spec, experiences)
         self.num_classes = spec.num_classes
         if self.imbalance is None:
             self.imbalance = spec.imbalance_metrics
+        self.task_mask = task_mask(spec, experiences)
         if self.weighting is not None:
             alpha = self.weighting[0]
             if not self.num_classes:
@@ -149,7 +158,15 @@ class Classification(Objective):
         return {"class_weights": {"alpha": alpha, "cap": cap, "per_experience": per}}
 
     # -- training and evaluation ----------------------------------------------------------
+    def restrict(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """``outputs`` with the logits outside each sample's task masked (task-il; else unchanged)."""
+        if self.task_mask is None:
+            return outputs
+        keep = self.task_mask.to(outputs.device)[targets]
+        return outputs.masked_fill(~keep, torch.finfo(outputs.dtype).min)
+
     def loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        outputs = self.restrict(outputs, targets)
         if self.weight is None:
             return F.cross_entropy(outputs, targets)
         return F.cross_entropy(outputs, targets, weight=self.weight.to(device=outputs.device, dtype=outputs.dtype))
@@ -158,3 +175,33 @@ class Classification(Objective):
         from clbench.metrics.collection import make_eval_metrics
 
         return make_eval_metrics(self.num_classes, imbalance=bool(self.imbalance))
+
+    @torch.no_grad()
+    def evaluate(self, model, batch, metrics, column=None) -> None:
+        super().evaluate(model, batch, metrics if self.task_mask is None else _Restricted(metrics, self), column)
+
+
+class _Restricted:
+    """A column's metrics fed task-restricted logits (:meth:`Classification.restrict`)."""
+
+    def __init__(self, metrics, objective: Classification):
+        self.metrics, self.objective = metrics, objective
+
+    def update(self, outputs: Tensor, targets: Tensor) -> None:
+        self.metrics.update(self.objective.restrict(outputs, targets), targets)
+
+
+def task_mask(spec, experiences) -> Tensor | None:
+    """(K, K) bool, row c the classes of the experience holding class c, for a task-il stream
+    whose experiences hold disjoint classes; None otherwise (see :class:`Classification`)."""
+    if spec.scenario_type != "task-il" or not spec.num_classes:
+        return None
+    groups = [sorted(exp.classes) for exp in experiences]
+    flat = [c for g in groups for c in g]
+    if len(flat) != len(set(flat)):
+        return None
+    mask = torch.zeros(spec.num_classes, spec.num_classes, dtype=torch.bool)
+    for group in groups:
+        idx = torch.tensor(group, dtype=torch.long)
+        mask[idx.unsqueeze(1), idx] = True
+    return mask
