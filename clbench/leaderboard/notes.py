@@ -7,7 +7,8 @@ The terminal (:mod:`clbench.leaderboard.terminal`), ``README.md`` and the HTML p
 
 from __future__ import annotations
 
-from clbench.leaderboard.table import BenchmarkTable, scoring
+from clbench.leaderboard.stats import design_text, groups_line
+from clbench.leaderboard.table import RANK_BY, BenchmarkTable, scoring
 from clbench.results.record import Status
 
 INDEX = "index.html"  # the rendered page, which the notes point readers to
@@ -61,8 +62,10 @@ def direction_note(table: BenchmarkTable) -> str | None:
             "better direction.")
 
 
-NOTES = ("Scores are percentages: mean ± sample standard deviation over task orders and seeds "
-         "(one run shows the value alone). ACC is the final average accuracy over all experiences; AIA the "
+NOTES = ("Scores are percentages: mean ± the half-width of its 95% interval over task orders and seeds "
+         "(Student's t with Runs − 1 degrees of freedom; a row of one run shows its test set's 95% interval, marked ‡, "
+         "where the run recorded its test-set errors, else the value alone). Group: methods sharing a letter are not "
+         "significantly different in ACC (the test, α and critical difference are named above each table). ACC is the final average accuracy over all experiences; AIA the "
          "average incremental accuracy; BWT < 0 means forgetting; FWT is forward transfer against the "
          "untrained model; Forgetting is the mean drop from each experience's best accuracy to its final one "
          "(lower is better). Rows are ranked by mean ACC. Joint training has a single stage, so its BWT, FWT and "
@@ -127,3 +130,21 @@ RECALL_NOTE = ("Recall of each class (columns) on each test experience and on th
                "recalls, so one class never predicted (recall 0, in red) makes it 0.")
 RECALL_MISSING = ("These entries do not record per-class recall (recall_final, written by runs since it was added); "
                   "rerun them with --force to see which classes make G-mean 0.")
+
+
+def _rank_title(table: BenchmarkTable) -> str:
+    return table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
+
+
+def groups_note(table: BenchmarkTable) -> str | None:
+    """Above a table: how its rank groups were formed (test, correction, α), and the smallest
+    difference the design can detect (:mod:`clbench.leaderboard.stats`)."""
+    if table.groups is None:
+        return None
+    return design_text(table.groups, _rank_title(table))
+
+
+def groups_text(table: BenchmarkTable) -> str | None:
+    """Below a table: the rank groups as text (a critical-difference diagram in words), best first."""
+    line = None if table.groups is None else groups_line(table.groups)
+    return None if line is None else f"Rank groups on {_rank_title(table)}, best first: {line}."

@@ -29,9 +29,11 @@ from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
 from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, NOTES, RECALL_MISSING, RECALL_NOTE, bench_meta,
-                                      direction_note, dirty_note, gmean_note, meta_line, routing_note, trace_note)
-from clbench.leaderboard.table import (RANK_BY, BenchmarkTable, arrow, build_tables, fmt, made_dirty, number,
-                                      runs_cell)
+                                      direction_note, dirty_note, gmean_note, groups_note, groups_text, meta_line,
+                                      routing_note, trace_note)
+from clbench.leaderboard.stats import groups_figure
+from clbench.leaderboard.table import (RANK_BY, TEST_SET_MARK, BenchmarkTable, arrow, build_tables, fmt, made_dirty,
+                                      number, runs_cell)
 from clbench.metrics.score_registry import title as score_title
 from clbench.results.record import Status
 
@@ -85,16 +87,23 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
     contexts = []
     for table in tables:
         rows = [{"rank": str(row.rank or "—"), "label": f"{row.label} {DIRTY_MARK}" if row.dirty else row.label,
-                 "runs": runs_cell(row), "cells": [fmt(row.stats.get(s), score=s) for s in table.scores],
+                 "group": _group(table, row), "runs": runs_cell(row),
+                 "cells": [fmt(row.stats.get(s), score=s) for s in table.scores],
                  "wall": "—" if row.wall_seconds is None else f"{row.wall_seconds:.1f}"} for row in table.rows]
         contexts.append({"label": table.label, "meta": meta_line(bench_meta(table)),
-                         "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table)) if n],
+                         "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table),
+                                               groups_note(table)) if n],
                          "titles": [table.title(s) for s in table.scores], "rows": rows,
-                         "after": [n for n in (dirty_note(table), gmean_note(table)) if n]})
+                         "after": [n for n in (groups_text(table), dirty_note(table), gmean_note(table)) if n]})
     text = _templates().get_template("readme.md.j2").render(
         suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest), notes=NOTES, index=INDEX,
         tables=contexts, failed=_failed(entries))
     return text.removesuffix("\n")  # every block ends with a blank line; the file, with one newline
+
+
+def _group(table: BenchmarkTable, row) -> str:
+    """The row's group letters (— where it has none: no runs, or no groups formed)."""
+    return (table.groups.letters.get(row.label) if table.groups else None) or "—"
 
 
 # -- figures --------------------------------------------------------------------------------
@@ -163,14 +172,24 @@ def detail_name(table: BenchmarkTable, row) -> str:
 
 
 def _cell(stat, score: str) -> dict:
+    """A score's cell: the mean, ± its 95% interval's half-width (‡: one run's test set), and a
+    tooltip with n, the interval's ends and the sd."""
     if stat is None:
-        return {"value": "", "n": None, "mean": "—", "sd": None}
-    return {"value": repr(stat.mean), "n": stat.n, "mean": number(stat.mean, score),
-            "sd": None if stat.std is None else number(stat.std, score)}
+        return {"value": "", "tip": None, "mean": "—", "half": None}
+    tip = [f"n = {stat.n}"]
+    if stat.half is not None:
+        ends = f"[{number(stat.mean - stat.half, score)}, {number(stat.mean + stat.half, score)}]"
+        tip.append(f"95% interval {ends}" + (" (test set)" if stat.from_test_set else " (t)"))
+    if stat.std is not None:
+        tip.append(f"sd {number(stat.std, score)}")
+    return {"value": repr(stat.mean), "tip": ", ".join(tip), "mean": number(stat.mean, score),
+            "half": None if stat.half is None else number(stat.half, score) + (TEST_SET_MARK if stat.from_test_set
+                                                                             else "")}
 
 
 def _table_context(table: BenchmarkTable) -> dict:
     columns = [{"key": "rank", "title": "Rank", "type": "num", "first": "asc"},
+               {"key": "group", "title": "Group", "type": "text", "first": "asc"},
                {"key": "strategy", "title": "Strategy", "type": "text", "first": "asc"},
                {"key": "runs", "title": "Runs", "type": "num", "first": "desc"}]
     columns += [{"key": s, "title": table.title(s), "type": "num", "first": "desc" if table.higher.get(s, True)
@@ -180,6 +199,7 @@ def _table_context(table: BenchmarkTable) -> dict:
     for row in table.rows:
         wall = row.wall_seconds
         rows.append({"label": row.label, "rank": row.rank or "—", "rank_value": "" if row.rank is None else row.rank,
+                     "group": _group(table, row),
                      "detail": detail_name(table, row) if row.ok else None, "dirty": bool(row.dirty),
                      "runs": runs_cell(row), "runs_value": len(row.ok),
                      "cells": [_cell(row.stats.get(s), s) for s in table.scores],
@@ -191,11 +211,17 @@ def _table_context(table: BenchmarkTable) -> dict:
         tau = rs["kendall_tau_mean"]
         orders = {"tau": "—" if tau is None else f"{tau:.3f}", "pairs": len(rs["pairs"]),
                   "title": table.title(BAR_METRIC), "png": _png(order_bar_figure(comparison, title=table.title(BAR_METRIC)))}
+    groups = None
+    if table.groups is not None and table.groups.method is not None:
+        title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
+        groups = {"text": groups_text(table), "title": title,
+                  "png": _png(groups_figure(table.groups, title, table.label))}
     after = [(note, "dirty") for note in [dirty_note(table)] if note]
     after += [(note, "") for note in [gmean_note(table, page=True)] if note]
     return {"label": table.label, "meta": meta_line(bench_meta(table)), "columns": columns, "rows": rows,
-            "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table)) if n],
-            "after": after, "orders": orders}
+            "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table), groups_note(table))
+                      if n],
+            "after": after, "orders": orders, "groups": groups}
 
 
 def _failed(entries: list[dict]) -> list[dict]:

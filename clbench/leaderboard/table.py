@@ -2,8 +2,8 @@
 
 A *row* is every entry whose resolved config is the same once ``seed`` and ``order`` are set
 aside: the same strategy (and hyper-parameters), model and training settings, run over
-several orders and seeds. Each score is summarised as mean ± sample standard deviation
-(``ddof=1``) over those runs; scores a run does not define (joint's BWT, G-mean on a balanced
+several orders and seeds. Each score is summarised as mean, sample standard deviation
+(``ddof=1``) and 95% interval over those runs; scores a run does not define (joint's BWT, G-mean on a balanced
 stream) are left out of that score's mean, and ``n`` says how many runs each mean is over.
 Rows are ranked by mean ``acc`` (the mean final value of R: higher is better for accuracy,
 lower for an error; ties share the better rank). Failed runs are counted, never averaged.
@@ -12,6 +12,11 @@ Direction: an entry's ``r_metric`` says whether its R is higher- or lower-is-bet
 ``r_metric``: accuracy, higher). Each score's direction follows from it
 (:func:`score_direction`); a table whose entries give one score two directions is refused, and
 a table of a lower-is-better R marks every score column with ↑ or ↓.
+
+Each mean carries a 95% interval (:mod:`clbench.leaderboard.stats`: Student's t over the runs;
+one run: its test set's interval, where the run recorded ``r_stderr``), and the rows of a table
+are put in rank groups on ``acc`` (:attr:`BenchmarkTable.groups`): methods sharing a letter are
+not significantly different.
 
 Rows are labelled by their strategy name; where two rows of one table share it (two models,
 two buffer sizes), the config fields that tell them apart are appended.
@@ -29,6 +34,8 @@ from clbench.errors import UserError
 from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, higher_is_better, percent, title
 from clbench.results.record import Status
 from clbench.plugins.registry import display_name
+from clbench.leaderboard.stats import Groups, Z, rank_groups, t_half_width
+from clbench.metrics.stderr import entry_score_stderr
 
 # Score columns, titles, units and directions: clbench.metrics.score_registry.
 SCORES = TABLE_SCORES
@@ -66,11 +73,15 @@ def arrow(higher: bool) -> str:
 
 @dataclass
 class Stat:
-    """Mean and sample standard deviation of one score over ``n`` runs (``std`` is None for n=1)."""
+    """Mean and sample standard deviation of one score over ``n`` runs (``std`` is None for n=1),
+    and the half-width of its 95% interval (``half``; None where unknown): Student's t over the
+    runs, or for one run its test set's (``from_test_set``)."""
 
     mean: float
     std: float | None
     n: int
+    half: float | None = None
+    from_test_set: bool = False
 
 
 def made_dirty(entry: dict) -> bool:
@@ -123,6 +134,7 @@ class BenchmarkTable:
     higher: dict[str, bool] = field(default_factory=dict)
     r_names: list[str] = field(default_factory=list)  # R's metric names (empty: accuracy, no r_metric)
     scorings: list[str] = field(default_factory=list)  # how generated text was scored (see scoring)
+    groups: Groups | None = None  # rank groups on RANK_BY (clbench.leaderboard.stats)
 
     @property
     def r_higher(self) -> bool:
@@ -161,15 +173,24 @@ class BenchmarkTable:
         return seen
 
 
-def summarize(values: list[float]) -> Stat | None:
-    values = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    if not values:
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def summarize(values: list[float], stderr: list[float | None] | None = None) -> Stat | None:
+    """Mean, sd and 95% interval of the finite ``values``; ``stderr`` (each value's test-set
+    standard error, aligned with ``values``) gives the interval of a single run."""
+    kept = [(float(v), (stderr or [None] * len(values))[i]) for i, v in enumerate(values) if _finite(v)]
+    if not kept:
         return None
+    values = [v for v, _ in kept]
     mean = sum(values) / len(values)
     std = None
     if len(values) > 1:
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    return Stat(mean=mean, std=std, n=len(values))
+        return Stat(mean=mean, std=std, n=len(values), half=t_half_width(values))
+    se = kept[0][1]
+    return Stat(mean=mean, std=None, n=1, half=Z * se if _finite(se) else None, from_test_set=_finite(se))
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -286,11 +307,13 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         scores = [s for s in SCORES if s in present]
         higher = _directions(benches[key], bench_label, source)
         for row in rows:
+            errors = [entry_score_stderr(e) for e in row.ok]
             for score in scores:
-                stat = summarize([e["scores"].get(score) for e in row.ok])
+                stat = summarize([e["scores"].get(score) for e in row.ok], [se.get(score) for se in errors])
                 if stat is not None:
                     row.stats[score] = stat
         _rank(rows, higher.get(RANK_BY, True))
+        groups = table_groups(rows, higher.get(RANK_BY, True)) if RANK_BY in scores else None
         rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.label))
         names: list[str] = []
         for e in benches[key]:
@@ -299,8 +322,18 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
                     names.append(name)
         scorings = sorted({s for e in benches[key] if e["status"] == Status.OK and (s := scoring(e))})
         tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
-                                     scores=scores, rows=rows, higher=higher, r_names=names, scorings=scorings))
+                                     scores=scores, rows=rows, higher=higher, r_names=names, scorings=scorings,
+                                     groups=groups))
     return tables
+
+
+def table_groups(rows: list[Row], higher: bool) -> Groups:
+    """Rank groups of ``rows`` on :data:`RANK_BY` (:func:`clbench.leaderboard.stats.rank_groups`)."""
+    runs = {}
+    for row in rows:
+        runs[row.label] = {(e["order_label"], e["seed"]): (e["scores"][RANK_BY], entry_score_stderr(e).get(RANK_BY))
+                           for e in row.ok if _finite(e["scores"].get(RANK_BY))}
+    return rank_groups(runs, RANK_BY, higher)
 
 
 def number(value: float | None, score: str | None = None, digits: int = 1) -> str:
@@ -310,13 +343,19 @@ def number(value: float | None, score: str | None = None, digits: int = 1) -> st
     return f"{100 * value:.{digits}f}" if score is None or percent(score) else f"{value:.2f}"
 
 
+TEST_SET_MARK = "‡"  # a one-run interval: its test set's alone
+
+
 def fmt(stat: Stat | None, digits: int = 1, score: str | None = None) -> str:
-    """``85.1 ± 1.2`` in percent (a plain score: ``2.41 ± 0.10``); one run shows the mean only;
-    no value shows an em dash."""
+    """``85.1 ± 1.2`` in percent (a plain score: ``2.41 ± 0.10``), ± the 95% interval's
+    half-width; one run: ``41.3 ± 2.0‡`` (its test set's interval) or the mean alone; no value
+    shows an em dash."""
     if stat is None:
         return "—"
     mean = number(stat.mean, score, digits)
-    return mean if stat.std is None else f"{mean} ± {number(stat.std, score, digits)}"
+    if stat.half is None:
+        return mean
+    return f"{mean} ± {number(stat.half, score, digits)}" + (TEST_SET_MARK if stat.from_test_set else "")
 
 
 def runs_cell(row: Row) -> str:

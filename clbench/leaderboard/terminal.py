@@ -3,7 +3,7 @@ table per benchmark, with the notes of :mod:`clbench.leaderboard.notes`."""
 
 from __future__ import annotations
 
-from clbench.leaderboard.notes import gmean_note
+from clbench.leaderboard.notes import gmean_note, groups_note, groups_text
 from clbench.leaderboard.table import BenchmarkTable, fmt, runs_cell
 from clbench.metrics.score_registry import CORE_SCORES
 
@@ -31,9 +31,10 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
         scores, narrow = t.scores, 30 + label_width + 14 * len(t.scores) > console.width
         if narrow:
             scores = [s for s in t.scores if s in CORE_SCORES]
-        table = Table(title=f"{t.label}: mean ± std over orders and seeds (%), {t.ranked_by()}", title_justify="left",
-                      box=box.SIMPLE_HEAVY, padding=(0, 1))
+        table = Table(title=f"{t.label}: mean ± 95% interval over orders and seeds (%), {t.ranked_by()}",
+                      title_justify="left", box=box.SIMPLE_HEAVY, padding=(0, 1))
         table.add_column("rank", justify="right")
+        table.add_column("group", justify="center")
         table.add_column("strategy", style="bold", no_wrap=True)
         table.add_column("runs", justify="right")
         for score in scores:
@@ -47,8 +48,12 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
             else:
                 wall = row.wall_seconds
                 cells.append(f"{wall:.1f}" if wall is not None else "—")
-            table.add_row(str(row.rank or "—"), row.label, runs_cell(row), *cells)
+            group = (t.groups.letters.get(row.label) if t.groups else None) or "—"
+            table.add_row(str(row.rank or "—"), group, row.label, runs_cell(row), *cells)
         console.print(table)
+        for note in (groups_note(t), groups_text(t)):
+            if note:
+                console.print(f"  {note}", style="dim", highlight=False)
         hidden = [t.title(s) for s in t.scores if s not in scores] + (["wall time"] if narrow else [])
         if hidden:
             console.print(f"  (also {', '.join(hidden)}: widen the terminal, or see the rendered README.md)",

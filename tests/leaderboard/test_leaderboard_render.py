@@ -30,10 +30,13 @@ def rendered(clean_smoke_board, tmp_path_factory):
     return out
 
 
-def _mean_std(values: list[float]) -> str:
+def _mean_interval(values: list[float]) -> str:
+    """``mean ± half-width of the 95% t interval`` in percent, as the tables show a score."""
+    from scipy.stats import t
+
     m = sum(values) / len(values)
     s = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-    return f"{100 * m:.1f} ± {100 * s:.1f}"
+    return f"{100 * m:.1f} ± {100 * t.ppf(0.975, len(values) - 1) * s / math.sqrt(len(values)):.1f}"
 
 
 def _table_rows(readme: str, benchmark: str) -> list[list[str]]:
@@ -43,7 +46,7 @@ def _table_rows(readme: str, benchmark: str) -> list[list[str]]:
     return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
 
 
-def test_readme_has_one_row_per_strategy_with_mean_and_std(rendered):
+def test_readme_has_one_row_per_strategy_with_mean_and_interval(rendered):
     readme = (rendered / "README.md").read_text()
     rows = _table_rows(readme, "digits-domains")
     entries = E.load_entries(rendered)
@@ -51,9 +54,9 @@ def test_readme_has_one_row_per_strategy_with_mean_and_std(rendered):
     for row in rows:
         mine = [e for e in entries if e["strategy"]["name"] == row["Strategy"]]
         assert row["Runs"] == "2"
-        assert row["ACC"] == _mean_std([e["scores"]["acc"] for e in mine])
+        assert row["ACC"] == _mean_interval([e["scores"]["acc"] for e in mine])
         if row["Strategy"] == "naive":
-            assert row["BWT"] == _mean_std([e["scores"]["bwt"] for e in mine])
+            assert row["BWT"] == _mean_interval([e["scores"]["bwt"] for e in mine])
         else:
             assert row["BWT"] == "—"  # joint has no stages to forget between
     accs = {r["Strategy"]: float(r["ACC"].split(" ± ")[0]) for r in rows}
@@ -82,8 +85,9 @@ def test_page_is_self_contained_and_links_each_row_to_its_runs_heatmaps(rendered
     for text in (page, *runs.values()):
         assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
         assert "Content-Security-Policy" in text and "default-src 'none'" in text
-    # the page itself holds no heatmap, only the per-order chart; each run's R matrix is on its row's page
-    assert '<figure class="heatmap"' not in page and page.count("data:image/png;base64,") == 1
+    # the page itself holds no heatmap, only the per-order chart and the critical-difference diagram; each run's R
+    # matrix is on its row's page
+    assert '<figure class="heatmap"' not in page and page.count("data:image/png;base64,") == 2
     assert page.count('<img class="orders"') == 1
     entries = E.load_entries(rendered)
     for e in entries:
@@ -179,6 +183,8 @@ def test_page_loads_in_headless_chromium_without_console_errors(rendered, tmp_pa
     assert _console_messages(dom.stderr) == []
     assert 'data-ready="1"' in dom.stdout  # the inline script ran to its end
     assert 'data-sortable-ready="1"' in dom.stdout
+    assert dom.stdout.count('<img class="groups"') == 1  # the benchmark's critical-difference diagram
+    assert '<td class="text group" data-value="a">a</td>' in dom.stdout
     run_page = next((rendered / "pages").glob("*naive*.html")).resolve().as_uri()
     dom = _chromium_run(tmp_path, run_page, "--dump-dom")
     assert _console_messages(dom.stderr) == []
@@ -269,7 +275,8 @@ def test_moe_runs_show_n_eff_and_utilization_heatmaps(tmp_path, write_yaml):
     values = [e["scores"]["n_eff"] for e in entries]
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values))
-    assert row["N_eff"] == f"{mean:.2f} ± {std:.2f}"  # not a percentage
+    half = 12.706204736174705 * std / math.sqrt(2)  # the 95% t interval of 2 runs (t_{0.975, 1})
+    assert row["N_eff"] == f"{mean:.2f} ± {half:.2f}"  # not a percentage
     page = (out / "index.html").read_text()
     assert "N_eff (MoE methods)" in page
     (run_page,) = _run_pages(out, page).values()
