@@ -105,8 +105,8 @@ class ContinualModule(pl.LightningModule):
         self.routing = self.train_routing = None
         self.last_routing: dict[str, dict[str, Any]] = {}
         self.last_train_routing: dict[str, dict[str, Any]] = {}
-        # Route-wise N_eff per layer over the test units of the domains trained so far (the
-        # runner sets ``seen_domains`` before each stage; empty: none computed).
+        # Route-wise N_eff per layer over the test units of the domains of the experiences before
+        # the current one (the runner sets ``seen_domains`` before each stage; empty: none computed).
         self.seen_domains: set[int] = set()
         self.last_compositions: dict[str, dict[str, float]] = {}
         self._attach_routing()

@@ -292,8 +292,10 @@ class ContinualRun:
         seeding.seed_all(seeding.derive(seed, "train", stage))
         self.module.experience = stage
         self.module.domain = None if self.strategy.single_stage else exp.domain_id  # routing records in training
-        trained = self.experiences if self.strategy.single_stage else stages[: stage + 1]
-        self.module.seen_domains = {e.domain_id for e in trained}  # N_eff's "old" units
+        # N_eff's "old" units: the test units of the experiences before this one (MH-MoE measures
+        # route collisions on old tasks' tokens), none at the first stage or in joint training
+        earlier = [] if self.strategy.single_stage else stages[:stage]
+        self.module.seen_domains = {e.domain_id for e in earlier} - {exp.domain_id}
         self.strategy.adapt_model(self.module.context, stage + 1)
         self.strategy.before_experience(self.module.context, exp)
         self.begin_experience(exp)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.config.load import SCHEMA_VERSION, canonical_json, config_hash, order_label
-from clbench.metrics.derive import derive_scores
+from clbench.metrics.derive import derive_scores, mean_or_none
 from clbench.metrics.stderr import N_KEY, SAMPLING_KEYS, STDERR_KEY, score_stderr
 from clbench.results.record import Status
 
@@ -165,6 +165,19 @@ def sampling(state: dict, r: list, r_init: list, *, single_stage: bool, higher_i
                                           higher_is_better=higher_is_better)}
 
 
+def n_eff_by_stage(compositions: list[dict], experiences: list) -> list[dict | None]:
+    """Per stage: the old tasks N_eff was measured on (the experiences before the stage's, of
+    another domain), its per-layer values and their mean (the ``n_eff`` score at the final
+    stage); None where nothing was measured (the first stage)."""
+    out: list[dict | None] = []
+    for stage, layers in enumerate(compositions):
+        values = {name: figures["n_eff"] for name, figures in layers.items()}
+        old = [e.name for e in experiences[:stage] if e.domain_id != experiences[stage].domain_id]
+        out.append({"old_tasks": old, "mean": mean_or_none(list(values.values())), "layers": values}
+                   if values else None)
+    return out
+
+
 def adapter_scales(model) -> list[float]:
     """The distinct scales α/r of the model's adapter layers (peft's LoRA, O-LoRA's task LoRAs,
     LoRA experts, MoSEs' sub-experts: every module with ``lora_A`` and a ``scaling``), as they
@@ -237,9 +250,11 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
         # expert e), routing entropy and load imbalance (clbench.metrics.ExpertUtilization)
         result["expert_utilization"] = state["routing"]
     if compositions is not None:
-        # per stage, per MoE layer: route-wise N_eff over the test units of the domains trained
-        # so far (clbench.metrics.compositions); the score is the final stage's mean over layers
+        # per stage, per MoE layer: route-wise N_eff over the test units of the experiences before
+        # that stage's (clbench.metrics.compositions; empty at the first stage, where there are
+        # none); the score is the final stage's mean over layers
         result["route_compositions"] = compositions
+        result["n_eff"] = n_eff_by_stage(compositions, run.experiences)
     if any(state.get("train_routing") or []):
         result["train_expert_utilization"] = state["train_routing"]  # the same, while each experience trained
     if state["epoch_rows"]:

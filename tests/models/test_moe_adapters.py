@@ -278,17 +278,22 @@ def test_runner_reports_expert_utilization_and_a_crashed_run_resumes_to_the_same
     # per transformer layer: gate/up 16 experts · 2 · (16 + 128) + 4 · 64 router, down 16 · 2 · (32 + 64) + 4 · 128
     assert reference["model"]["params_trainable"] == 2 * (2 * (4608 + 256) + 3072 + 512)
     assert reference["model"]["adapter_scales"] == [8.0]  # alpha 16 (the default) at r = 2
-    # N_eff per stage over the test tokens of the tasks trained so far; padding is never a unit
+    # N_eff per stage over the test tokens of the tasks before that stage's (MH-MoE's old tasks):
+    # none after the first experience; padding is never a unit
     comps = reference["route_compositions"]
-    assert len(comps) == 2 and all(set(stage) == set(util[0]) for stage in comps)
-    layer = sorted(comps[0])[0]
+    assert len(comps) == 2 and comps[0] == {} and set(comps[1]) == set(util[0])
+    layer = sorted(comps[1])[0]
     units = [[u for u in stage[layer]["units"] if u] for stage in util]  # per domain with a test set
     assert len(units[0]) == 2 and units[0] == units[1]  # every test column, every stage
-    # N_eff counts the units of the domains trained so far, the same units utilization counts
-    assert comps[0][layer]["units"] == units[0][0] and comps[1][layer]["units"] == sum(units[1])
-    assert all(v["n_eff"] >= 1.0 for stage in comps for v in stage.values())
-    final = [v["n_eff"] for v in comps[-1].values()]
-    assert reference["scores"]["n_eff"] == pytest.approx(sum(final) / len(final))
+    # after the second experience: the first task's units only, not the task just trained
+    assert comps[1][layer]["units"] == units[1][0] != sum(units[1])
+    assert all(v["n_eff"] >= 1.0 for v in comps[1].values())
+    final = {name: v["n_eff"] for name, v in comps[-1].items()}
+    assert reference["scores"]["n_eff"] == pytest.approx(sum(final.values()) / len(final))
+    # the per-layer values beside their mean, and which tasks they were measured on
+    assert reference["n_eff"][0] is None
+    assert reference["n_eff"][1] == {"old_tasks": [reference["experiences"][0]], "layers": final,
+                                     "mean": pytest.approx(reference["scores"]["n_eff"])}
 
     crash_at(monkeypatch, "stage:1:step:2", cfg, tmp_path / "crashed")
     saved = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
@@ -313,7 +318,8 @@ def deep_model(tmp_path_factory):
 @pytest.mark.parametrize("strategy", ["moses", "mh_moe", "loramoe"])
 def test_moe_methods_with_their_defaults_report_n_eff_on_a_30_layer_model(strategy, deep_model, tmp_path):
     """Every default targets every layer: each adapted projection gets its route-wise N_eff after
-    every stage, from labelled units only (MoSEs' batches split across tasks' keys included)."""
+    every stage but the first (no old task yet), from labelled units only (MoSEs' batches split
+    across tasks' keys included)."""
     from clbench.config.load import resolve_config
     from clbench.engine.runner import run
     from helpers import tiny_config
@@ -327,7 +333,8 @@ def test_moe_methods_with_their_defaults_report_n_eff_on_a_30_layer_model(strate
     raw["model"]["init_args"].pop("hidden", None)
     result = run(resolve_config(raw), tmp_path / strategy)
     layers = {"moses": 60, "mh_moe": 90, "loramoe": 90}[strategy]  # q/v, or the MLP's gate/up/down, x 30
-    for stage in result["route_compositions"]:
+    assert result["route_compositions"][0] == {}
+    for stage in result["route_compositions"][1:]:
         assert len(stage) == layers
         assert all(figures["n_eff"] >= 1 and "unlabelled" not in figures for figures in stage.values())
     assert result["scores"]["n_eff"] >= 1
