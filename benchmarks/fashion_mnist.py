@@ -150,8 +150,8 @@ def read_file(base: Path, key: str, verify: Verify = "md5") -> np.ndarray:
     spec = FILES[key]
     path = _file_in(base, spec)
     if path is None:
-        raise UserError(f"Fashion-MNIST file {spec.name}.gz (or {spec.name}) missing", where=str(base / f"{spec.name}.gz"),
-                        fix=FIX)
+        raise UserError(f"Fashion-MNIST file {spec.name}.gz (or {spec.name}) missing",
+                        where=str(base / f"{spec.name}.gz"), fix=FIX)
     data = _payload(path)
     array = parse_idx(data, spec, str(path))
     if verify == "md5":
