@@ -13,8 +13,9 @@ from clbench.errors import UserError
 def register(sub) -> None:
     p = sub.add_parser("compare", help="compare strategies across task orders: worst order, range, Kendall's tau, "
                                        "paired test",
-                       description="Per benchmark: each strategy's score per task order, mean ± std over orders, "
-                                   "worst order and range; Kendall's tau between the per-order rankings; a paired "
+                       description="Per benchmark: each strategy's score per task order, mean ± 95% interval over "
+                                   "runs and its rank group (Tukey's HSD, as the leaderboard's tables), mean ± std "
+                                   "over orders, worst order and range; Kendall's tau between the per-order rankings; a paired "
                                    "test between two strategies (default: the two best).")
     p.add_argument("dir", nargs="?", default=DEFAULT_OUTPUT, help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
     p.add_argument("--metric", "-m", default="acc", help="score to compare (default: acc)")
@@ -22,6 +23,9 @@ def register(sub) -> None:
     p.add_argument("--a", help="first strategy of the paired test")
     p.add_argument("--b", help="second strategy of the paired test")
     p.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="also write it as Markdown tables to paste (groups, 95%% "
+                                                      "intervals, every pair's test); '-' prints them instead of the "
+                                                      "terminal tables")
     p.set_defaults(handler=handle)
 
 
@@ -44,13 +48,25 @@ def check_writable(path: str | Path, where: str) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from clbench.api import compare
-    from clbench.io import write_json
-    from clbench.leaderboard.compare import print_comparison
+    from clbench.io import write_json, write_text
+    from clbench.leaderboard.compare import comparison_markdown, print_comparison
 
     if args.json:
         check_writable(args.json, "--json")
+    if args.markdown and args.markdown != "-":
+        check_writable(args.markdown, "--markdown")
     report = compare(args.dir, metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b)
-    print_comparison(report)
+    if args.markdown == "-":
+        print(comparison_markdown(report), end="")
+    else:
+        print_comparison(report)
+    if args.markdown and args.markdown != "-":
+        try:
+            write_text(args.markdown, comparison_markdown(report))
+        except OSError as err:
+            raise UserError(f"cannot write {args.markdown}: {err.strerror or err}", where="--markdown",
+                            fix="give a path in a folder you can write to") from None
+        print(f"wrote {args.markdown}")
     if args.json:
         try:
             write_json(args.json, report)  # creates missing folders

@@ -11,6 +11,11 @@ For one score (``acc`` by default) and each benchmark table (:mod:`~clbench.lead
   (``scipy.stats.kendalltau``) is computed between every pair of orders over the methods
   present in both, then averaged. 1 means every order ranks the methods identically, 0 means
   the rankings are unrelated. Joint training counts as a method like any other;
+* **intervals and rank groups**, the same as the leaderboard's tables
+  (:mod:`clbench.leaderboard.stats`): each method's mean over its runs with a 95% t interval,
+  its group letters, the test, α and critical difference, and every pair's difference,
+  critical difference and Tukey p-value; :func:`comparison_markdown` writes them as Markdown
+  tables to paste into a paper;
 * **paired test** between two methods (``a`` and ``b``; by default the two best by mean):
   runs are paired on (order, seed), and with at least :data:`MIN_PAIRS` pairs the paired
   t-test (``scipy.stats.ttest_rel``) and the Wilcoxon signed-rank test
@@ -25,7 +30,8 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.table import BenchmarkTable, Row, arrow, build_tables, number
+from clbench.leaderboard.stats import ALPHA, design_text, groups_line
+from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, number, table_groups
 from clbench.metrics.score_registry import TABLE_SCORES, percent
 from clbench.results.record import Status
 
@@ -163,14 +169,29 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
                            "worst_order": worst_order, "worst": means[worst_order],
                            "best_order": best_order, "best": means[best_order],
                            "range": max(values) - min(values)})
+    groups = table.groups if metric == RANK_BY and table.groups is not None else table_groups(table.rows, higher, metric)
+    by_label = {row.label: row for row in table.rows}
+    for s in strategies:
+        stat = by_label[s["label"]].stats.get(metric)
+        half = None if stat is None else stat.half
+        s["interval"] = None if stat is None else {
+            "mean": stat.mean, "half_width": half, "low": None if half is None else stat.mean - half,
+            "high": None if half is None else stat.mean + half, "runs": stat.n, "confidence": 1 - ALPHA,
+            "kind": "test set" if stat.from_test_set else "t over runs" if half is not None else None}
+        s["group"] = groups.letters.get(s["label"])
     strategies.sort(key=lambda s: (-s["mean"] if higher else s["mean"], s["label"]))
     for order in orders:
         ranks = _ranks({lab: m[order] for lab, m in per_order_means.items() if order in m}, higher)
         for s in strategies:
             if s["label"] in ranks:
                 s.setdefault("rank_by_order", {})[order] = ranks[s["label"]]
+    title = metric if not percent(metric) else table.title(metric).removesuffix(" ↓").removesuffix(" ↑")
+    scale = (lambda v: f"{100 * v:.1f}") if percent(metric) else (lambda v: f"{v:.2f}")
+    unit = " points" if percent(metric) else ""
     out: dict[str, Any] = {"benchmark": table.label, "higher_is_better": higher, "orders": orders,
-                           "strategies": strategies, "rank_stability": rank_stability(per_order_means, orders)}
+                           "strategies": strategies, "rank_stability": rank_stability(per_order_means, orders),
+                           "groups": {**groups.as_dict(), "design": design_text(groups, title, scale, unit),
+                                      "text": groups_line(groups, scale)}}
     if a or b:
         if not (a and b):
             raise UserError("give both --a and --b for a paired test", where="--a/--b",
@@ -232,19 +253,26 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
                  "high to low)") if plain else \
             f"{bench['benchmark']}: {metric} {arrow(higher)} (%) per task order ({better} is better)"
         table = Table(title=title, title_justify="left")
+        table.add_column("group", justify="center")
         table.add_column("strategy", style="bold")
         for order in orders:
             table.add_column(order, justify="right")
-        table.add_column("mean ± std", justify="right")
+        table.add_column("mean ± 95% CI (runs)", justify="right")
+        table.add_column("mean ± std (orders)", justify="right")
         table.add_column("lowest order" if plain else "worst order", justify="right")
         table.add_column("range", justify="right")
         table.add_column("rank per order", justify="right")
         for s in bench["strategies"]:
             std = f" ± {fmt(s['std'])}" if s["std"] is not None else ""
             ranks = "/".join(str(s.get("rank_by_order", {}).get(o, "—")) for o in orders)
-            table.add_row(s["label"], *[fmt(s["per_order"].get(o)) for o in orders], f"{fmt(s['mean'])}{std}",
+            table.add_row(s.get("group") or "—", s["label"], *[fmt(s["per_order"].get(o)) for o in orders],
+                          _interval(s, fmt), f"{fmt(s['mean'])}{std}",
                           f"{fmt(s['worst'])} ({s['worst_order']})", fmt(s["range"]), ranks)
         console.print(table)
+        groups = bench.get("groups") or {}
+        for line in (groups.get("design"), groups.get("text") and f"groups, best first: {groups['text']}"):
+            if line:
+                console.print(line, highlight=False)
         rs = bench["rank_stability"]
         if rs["kendall_tau_mean"] is not None:
             console.print(f"rank stability: Kendall's tau {rs['kendall_tau_mean']:.3f} (mean over "
@@ -271,3 +299,54 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
                     parts.append(pt["note"])
                 console.print(f"{head}: " + "; ".join(parts), highlight=False)
         console.print()
+
+
+def _interval(s: dict[str, Any], fmt) -> str:
+    """``70.8 ± 11.8 (n=3)``: a strategy's mean over its runs and its 95% interval (‡: one run's test set)."""
+    iv = s.get("interval")
+    if not iv:
+        return "—"
+    half = "" if iv["half_width"] is None else f" ± {fmt(iv['half_width'])}" + ("‡" if iv["kind"] == "test set" else "")
+    return f"{fmt(iv['mean'])}{half} (n={iv['runs']})"
+
+
+def comparison_markdown(report: dict[str, Any]) -> str:
+    """The comparison as Markdown to paste: per benchmark, the design sentence, one row per
+    strategy (group, mean ± 95% interval, runs, per-order values, worst order) and every pair
+    (difference, critical difference, Tukey p-value)."""
+    metric = report["metric"]
+
+    def fmt(value: float | None) -> str:
+        return number(value, metric)
+
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|")
+
+    lines = []
+    for bench in report["benchmarks"]:
+        orders, groups = bench["orders"], bench.get("groups") or {}
+        lines += [f"### {cell(bench['benchmark'])}: {metric} ({'higher' if bench['higher_is_better'] else 'lower'} "
+                  "is better)", ""]
+        if groups.get("design"):
+            lines += [groups["design"], ""]
+        lines.append("| Group | Strategy | Mean ± 95% CI | 95% CI | Runs | " + " | ".join(map(cell, orders))
+                     + " | Worst order |")
+        lines.append("|:---:|:---|---:|:---:|---:|" + "---:|" * len(orders) + ":---|")
+        for s in bench["strategies"]:
+            iv = s.get("interval") or {}
+            ends = "—" if iv.get("low") is None else f"[{fmt(iv['low'])}, {fmt(iv['high'])}]"
+            lines.append(f"| {s.get('group') or '—'} | {cell(s['label'])} | {_interval(s, fmt).rsplit(' (n=', 1)[0]} | "
+                         f"{ends} | {iv.get('runs', '—')} | "
+                         + " | ".join(fmt(s["per_order"].get(o)) for o in orders)
+                         + f" | {fmt(s['worst'])} ({cell(s['worst_order'])}) |")
+        lines.append("")
+        if groups.get("pairs"):
+            lines += ["| A | B | A − B | Critical difference | p (Tukey) | Significant |", "|:---|:---|---:|---:|---:|:---:|"]
+            for pair in groups["pairs"]:
+                lines.append(f"| {cell(pair['a'])} | {cell(pair['b'])} | {fmt(pair['difference'])} | "
+                             f"{fmt(pair['critical_difference'])} | {pair['p_value']:.3g} | "
+                             f"{'yes' if pair['significant'] else 'no'} |")
+            lines.append("")
+        if groups.get("text"):
+            lines += [f"Groups, best first: {groups['text']}.", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"

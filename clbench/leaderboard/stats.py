@@ -114,9 +114,10 @@ class Groups:
 
     @property
     def groups(self) -> list[list[str]]:
-        """The labels of each letter, in letter order."""
+        """The labels of each letter, in letter order, best first within each."""
         marks = sorted({m for value in self.letters.values() for m in _marks(value)}, key=_mark_order)
-        return [[label for label, value in self.letters.items() if mark in _marks(value)] for mark in marks]
+        best = sorted(self.letters, key=lambda m: (-self.means[m] if self.higher else self.means[m], m))
+        return [[label for label in best if mark in _marks(self.letters[label])] for mark in marks]
 
     def as_dict(self) -> dict[str, Any]:
         return {"score": self.score, "test": TEST_LONG if self.method else None, "alpha": ALPHA,

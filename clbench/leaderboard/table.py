@@ -327,13 +327,13 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
     return tables
 
 
-def table_groups(rows: list[Row], higher: bool) -> Groups:
-    """Rank groups of ``rows`` on :data:`RANK_BY` (:func:`clbench.leaderboard.stats.rank_groups`)."""
+def table_groups(rows: list[Row], higher: bool, score: str = RANK_BY) -> Groups:
+    """Rank groups of ``rows`` on ``score`` (:func:`clbench.leaderboard.stats.rank_groups`)."""
     runs = {}
     for row in rows:
-        runs[row.label] = {(e["order_label"], e["seed"]): (e["scores"][RANK_BY], entry_score_stderr(e).get(RANK_BY))
-                           for e in row.ok if _finite(e["scores"].get(RANK_BY))}
-    return rank_groups(runs, RANK_BY, higher)
+        runs[row.label] = {(e["order_label"], e["seed"]): (e["scores"][score], entry_score_stderr(e).get(score))
+                           for e in row.ok if _finite(e["scores"].get(score))}
+    return rank_groups(runs, score, higher)
 
 
 def number(value: float | None, score: str | None = None, digits: int = 1) -> str:

@@ -41,10 +41,10 @@ def test_errors_rank_lowest_first_and_columns_say_their_direction(tmp_path):
     assert main(["leaderboard", "render", str(root)]) == 0
     readme = (root / "README.md").read_text()
     header = _header(readme)
-    assert header[3:8] == ["ACC ↓", "AIA ↓", "BWT ↑", "FWT ↑", "Forgetting ↓"]
+    assert header[4:9] == ["ACC ↓", "AIA ↓", "BWT ↑", "FWT ↑", "Forgetting ↓"]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in readme.splitlines()
             if line.startswith("| ") and not line.startswith("| Rank")]
-    assert [(r[0], r[1]) for r in rows] == [("1", "replay"), ("2", "ewc"), ("3", "naive")]
+    assert [(r[0], r[2]) for r in rows] == [("1", "replay"), ("2", "ewc"), ("3", "naive")]
     assert "R: err (lower is better)" in readme and "R holds errors (lower is better)" in readme
     page = (root / "index.html").read_text()
     assert re.search(r'data-key="acc"[^>]*data-first="asc"[^>]*>ACC ↓<', page)
@@ -86,7 +86,7 @@ def test_accuracy_tables_carry_no_arrows(tmp_path):
     write_board(root, [fake_entry(s, o, 0, 1 - ERR[s][k]) for s in ERR for k, o in enumerate(ORDERS)])
     assert main(["leaderboard", "render", str(root)]) == 0
     readme = (root / "README.md").read_text()
-    assert _header(readme)[3:8] == ["ACC", "AIA", "BWT", "FWT", "Forgetting"]
+    assert _header(readme)[4:9] == ["ACC", "AIA", "BWT", "FWT", "Forgetting"]
     assert "↑" not in readme and "↓" not in readme and "R holds errors" not in readme
 
 
