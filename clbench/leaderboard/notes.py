@@ -117,8 +117,8 @@ def dirty_note(table: BenchmarkTable) -> str | None:
 ROUTING_NOTE = ("N_eff (MoE methods): the route-wise effective composition number after the last stage, averaged "
                 "over MoE layers: how many compositions (language models: task, position and token-frequency "
                 "buckets; classifiers: test experience and class) share one route, weighted by the routes' share "
-                "of the test units of the experiences trained; 1 means every route carries one composition. A "
-                "plain number, not a percentage.")
+                "of the test units of the experiences before the last (the old tasks, as the MH-MoE paper measures "
+                "it); 1 means every route carries one composition. A plain number, not a percentage.")
 
 
 def routing_note(table: BenchmarkTable) -> str | None:
