@@ -79,6 +79,10 @@ def handle(args: argparse.Namespace) -> int:
     from clbench.errors import UserError
 
     cfg = load_config(args.config, args.overrides)
+    if args.threads != "auto":
+        from clbench.limits import check_threads
+
+        check_threads(args.threads, where="--threads", field="--threads")
     import torch
 
     torch.set_num_threads(auto_threads(cfg["trainer"]) if args.threads == "auto" else args.threads)

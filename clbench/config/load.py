@@ -65,6 +65,45 @@ class DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
+# No config needs more than a handful of levels; a value nested thousands deep (a generated or
+# hostile file) would exhaust Python's recursion limit in the YAML parser or in any code that walks
+# the config, and end in a RecursionError traceback.
+MAX_DEPTH = 64
+
+
+class TooDeep(Exception):
+    """A value nested more than :data:`MAX_DEPTH` levels; ``steps`` is where (keys and list indices)."""
+
+    def __init__(self, steps: list, line: int | None = None):
+        super().__init__(steps, line)
+        self.steps, self.line = list(steps), line
+
+    def error(self, where: str) -> UserError:
+        at = f" (line {self.line})" if self.line else ""
+        field = f"{where}: {_path_text(self.steps)}" if self.steps else where
+        return UserError(f"nested more than {MAX_DEPTH} levels deep{at}", where=field,
+                         fix="a config needs a few levels of mappings and lists: flatten the value")
+
+
+def _path_text(steps: list) -> str:
+    """``["strategy", "init_args", "x", 0, 0, ...]`` -> ``strategy.init_args.x[0][0]...`` (first 6 steps)."""
+    text = ""
+    for step in steps[:6]:
+        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else str(step))
+    return text + ("..." if len(steps) > 6 else "")
+
+
+def check_depth(value: Any, where: str) -> None:
+    """Refuse a mapping or list nested deeper than :data:`MAX_DEPTH` (walked without recursion)."""
+    stack = [(value, [])]
+    while stack:
+        node, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            raise TooDeep(path).error(where)
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, (list, tuple)) else ()
+        stack.extend((child, path + [key]) for key, child in items)
+
+
 # YAML 1.2's core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution), exactly, for every
 # YAML the harness reads. PyYAML implements YAML 1.1, which reads `017` as 15 (octal), `1:00` as
 # 60 (base 60), `0b1000000` as 64, `1_0` as 10, `yes`/`no`/`on`/`off` as booleans, `1e-3` (no
@@ -111,6 +150,19 @@ def _strict_loader():
             first: [(tag, regexp) for tag, regexp in resolvers if tag in _KEPT]
             for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
+        def compose_node(self, parent, index):
+            # Count the levels while composing: PyYAML's composer recurses once per level.
+            path = self.__dict__.setdefault("_clbench_path", [])
+            if parent is not None:
+                path.append(index if isinstance(index, int) else getattr(index, "value", "(key)"))
+            try:
+                if len(path) > MAX_DEPTH:
+                    raise TooDeep(path, self.peek_event().start_mark.line + 1)
+                return super().compose_node(parent, index)
+            finally:
+                if parent is not None:
+                    path.pop()
+
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
@@ -134,7 +186,8 @@ def _strict_loader():
 
 
 def load_yaml_text(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2 core-schema scalars, raising :class:`DuplicateKey` for a key given twice."""
+    """``yaml.safe_load`` with YAML 1.2 core-schema scalars, raising :class:`DuplicateKey` for a key
+    given twice and :class:`TooDeep` for a value nested more than :data:`MAX_DEPTH` levels."""
     import yaml
 
     return yaml.load(text, Loader=_strict_loader())
@@ -154,6 +207,8 @@ def read_yaml(path: str | Path) -> dict:
     except DuplicateKey as err:
         raise UserError(f"key '{err.key}' is given twice (again at line {err.line})", where=str(path),
                         fix="keep one of them") from None
+    except TooDeep as err:
+        raise err.error(str(path)) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -183,9 +238,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except DuplicateKey as err:
         raise UserError(f"key '{err.key}' is given twice", where=f"command line: {key.strip()}",
                         fix="keep one of them") from None
+    except TooDeep as err:
+        raise TooDeep(key.strip().split(".") + err.steps).error("command line") from None
     except yaml.YAMLError:
         value = raw
-    return key.strip().split("."), value
+    keys = key.strip().split(".")
+    if len(keys) > MAX_DEPTH:
+        raise TooDeep(keys).error("command line")
+    return keys, value
 
 
 def _open_brackets(text: str) -> int:
@@ -277,6 +337,7 @@ def resolve_config(raw: dict, *, source: str = "config", overrides: list[str] | 
 
     if not isinstance(raw, dict):
         raise UserError("top level must be a mapping", where=source)
+    check_depth(raw, source)  # a mapping from the Python API never went through the YAML parser
     raw = _shorthand(raw)
     check_fields(raw, RunConfig, source)
     cfg = deep_merge(defaults(), raw)

@@ -28,6 +28,10 @@ from clbench.config.validation import refuse
 
 Count = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
+# A batch is a tensor whose first dimension is the batch size: beyond sys.maxsize Python's own
+# slicing refuses it (a ValueError traceback from itertools.islice). 2^31 - 1 is far above any
+# batch a machine holds, and above a whole dataset ("full batch": one batch per epoch).
+BatchSize = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
 class Section(BaseModel):
@@ -105,8 +109,8 @@ class Train(Section):
     """How each experience is trained and evaluated."""
 
     epochs: Count = 3
-    batch_size: Count = 64
-    eval_batch_size: Count = 512
+    batch_size: BatchSize = 64
+    eval_batch_size: BatchSize = 512
     optimizer: Component = Component(class_path="adam", init_args={"lr": 0.001})
     scheduler: Named = None  # type: ignore[assignment]  # optional: a per-step learning-rate schedule
     eval_every_epoch: bool = False

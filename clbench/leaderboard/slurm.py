@@ -114,7 +114,7 @@ class _Cluster:
 
         def ready(todo: list[RunSpec]) -> None:  # before the manifest is written: a refusal leaves nothing
             if any(s.hash not in active for s in todo):
-                preflight(self.suite)
+                preflight(self.suite, here=False)  # the jobs run on the cluster's nodes, not here
                 self.executor = make_executor(self.folder, self.options, cluster=self.cluster, suite=self.suite)
 
         outcome, todo, seen = plan_suite(self.suite, self.output, retry_failed=retry_failed, force=force,

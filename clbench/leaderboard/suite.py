@@ -280,9 +280,10 @@ def load_suite(path: str | Path) -> Suite:
                  components=components, base=base, threads=threads, launcher=launcher)
 
 
-def preflight(suite: Suite) -> None:
+def preflight(suite: Suite, *, here: bool = True) -> None:
     """Import every component and check its ``init_args`` against its signature, and every
-    cell's order against its stream, before any run.
+    cell's order against its stream, before any run. ``here``: the runs will use this machine's
+    CPUs (not a cluster's), so ``threads`` and ``train.num_workers`` must fit them.
 
     A typo in one strategy's arguments would otherwise fail every run of that strategy, one by
     one, after minutes of work; here it is one error naming the suite field. Imports torch.
@@ -297,6 +298,13 @@ def preflight(suite: Suite) -> None:
     from clbench.engine.trainer import RESERVED_TRAINER_ARGS
 
     source = str(suite.path)
+    if here:
+        from clbench.limits import check_threads, check_workers
+
+        if suite.threads is not None:
+            check_threads(suite.threads, where=f"{source}: threads")
+        for spec in suite.runs[:1]:  # train.num_workers comes from base, the same in every cell
+            check_workers(spec.config["train"]["num_workers"], where=f"{source}: base.train.num_workers")
     provided = {"benchmarks": (), "models": ("num_classes", "input_shape"), "strategies": ()}
     for kind, items in suite.components.items():
         for where, comp in items:

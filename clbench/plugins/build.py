@@ -110,6 +110,9 @@ def preflight(cfg: dict, source: str) -> None:
     already refused when the config was resolved (:func:`clbench.config.load.resolve_config`), before
     anything was imported.
     """
+    from clbench.limits import check_workers
+
+    check_workers(cfg["train"]["num_workers"], where=f"{source}: train.num_workers")
     _optimizer_path(cfg, source)
     # The model's harness-given arguments depend on the objective, which the stream names; until
     # the stream is built, any built-in objective's may be harness-given (checked exactly later).

@@ -241,6 +241,93 @@ def test_suite_refuses_a_negative_permutation_at_its_own_field(tmp_path, capsys)
     assert not (tmp_path / "board").exists()
 
 
+# -- what the machine cannot do: one line naming the field --------------------------------------
+
+@pytest.mark.parametrize("override, message", [
+    ("train.batch_size=99999999999999999999",
+     "command line: train.batch_size: must be <= 2147483647, got 99999999999999999999 "
+     "(give train.batch_size a value of type int in [1, 2147483647])"),
+    ("train.eval_batch_size=9223372036854775808", "command line: train.eval_batch_size: must be <= 2147483647"),
+    ("train.num_workers=100000", "command line: train.num_workers: 100000 data-loader worker processes, but this "
+                                 "process may use {cpus} CPUs (set train.num_workers between 0 and {cpus})"),
+    ("--threads=100000", "--threads: 100000 torch threads, but this process may use {cpus} CPUs "
+                         "(set --threads to a whole number from 1 to {cpus})")])
+def test_a_setting_beyond_the_machine_is_one_line(tmp_path, capsys, monkeypatch, override, message):
+    """A loader forking 100000 workers, 100000 torch threads, a batch beyond sys.maxsize (a ValueError
+    traceback from islice): refused before anything is built, against the CPUs this process may use."""
+    from clbench import limits
+
+    monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    line = run_refused(capsys, tmp_path, tiny_config(), override)
+    assert line.startswith(message.format(cpus=3)), line
+
+
+def test_as_many_workers_as_cpus_is_accepted(monkeypatch):
+    from clbench import limits
+
+    monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    limits.check_workers(2, where="cfg.yaml: train.num_workers")
+    assert limits.check_threads(2, where="--threads") == 2
+    with pytest.raises(limits.UserError, match="cfg.yaml: train.num_workers: 3 data-loader worker processes"):
+        limits.check_workers(3, where="cfg.yaml: train.num_workers")
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("where", ["file", "override value", "override key"])
+def test_a_config_nested_5000_deep_is_one_line(tmp_path, capsys, where):
+    """PyYAML's composer recurses once per level: a RecursionError traceback, before."""
+    raw = tiny_config()
+    if where == "file":
+        path = write(tmp_path, raw)
+        path.write_text(path.read_text() + f"objective: {{class_path: classification, init_args: {{x: {_nested(5000)}}}}}\n")
+        line = refused(capsys, "run", "--config", str(path), "--output", str(tmp_path / "out"), "--no-progress")
+        assert line == (f"{path}: objective.init_args.x[0][0][0]...: nested more than 64 levels deep (line "
+                        f"{len(path.read_text().splitlines())}) (a config needs a few levels of mappings and lists: "
+                        "flatten the value)"), line
+    elif where == "override value":
+        line = run_refused(capsys, tmp_path, raw, f"strategy.init_args={{x: {_nested(5000)}}}")
+        assert line.startswith("command line: strategy.init_args.x[0][0][0]...: nested more than 64 levels deep "
+                               "(a config needs"), line
+    else:
+        line = run_refused(capsys, tmp_path, raw, "strategy.init_args." + ".".join(["a"] * 5000) + "=1")
+        assert line.startswith("command line: strategy.init_args.a.a.a.a...: nested more than 64 levels"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_mapping_nested_5000_deep_is_refused_without_recursion():
+    from clbench.config.load import resolve_config
+    from clbench.errors import UserError
+
+    deep: dict = {}
+    inner = deep
+    for _ in range(5000):
+        inner["a"] = {}
+        inner = inner["a"]
+    with pytest.raises(UserError, match=r"^config: strategy.init_args.a.a.a.a...: nested more than 64 levels"):
+        resolve_config({**tiny_config(), "strategy": {"class_path": "naive", "init_args": deep}}, source="config")
+    shallow = load_yaml_text(f"x: {_nested(60)}")  # deep enough for any real config
+    assert isinstance(shallow["x"], list)
+
+
+def test_a_suite_asking_more_threads_or_workers_than_cpus_is_refused_before_any_cell(tmp_path, capsys, monkeypatch):
+    from clbench import limits
+
+    monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    path = write_suite(tmp_path, smoke(threads=100000))
+    line = refused(capsys, "leaderboard", "run", "--suite", str(path), "--output", str(tmp_path / "board"))
+    assert line == (f"{path}: threads: 100000 torch threads, but this process may use 2 CPUs "
+                    "(set threads to a whole number from 1 to 2)")
+    data = smoke()
+    data["base"]["train"]["num_workers"] = 100000
+    path = write_suite(tmp_path, data)
+    line = refused(capsys, "leaderboard", "run", "--suite", str(path), "--output", str(tmp_path / "board"))
+    assert line.startswith(f"{path}: base.train.num_workers: 100000 data-loader worker processes"), line
+    assert not (tmp_path / "board").exists()
+
+
 # -- built-in components' bad settings: one line, before any training -----------------------------
 
 VIT = {"class_path": "vit_moe", "init_args": {"patch_size": 4, "embed_dim": 16, "depth": 4, "num_heads": 2,
