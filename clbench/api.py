@@ -62,10 +62,60 @@ class RunResult:
         from clbench.errors import UserError
         from clbench.engine.outputs import RESULT
 
-        path = Path(folder) / RESULT
+        folder = _path_argument(folder, "folder")
+        path = folder / RESULT
         if not path.is_file():
             raise UserError(f"{path} does not exist", where=str(folder), fix="give the --output folder of a finished run")
-        return cls.from_record(json.loads(path.read_text()), folder)
+        fix = "rerun the run into that folder with overwrite=True (or clbench run --overwrite)"
+        try:
+            record = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            what = "the file is empty" if not err.doc.strip() else \
+                f"not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
+            raise UserError(what, where=str(path), fix=fix) from None
+        except UnicodeDecodeError:
+            raise UserError("not a UTF-8 text file", where=str(path), fix=fix) from None
+        missing = [key for key in _RESULT_KEYS if not isinstance(record, dict) or key not in record]
+        if missing:
+            raise UserError(f"not a finished run's result: {', '.join(missing)} missing", where=str(path), fix=fix)
+        return cls.from_record(record, folder)
+
+
+# What RunResult reads of result.json.
+_RESULT_KEYS = ("experiences", "r_matrix", "r_init", "scores", "config", "config_hash")
+
+
+def _path_argument(value: Any, name: str, *, optional: bool = False) -> Path | None:
+    """A file or folder argument of the API as a Path; anything else is refused as the CLI would."""
+    from clbench.errors import UserError
+
+    if value is None and optional:
+        return None
+    if isinstance(value, (str, Path)) and str(value):
+        return Path(value)
+    raise UserError(f"expected a path (str or pathlib.Path), got {type(value).__name__} {value!r}", where=name,
+                    fix=f"give {name} as a path" + (", or None" if optional else ""))
+
+
+def _overrides_argument(overrides: Any) -> list[str]:
+    """``overrides`` as a list of ``key.path=value`` strings; a bare string would be read one
+    character at a time."""
+    from clbench.errors import UserError
+
+    fix = "give a list of 'key.path=value' strings, e.g. overrides=['train.epochs=2']"
+    if isinstance(overrides, (str, bytes)):
+        raise UserError(f"expected a list of overrides, got a single {type(overrides).__name__} {overrides!r}",
+                        where="overrides", fix=f"put it in a list: overrides=[{overrides!r}]")
+    try:
+        items = list(overrides)
+    except TypeError:
+        raise UserError(f"expected a list of overrides, got {type(overrides).__name__} {overrides!r}",
+                        where="overrides", fix=fix) from None
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise UserError(f"expected a 'key.path=value' string, got {type(item).__name__} {item!r}",
+                            where=f"overrides[{i}]", fix=fix)
+    return items
 
 
 def load_config(config: str | Path | dict, overrides: Iterable[str] = ()) -> dict:
@@ -73,9 +123,14 @@ def load_config(config: str | Path | dict, overrides: Iterable[str] = ()) -> dic
     from clbench.config.load import load_config as load_file
     from clbench.config.load import resolve_config
 
-    overrides = list(overrides)
+    from clbench.errors import UserError
+
+    overrides = _overrides_argument(overrides)
     if isinstance(config, dict):
         return resolve_config(config, source="config", overrides=overrides)
+    if not isinstance(config, (str, Path)) or not str(config):
+        raise UserError(f"expected a config file path or a mapping, got {type(config).__name__} {config!r}",
+                        where="config", fix="give a YAML file's path, or the config as a dict")
     return load_file(config, overrides)
 
 
@@ -87,6 +142,11 @@ def run(config: str | Path | dict, output: str | Path | None = None, *, override
     does (``None``: nothing is written). ``threads`` sets torch's intra-op threads first (the
     CLI's ``--threads``; CPU results can depend on it), otherwise they are left as they are.
     """
+    output = _path_argument(output, "output", optional=True)
+    if threads is not None:
+        from clbench.limits import check_threads
+
+        check_threads(threads, where="threads")
     cfg = load_config(config, overrides)
     source = str(config) if not isinstance(config, dict) else "config"
     if threads is not None:
