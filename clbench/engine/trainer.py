@@ -68,7 +68,10 @@ def trainer_args(cfg: dict, source: str) -> dict:
 def _field_of(message: str, args: dict) -> str | None:
     """The config field a Trainer construction error is about, guessed from its message."""
     lowered = message.lower()
-    named = [key for key in args if key.lower() in lowered]
+    # Lightning quotes the argument it refuses (`Trainer(devices=0)`); a name that only appears
+    # in the text ("using cpu accelerator") is a weaker hint.
+    quoted = [key for key in args if f"{key.lower()}=" in lowered]
+    named = quoted + [key for key in args if key.lower() in lowered and key not in quoted]
     valued = [key for key, value in args.items() if isinstance(value, str) and len(value) > 2
               and value.lower() in lowered]
     return (named or valued or [None])[0]
@@ -92,11 +95,12 @@ def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logge
                           deterministic=cfg["train"]["deterministic"], check_val_every_n_epoch=1,
                           inference_mode=False, use_distributed_sampler=False, default_root_dir=root, **args)
     except (MisconfigurationException, ValueError, TypeError, RuntimeError) as err:
-        message = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        message = lines[0] if lines[0].count("(") == lines[0].count(")") else " ".join(lines)  # no half sentence
         field = _field_of(message, args)
         raise UserError(f"Lightning refuses the Trainer settings: {message}",
                         where=f"{source}: trainer" + (f".{field}" if field else ""),
-                        fix="change or remove that trainer argument (see lightning.pytorch.Trainer)") from None
+                        fix="change or remove that trainer argument; see lightning.pytorch.Trainer") from None
 
 
 def shards_parameters(trainer) -> bool:

@@ -262,6 +262,15 @@ def test_a_setting_beyond_the_machine_is_one_line(tmp_path, capsys, monkeypatch,
     assert line.startswith(message.format(cpus=3)), line
 
 
+def test_a_trainer_refusal_names_the_argument_lightning_quotes(tmp_path, capsys):
+    """``devices=0`` was blamed on trainer.accelerator (the message says "using cpu accelerator")."""
+    line = run_refused(capsys, tmp_path, tiny_config(trainer={"accelerator": "cpu", "devices": 1}), "trainer.devices=0")
+    assert line.startswith("command line: trainer.devices: Lightning refuses the Trainer settings: "
+                           "`Trainer(devices=0)`"), line
+    assert line.endswith("(change or remove that trainer argument; see lightning.pytorch.Trainer)"), line
+    assert line.count("(") == line.count(")")
+
+
 def test_as_many_workers_as_cpus_is_accepted(monkeypatch):
     from clbench import limits
 
