@@ -135,6 +135,10 @@ class OutputDir:
             self.output.mkdir(parents=True, exist_ok=True)
             self._lock()
             self._plan()
+            if self.staged and (self.path.is_file() or self.path.is_symlink()):
+                self._unlock()
+                raise UserError(f"{self.path} is a file, where clbench keeps a replacing run until it succeeds",
+                                where="--output", fix="move or delete that file, then run again")
             if self.fresh_staging:
                 shutil.rmtree(self.path, ignore_errors=True)  # left by an earlier replacement that died
             self.path.mkdir(parents=True, exist_ok=True)

@@ -238,6 +238,8 @@ CASES = [
     Case("output in a system folder no one may write", config=BASE, output="none",
          args=("--output", "/sys/kernel"), message=("--output", "cannot write to /sys/kernel", "writable"),
          skip=None if Path("/sys/kernel").is_dir() else "no /sys/kernel on this system"),
+    Case("staging folder that is a file", config=BASE, setup=_write_file("out/.staging", "not a folder\n"),
+         message=("--output", "{out}/.staging is a file", "move or delete that file")),
     Case("output holds a finished run", config=BASE, overwrite=False,
          message=("--output", "already holds a finished run", "--overwrite")),
     Case("output holds an unfinished run", config=BASE, output="checkpoint", overwrite=False,
