@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 # The public API, imported on first use (``clbench.run`` loads torch; ``import clbench`` does not):
 # name -> module, or (module, attribute) where the name differs from the module's.
 _LAZY: dict[str, str | tuple[str, str]] = {
-    "run": "clbench.api", "load_config": "clbench.api", "run_leaderboard": "clbench.api",
+    "run": "clbench.api", "load_config": "clbench.api", "load_model": "clbench.api", "run_leaderboard": "clbench.api",
     "load_leaderboard": "clbench.api", "compare": "clbench.api", "RunResult": "clbench.api",
     "Leaderboard": "clbench.api", "UserError": "clbench.errors", "ArgumentError": "clbench.config.validation",
     # writing a plugin (docs/strategies.md, "Writing a strategy")

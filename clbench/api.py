@@ -4,6 +4,7 @@
 
     cfg = clbench.load_config("configs/examples/digits-domains-replay.yaml", ["train.epochs=1"])
     result = clbench.run(cfg, "runs/replay")          # a RunResult
+    model = clbench.load_model("runs/replay")          # the trained torch.nn.Module
     result.scores["acc"], result.r_matrix, result.path
 
     board = clbench.run_leaderboard("configs/suites/quickstart.yaml", "runs/quickstart")
@@ -22,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RunResult", "Leaderboard", "load_config", "run", "run_leaderboard", "load_leaderboard", "compare"]
+__all__ = ["RunResult", "Leaderboard", "load_config", "run", "load_model", "run_leaderboard", "load_leaderboard",
+           "compare"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,19 @@ def run(config: str | Path | dict, output: str | Path | None = None, *, override
 
     record = run_config(cfg, output, source=source, resume=resume, overwrite=overwrite, progress=progress)
     return RunResult.from_record(record, output)
+
+
+def load_model(run_dir: str | Path, experience: int | None = None, *, trust_code: bool = False):
+    """The model a finished run trained (a ``torch.nn.Module`` in eval mode, on the CPU), rebuilt
+    from the run's resolved config with the strategy's changes to its structure (adapters, MoE
+    layers, grown MLPs) and the weights saved in ``run_dir/model/`` (safetensors and JSON only).
+
+    ``experience=None``: after the last experience (``save.final``, the default); ``i``: after
+    experience ``i``, R's row ``i`` (``save.every_experience``). A saved config that names a
+    Python file (``path/x.py:Class``) would run it: refused unless ``trust_code``."""
+    from clbench.engine.saved import load_model as load
+
+    return load(run_dir, experience, trust_code=trust_code)
 
 
 @dataclass(frozen=True)

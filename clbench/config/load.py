@@ -35,7 +35,7 @@ from clbench.errors import UserError, did_you_mean
 SCHEMA_VERSION = 2
 
 # Keys that do not change what a run computes; left out of the config hash.
-NON_SEMANTIC = ("logging",)
+NON_SEMANTIC = ("logging", "save")
 
 
 def deep_merge(base: dict, update: dict) -> dict:

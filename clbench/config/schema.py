@@ -133,6 +133,14 @@ class Pretrain(Section):
         return self
 
 
+class Save(Section):
+    """``save:`` (:mod:`clbench.engine.saved`): which trained weights a run keeps in ``model/``.
+    Optional, and not part of the config hash (:data:`clbench.config.load.NON_SEMANTIC`)."""
+
+    final: bool = True
+    every_experience: bool = False
+
+
 class Metrics(Section):
     reference_models: bool = False
 
@@ -195,6 +203,7 @@ class RunConfig(Section):
     pretrain: Pretrain = None  # type: ignore[assignment]
     train: Train = Train()
     metrics: Metrics = Metrics()
+    save: Save = None  # type: ignore[assignment]  # optional: defaults are final weights only
     # handed to lightning.Trainer, which checks its own arguments (clbench.plugins.build.preflight)
     trainer: dict[str, Any] | None = {"accelerator": "cpu", "devices": 1}
     logging: Logging = Logging()

@@ -29,13 +29,14 @@ CHECKPOINT = "checkpoint.pt"
 TENSORBOARD = "tensorboard"
 LOGS = "logs"  # every other logger's files (clbench.engine.loggers)
 PREDICTIONS = "predictions"
+MODEL = "model"  # the trained weights others load (clbench.engine.saved)
 STAGING = ".staging"
 RUN_LOCK = ".clbench-run.lock"
 # Set to a rank by torchrun (RANK), srun (SLURM_PROCID) and Lightning's own launcher (LOCAL_RANK, NODE_RANK).
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")
 _REPLACED = ".replaced"
 # What a run owns in its directory (anything else there is the user's and left alone).
-RUN_FILES = (RESULT, CHECKPOINT, TENSORBOARD, LOGS, PREDICTIONS)
+RUN_FILES = (RESULT, CHECKPOINT, TENSORBOARD, LOGS, PREDICTIONS, MODEL)
 
 
 def launched_as_rank_zero() -> bool:
@@ -82,6 +83,7 @@ def remove_leftovers(path: Path, *, resuming: bool) -> None:
         for stale in (*tensorboard.glob("events.out.tfevents.*"), tensorboard / "hparams.yaml"):
             stale.unlink(missing_ok=True)
         (path / LOGS / "csv" / "metrics.csv").unlink(missing_ok=True)  # other loggers keep runs apart
+        shutil.rmtree(path / MODEL, ignore_errors=True)  # weights of the crashed attempt's experiences
 
 
 class OutputDir:
