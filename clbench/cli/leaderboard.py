@@ -75,6 +75,10 @@ def register(sub) -> None:
     verify.add_argument("--same-code", action="store_true",
                         help="refuse (cannot rerun) entries made by a commit whose code differs from the checkout's, "
                              "instead of rerunning them with the checked-out code")
+    verify.add_argument("--trust-code", action="store_true",
+                        help="rerun entries whose configs name code that is not a registered component of an installed "
+                             "package (a .py file, any import path), or ask more than their suite: only for a folder "
+                             "whose code you trust, as rerunning imports and runs it")
     verify.set_defaults(handler=handle_verify)
 
 
@@ -173,7 +177,9 @@ def handle_verify(args: argparse.Namespace) -> int:
     from clbench.leaderboard.verify import CANNOT, DIFFERS, OK, Verifier, select
 
     paths = select(args.dir, args.ids, args.sample)
-    verifier = Verifier(tolerance=args.tolerance, same_code=args.same_code)  # checks --tolerance before any run
+    verifier = Verifier(tolerance=args.tolerance, same_code=args.same_code,  # checks --tolerance before any run
+                        trust_code=args.trust_code)
+    verifier.check(paths)  # every entry's code and bounds, before the first rerun
     if not paths:
         print(f"{args.dir}: no ok entries to verify")
         return 0

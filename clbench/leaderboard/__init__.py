@@ -22,6 +22,9 @@ One concept per module:
 * :mod:`~clbench.leaderboard.render`: ``README.md`` and a self-contained ``index.html``.
 * :mod:`~clbench.leaderboard.verify`: rerun entries from their recorded configs and compare
   their numbers with the committed ones.
+* :mod:`~clbench.leaderboard.trust`: what a received folder's entries may make verify run
+  (registered components of installed packages, within their suite's values), checked before
+  anything is imported.
 
 Nothing here imports torch at module level, so the CLI's parser stays fast.
 """

@@ -28,6 +28,11 @@ they differ: an AVX2 and an AVX-512 machine round differently, and a run that ge
 routes by top-k can turn that rounding into a different answer. ``sample`` picks the
 ``n`` cheapest ok entries by recorded wall time (ties by hash), so CI can verify a sample of
 every committed leaderboard in its time budget.
+
+A folder to verify may come from anyone, and rerunning a config runs the code it names: unless
+``trust_code`` (``--trust-code``), every entry is checked first (:mod:`~clbench.leaderboard.trust`,
+before anything is imported or run): its components must be registered code of installed
+packages, and its values within those of the suite it claims to come from.
 """
 
 from __future__ import annotations
@@ -206,13 +211,14 @@ def _package_changes(old: dict, new: dict) -> str | None:
 class Verifier:
     """Verify entries one at a time against the checked-out code (see the module notes)."""
 
-    def __init__(self, tolerance: float = 0.0, same_code: bool = False):
+    def __init__(self, tolerance: float = 0.0, same_code: bool = False, trust_code: bool = False):
         from clbench.results.provenance import code_repo, head_commit
 
         if not (tolerance >= 0 and math.isfinite(tolerance)):
             raise UserError(f"expected a finite number >= 0, got {tolerance}", where="--tolerance",
                             fix="e.g. --tolerance 1e-6 (0: exact)")
-        self.tolerance, self.same_code = tolerance, same_code
+        self.tolerance, self.same_code, self.trust_code = tolerance, same_code, trust_code
+        self._bounds: dict[Path, object] = {}
         self.repo = code_repo()
         self.head = head_commit(self.repo) if self.repo else None
 
@@ -238,6 +244,27 @@ class Verifier:
         return note, f"made by {short}, checked out {here}, and the code differs in {files} (check out {short} " \
                      "to rerun it with its own code, or verify without --same-code)"
 
+    def check(self, paths: list[Path]) -> None:
+        """Refuse (:class:`UserError`) the first entry whose rerun would run code that is not installed,
+        or ask more than its suite (:mod:`~clbench.leaderboard.trust`); nothing is imported. Entries
+        that do not read, or failed runs, are left to :meth:`verify`, which reruns neither."""
+        for path in paths:
+            try:
+                entry = read_entry(path)
+            except UserError:
+                continue
+            self._check_trust(entry, Path(path))
+
+    def _check_trust(self, entry: dict, path: Path) -> None:
+        from clbench.leaderboard.trust import check_entry, suite_bounds
+
+        if self.trust_code or entry["status"] != Status.OK:
+            return
+        root = path.resolve().parent.parent
+        if root not in self._bounds:
+            self._bounds[root] = suite_bounds(path.parent.parent)
+        check_entry(entry, path, self._bounds[root])
+
     def verify(self, path: Path) -> Verdict:
         digest = path.stem
         try:
@@ -249,6 +276,7 @@ class Verifier:
         if entry["status"] != Status.OK:
             return Verdict(digest, label, CANNOT, "the committed run failed, so there is nothing to compare "
                                                   f"({entry.get('error')})")
+        self._check_trust(entry, Path(path))  # before anything the entry names is imported
         env = entry.get("env") or {}
         made_by = env.get("git_commit") or entry["harness"].get("git_commit")
         if env.get("git_dirty"):

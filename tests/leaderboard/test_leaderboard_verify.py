@@ -217,3 +217,98 @@ def test_every_committed_entry_was_made_from_a_clean_tree():
     assert not unclean, (f"{len(unclean)} committed entries were not made from a clean tree; regenerate their "
                          "leaderboards from a clean checkout with 'clbench leaderboard run --force':\n"
                          + "\n".join(unclean))
+
+
+# -- a received folder is untrusted: verify runs only installed code, within the suite's bounds ------------
+def _edit_config(path: Path, change) -> Path:
+    """Change an entry's config and recompute every hash, as a forger would; the entry's new path."""
+    from clbench.config.load import config_hash
+
+    entry = json.loads(path.read_text())
+    change(entry["config"])
+    entry["config_hash"] = config_hash(entry["config"])
+    entry["content_hash"] = E.content_hash(entry)
+    path.unlink()
+    new = path.parent / f"{entry['config_hash']}.json"
+    new.write_text(json.dumps(entry, indent=2))
+    E.read_entry(new)  # passes every check a reader makes
+    return new
+
+
+def _one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("clbench: error: ") and "\n" not in err, err
+    return err
+
+
+def test_an_entry_naming_a_plugin_file_is_refused_before_it_runs_and_runs_with_trust_code(
+        clean_smoke_board, tmp_path, capsys):
+    out = tmp_path / "lb"
+    shutil.copytree(clean_smoke_board, out)
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.py"
+    evil.write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('x')\n"
+                    "from clbench.strategies.naive import Naive\n\nclass Evil(Naive):\n    pass\n")
+    naive = next(p for p, e in _entries(out) if e["strategy"]["name"] == "naive")
+    forged = _edit_config(naive, lambda c: c["strategy"].update(class_path=f"{evil}:Evil"))
+    assert main(["leaderboard", "verify", str(out)]) == 2
+    err = _one_error_line(capsys)
+    assert f"{forged}: strategy.class_path is '{evil}:Evil'" in err and f"would import and run {evil}" in err
+    assert "--trust-code" in err
+    assert not marker.exists()
+    with pytest.raises(E.UserError, match="not a registered component"):  # the Python API refuses it too
+        Verifier().verify(forged)
+    assert not marker.exists()
+    assert main(["leaderboard", "verify", str(out), forged.stem, "--trust-code"]) == 0  # Evil is naive
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("field, change, message", [
+    ("train.epochs", lambda c: c["train"].update(epochs=1_000_000_000),
+     "train.epochs is 1000000000, outside what suite smoke ({suite}) asks (1)"),
+    ("model.init_args.hidden", lambda c: c["model"]["init_args"].update(hidden=100_000),
+     "model.init_args.hidden is 100000, outside what suite smoke ({suite}) asks (32)"),
+    ("benchmark.init_args.test_fraction", lambda c: c["benchmark"]["init_args"].update(test_fraction=0.01),
+     "benchmark.init_args.test_fraction is 0.01, a field suite smoke ({suite}) never sets"),
+    ("trainer.accelerator", lambda c: c["trainer"].update(accelerator="gpu"),
+     "trainer.accelerator is \"gpu\", which suite smoke ({suite}) never gives there"),
+    ("subprocess", lambda c: c["benchmark"].update(class_path="subprocess:run",
+                                                  init_args={"args": ["true"]}),
+     "benchmark.class_path is 'subprocess:run', which is not a registered component of an installed package: "
+     "rerunning it would import and run {subprocess}"),
+])
+def test_an_entry_asking_more_than_its_suite_is_refused_naming_the_field(clean_smoke_board, tmp_path, capsys,
+                                                                         field, change, message):
+    import subprocess
+
+    from clbench.leaderboard.manifest import read_manifest
+
+    out = tmp_path / "lb"
+    shutil.copytree(clean_smoke_board, out)
+    forged = _edit_config(cheapest([p for p, _ in _entries(out)], 1)[0], change)
+    suite = read_manifest(out)["source"]
+    located = Path(suite) if Path(suite).is_absolute() else Path.cwd() / suite
+    assert main(["leaderboard", "verify", str(out)]) == 2
+    err = _one_error_line(capsys)
+    expected = message.format(suite=located if located.is_file() else REPO / suite, subprocess=subprocess.__file__)
+    assert f"{forged}: {expected}" in err, err
+
+
+def test_verify_needs_the_suite_from_outside_the_folder_unless_trusted(clean_smoke_board, tmp_path, capsys):
+    from helpers import SMOKE
+
+    from clbench.leaderboard.manifest import MANIFEST
+
+    out = tmp_path / "lb"
+    shutil.copytree(clean_smoke_board, out)
+    manifest = json.loads((out / MANIFEST).read_text())
+    shutil.copy(SMOKE, out / "suite.yaml")  # the sender's own copy of the suite bounds nothing
+    (out / MANIFEST).write_text(json.dumps({**manifest, "source": str(out / "suite.yaml")}))
+    honest = cheapest([p for p, _ in _entries(out)], 1)[0]
+    assert main(["leaderboard", "verify", str(out), honest.stem]) == 2
+    assert "is inside the folder being verified" in _one_error_line(capsys)
+    (out / MANIFEST).write_text(json.dumps({**manifest, "source": str(tmp_path / "gone.yaml")}))
+    assert main(["leaderboard", "verify", str(out), honest.stem]) == 2
+    assert f"{tmp_path / 'gone.yaml'}, is not here" in _one_error_line(capsys)
+    assert main(["leaderboard", "verify", str(out), honest.stem, "--trust-code"]) == 0
