@@ -29,6 +29,7 @@ from clbench.benchmarks.dirichlet import Alpha, MinSize, NumExperiences, dirichl
 from clbench.benchmarks.image_transforms import (Augment, AugmentOverrides, batch_transform, image_transform,
                                                  resolve_augment)
 from clbench.benchmarks.images import ImageArray, ImageSize, Normalization, dataset_root
+from clbench.data import safe_pickle
 from clbench.data.datasets import ArrayDataset
 from clbench.errors import UserError
 from clbench.data.streams import StreamSpec, build_scenario
@@ -55,8 +56,7 @@ def locate(root: str) -> Path:
 
 def _unpickle(path: Path) -> dict:
     try:
-        with open(path, "rb") as f:
-            data = pickle.load(f, encoding="bytes")
+        data = safe_pickle.load(path, fix="re-extract cifar-10-python.tar.gz", encoding="bytes")
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError, IndexError) as err:
         raise UserError(f"cannot read the pickled batch ({type(err).__name__}: {err})", where=str(path),
                         fix="re-extract cifar-10-python.tar.gz") from None

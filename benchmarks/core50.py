@@ -46,6 +46,7 @@ from clbench.benchmarks.images import (ImageArray, ImageFiles, ImageSize, Normal
                                        dataset_root, derived_seed, stratified_split)
 from clbench.errors import UserError
 from clbench.data.streams import StreamSpec, build_scenario
+from clbench.data import safe_pickle
 from clbench.config.validation import ArgumentError, distinct
 
 SESSIONS = tuple(range(1, 12))
@@ -136,8 +137,7 @@ def scan_folder(folder: Path, sessions: list[int], objects: list[int]) -> list[t
 def scan_arrays(npz: Path, paths_file: Path, sessions: list[int], objects: list[int]):
     """(NpzArray, rows, session, object) for the rows of ``sessions`` x ``objects`` in the npz form."""
     try:
-        with open(paths_file, "rb") as f:
-            paths = pickle.load(f)
+        paths = safe_pickle.load(paths_file, fix="re-download paths.pkl from the CORe50 page")
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError) as err:
         raise UserError(f"cannot read the path list ({type(err).__name__}: {err})", where=str(paths_file),
                         fix="re-download paths.pkl from the CORe50 page") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -138,3 +139,29 @@ def test_corrupt_or_foreign_batches_are_named(base, tmp_path):
         pickle.dump({b"data": np.zeros((2, 1024), np.uint8), b"labels": [0, 1]}, f)
     with pytest.raises(UserError, match="3072"):
         build(dst)
+
+
+class _Payload:
+    """What a malicious pickle holds: unpickling it runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import shlex
+
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+@pytest.mark.parametrize("name", ["batches.meta", "data_batch_2"])
+def test_a_pickle_payload_in_a_batch_does_not_run(base, tmp_path, name):
+    dst = tmp_path / "cifar-10-batches-py"
+    shutil.copytree(base, dst)
+    marker = tmp_path / "ran"
+    with open(dst / name, "wb") as f:
+        pickle.dump({b"label_names": _Payload(marker), b"data": _Payload(marker)}, f, protocol=2)
+    with pytest.raises(UserError) as err:
+        build(dst)
+    assert not marker.exists()
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"{dst / name}: refused to unpickle: the file names {os.system.__module__}.system")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -277,3 +278,29 @@ def test_bad_arguments_are_named(root):
         build(root, objects=[0, 1])
     with pytest.raises(UserError, match="test_fraction"):
         build(root, source="png", test_fraction=1.5)
+
+
+class _Payload:
+    """What a malicious pickle holds: unpickling it runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import shlex
+
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+def test_a_pickle_payload_in_paths_pkl_does_not_run(root, tmp_path):
+    dst = tmp_path / "c"
+    dst.mkdir()
+    shutil.copy(root / "core50_imgs.npz", dst)
+    marker = tmp_path / "ran"
+    for payload in (_Payload(marker), [_Payload(marker), "s1/o1/C_01_01_000.png"]):  # alone, or inside the list
+        with open(dst / "paths.pkl", "wb") as f:
+            pickle.dump(payload, f)
+        with pytest.raises(UserError) as err:
+            build(dst)
+        assert not marker.exists()
+        assert one_line(err).startswith(f"{dst / 'paths.pkl'}: refused to unpickle: the file names {os.system.__module__}.system")

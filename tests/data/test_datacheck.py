@@ -167,3 +167,39 @@ def test_cli_errors_are_one_line_with_exit_status_2(roots, tmp_path, problem):
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(named) in lines[0]
+
+
+class _Payload:
+    """What a malicious pickle holds: unpickling it runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        import shlex
+
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+@pytest.mark.parametrize("dataset", ["core50", "cifar10"])
+def test_cli_check_refuses_a_pickle_payload_without_running_it(roots, tmp_path, dataset):
+    import pickle
+
+    marker = tmp_path / "ran"
+    if dataset == "core50":
+        dst = write_core50(tmp_path / "c", objects=[1, 2, 6], frames=2, png=False, npz=True)
+        named = dst / "paths.pkl"
+        args = ["core50", "--root", str(dst), OBJECTS]
+    else:
+        dst = tmp_path / "cifar-10-batches-py"
+        shutil.copytree(roots["cifar10"], dst)
+        named = dst / "batches.meta"
+        args = ["cifar10-dirichlet", "--root", str(dst), "min_size=1"]
+    with open(named, "wb") as f:
+        pickle.dump(_Payload(marker), f)
+    proc = cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert not marker.exists()
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{named}: refused to unpickle" in lines[0], proc.stderr

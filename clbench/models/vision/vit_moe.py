@@ -235,10 +235,21 @@ def _mixture(model: nn.Module, chosen: list[int], opts: dict, *, router_args, le
 
 def load_dense_weights(model: nn.Module, path: str) -> None:
     """Load a local dense ViT state dict into ``model``; a head of another class count is kept fresh."""
+    import inspect
+
+    import torch
     from timm.models import load_state_dict
     from timm.models.vision_transformer import checkpoint_filter_fn
 
-    state = checkpoint_filter_fn(load_state_dict(path), model)
+    # A weights file may come from anyone: read tensors only (torch.load(weights_only=True)), as the
+    # runner reads checkpoints; a timm without the argument gets the file checked that way first.
+    if "weights_only" in inspect.signature(load_state_dict).parameters:
+        raw = load_state_dict(path, weights_only=True)
+    else:  # pragma: no cover - timm before weights_only
+        if not str(path).endswith(".safetensors"):
+            torch.load(path, map_location="cpu", weights_only=True)
+        raw = load_state_dict(path)
+    state = checkpoint_filter_fn(raw, model)
     own = model.state_dict()
     for key in [k for k in state if k.startswith("head.")]:
         if key in own and state[key].shape != own[key].shape:
