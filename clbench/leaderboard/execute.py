@@ -70,6 +70,16 @@ def _check_writable(output: Path) -> None:
                         fix="choose a writable directory") from None
 
 
+def _manifest_holds(output: Path, suite: Suite) -> bool:
+    """Whether ``output``'s manifest already records this suite's grid (its ``source``, the path
+    the suite was read from, may be written from another working directory)."""
+    from clbench.leaderboard.manifest import read_manifest
+
+    on_disk = read_manifest(output)
+    ours = suite.manifest()
+    return on_disk is not None and all(on_disk.get(key) == value for key, value in ours.items() if key != "source")
+
+
 def _wanted(entry: dict, retry_failed: bool) -> bool:
     """Whether an existing entry still leaves its grid point to be run."""
     return retry_failed and entry["status"] == Status.FAILED
@@ -111,8 +121,9 @@ def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, 
         check_clean(output)
     if ready is not None:
         ready(todo)
-    _check_writable(output)
-    write_json(output / MANIFEST, suite.manifest())
+    if todo or not _manifest_holds(output, suite):  # a complete leaderboard on a read-only disk still shows its table
+        _check_writable(output)
+        write_json(output / MANIFEST, suite.manifest())
     console.print(f"suite [bold]{suite.name}[/]: {len(suite.runs)} runs, {len(outcome.skipped)} already done, "
                   f"{len(todo)} to run → {output}")
     return outcome, todo, seen

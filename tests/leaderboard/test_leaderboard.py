@@ -200,6 +200,34 @@ def test_slurm_launcher_without_slurm_leaves_nothing_behind(tmp_path, monkeypatc
 
 
 # -- running a suite ----------------------------------------------------------------------------
+def test_a_complete_leaderboard_on_a_read_only_disk_prints_its_table(board, tmp_path, capsys, monkeypatch):
+    """Nothing to run and the manifest already says so: nothing to write, so a read-only folder
+    (a received or archived leaderboard) shows its table instead of being refused."""
+    import errno
+    import os
+
+    from clbench import io as clbench_io
+    from clbench.leaderboard import execute
+
+    out = tmp_path / "lb"
+    shutil.copytree(board[0], out)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out))
+
+    monkeypatch.setattr(execute.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(clbench_io.tempfile, "mkstemp", read_only)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "4 already done, 0 to run" in captured.out and "ranked by ACC" in captured.out
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    data = smoke(seeds=[0, 1])  # one more seed: there is something to write, and the disk refuses it
+    path = write_suite(tmp_path, data)
+    assert main(["leaderboard", "run", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
+    assert "Read-only file system" in capsys.readouterr().err
+
+
 def test_run_writes_one_verified_entry_per_grid_point_and_prints_the_table(board):
     out, stdout = board
     suite = load_suite(SMOKE)
