@@ -374,7 +374,7 @@ def test_a_failed_overwrite_keeps_the_previous_run_and_a_successful_one_replaces
     assert sorted(p.name for p in (out / ".staging").iterdir()) == ["checkpoint.pt", "tensorboard"]
     replacement = run(resolve_config(tiny_config(seed=1)), out, overwrite=True)
     assert json.loads((out / "result.json").read_text())["seed"] == replacement["seed"] == 1
-    assert sorted(p.name for p in out.iterdir()) == ["result.json"]  # the old run's logs went with it
+    assert sorted(p.name for p in out.iterdir()) == ["model", "result.json"]  # the old run's logs went with it
 
 
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_directory(tmp_path):

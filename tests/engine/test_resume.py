@@ -149,7 +149,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(point, runs, reference):
     assert result["config_hash"] == reference["config_hash"]
     assert result["compute"]["resumes"] == 1 and reference["compute"]["resumes"] == 0
     # finished cleanly: no checkpoint, no half-written temporaries
-    assert _listing(out) == ["result.json", "tensorboard"]
+    assert _listing(out) == ["model", "result.json", "tensorboard"]
     # the training curve reads as one run: the killed process's events after the checkpoint are purged
     assert _scalars(out, "train/loss") == _scalars(runs["root"] / "reference", "train/loss")
 

@@ -48,7 +48,7 @@ def test_two_simultaneous_runs_into_one_folder_one_succeeds_the_other_is_refused
     assert "wrote" not in outputs[loser][0]
     result = json.loads((out / RESULT).read_text())
     assert result["config"]["seed"] == (1, 2)[winner]  # the successful run's result, not overwritten
-    assert sorted(p.name for p in out.iterdir()) == [RESULT]  # its lock is gone, nothing else left
+    assert sorted(p.name for p in out.iterdir()) == ["model", RESULT]  # its lock is gone, nothing else left
 
 
 def test_a_held_folder_is_refused_naming_the_holder_and_left_unchanged(tmp_path, capsys):
@@ -92,7 +92,7 @@ def test_a_killed_runs_lock_does_not_keep_the_folder(tmp_path, capsys):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert dead.returncode == -signal.SIGKILL and (out / RUN_LOCK).is_file()
     assert main(["run", "-c", str(config), "-o", str(out), "--no-progress"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == [RESULT]
+    assert sorted(p.name for p in out.iterdir()) == ["model", RESULT]
 
 
 # -- full and read-only disks -----------------------------------------------------------------
