@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import os
 import re
 from pathlib import Path
 
@@ -311,6 +312,23 @@ def render_run_page(table: BenchmarkTable, row) -> str:
         recalls=recalls, recall_note=recall_note, routing=routing)
 
 
+def _refuse_links(root: Path) -> None:
+    """Refuse a ``pages``, ``entries`` or ``runs`` that is a symbolic link: render writes pages and
+    deletes stale ones in ``pages/``, and a link would take that (and the entries read) to a folder
+    outside the leaderboard, whose ``*.html`` files would be deleted."""
+    from clbench.errors import UserError
+    from clbench.leaderboard.cell import RUNS_DIR
+    from clbench.leaderboard.entries import ENTRIES_DIR
+
+    for name in (DETAILS, ENTRIES_DIR, RUNS_DIR):
+        path = root / name
+        if path.is_symlink():
+            raise UserError(f"{name} is a symbolic link (to {os.readlink(path)}), and render writes and deletes files "
+                            "only inside the leaderboard folder", where=str(path),
+                            fix="replace the link by a folder (copy what it points to), or render the folder it "
+                                "points into")
+
+
 def render(root: str | Path) -> tuple[Path, Path]:
     """Write ``root/README.md`` and ``root/index.html`` from the entries under ``root``."""
     from clbench.errors import UserError
@@ -318,6 +336,7 @@ def render(root: str | Path) -> tuple[Path, Path]:
 
     root_arg = str(root)
     root = Path(root)
+    _refuse_links(root)
     # With a suite manifest, only the suite's grid is shown: entries of configs the suite no
     # longer lists (e.g. before a hyper-parameter change) stay on disk but out of the tables.
     manifest = read_manifest(root)  # a malformed suite.json is refused, not passed over

@@ -400,3 +400,21 @@ def test_utilization_rows_of_a_task_subset_are_named_by_domain_id():
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels == ["domain 2", "domain 3", "domain 7"]
     assert fig.axes[0].images[0].get_array().shape == (3, 2)
+
+
+@pytest.mark.parametrize("name", ["pages", "entries", "runs"])
+def test_render_refuses_a_folder_that_is_a_link_out_of_the_leaderboard(rendered, tmp_path, capsys, name):
+    out = tmp_path / "lb"
+    shutil.copytree(rendered, out)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(out / name, elsewhere) if (out / name).is_dir() else elsewhere.mkdir()
+    (elsewhere / "keep.html").write_text("<p>someone else's page</p>")
+    if (out / name).exists():
+        shutil.rmtree(out / name)
+    (out / name).symlink_to(elsewhere, target_is_directory=True)
+    before = (out / "README.md").read_text()
+    assert main(["leaderboard", "render", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"clbench: error: {out / name}: {name} is a symbolic link (to {elsewhere})") and "\n" not in err
+    assert (elsewhere / "keep.html").read_text() == "<p>someone else's page</p>"
+    assert (out / "README.md").read_text() == before  # nothing written
