@@ -24,6 +24,7 @@ import hashlib
 import io
 import os
 import re
+import shlex
 from pathlib import Path
 
 from clbench.leaderboard.compare import compare_table
@@ -75,8 +76,33 @@ def _device(env: dict) -> str | None:
 
 
 def _regenerate(root_arg: str, manifest: dict | None) -> str:
-    suite = f" --suite {manifest['source']}" if manifest and manifest.get("source") else ""
-    return f"clbench leaderboard run{suite} --output {root_arg} && clbench leaderboard render {root_arg}"
+    """The command that remakes the folder; the paths quoted for the shell, as ``suite.json`` may say anything."""
+    folder = shlex.quote(root_arg)
+    suite = f" --suite {shlex.quote(manifest['source'])}" if manifest and manifest.get("source") else ""
+    return f"clbench leaderboard run{suite} --output {folder} && clbench leaderboard render {folder}"
+
+
+# -- Markdown escaping ------------------------------------------------------------------------
+# What a Markdown renderer would read as markup in text taken from files (suite.json, entries):
+# emphasis, code, links and images, tables, strikethrough, and an HTML tag or autolink (a "<"
+# before a letter, "/", "!" or "?"). "_" inside a word (seq_lora) is not emphasis.
+_MD_PUNCT = re.compile(r"[\\`*\[\]|~]|<(?=[A-Za-z/!?])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_MD_BLOCK = re.compile(r"^(?:[#>+=-]|\d+(?=[.)]))")  # a heading, quote, list or rule where a line starts
+
+
+def md_text(value: object) -> str:
+    """``value`` as literal Markdown text on one line: every character that would be markup
+    backslash-escaped (CommonMark shows the character itself), ordinary words left as they are."""
+    text = _MD_PUNCT.sub(lambda m: "\\" + m.group(0), " ".join(str(value).split()))
+    return _MD_BLOCK.sub(lambda m: m.group(0) + "\\" if m.group(0)[0].isdigit() else "\\" + m.group(0), text)
+
+
+def md_code(value: object) -> str:
+    """``value`` as a Markdown code span, fenced by more backticks than it holds (nothing inside is markup)."""
+    text = " ".join(str(value).split())
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {text} {fence}" if longest else f"{fence}{text}{fence}"
 
 
 # -- README ---------------------------------------------------------------------------------
@@ -155,13 +181,14 @@ CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src
 
 def _templates():
     """The templates of ``clbench/leaderboard/templates``: pages HTML-escaped, the README not
-    (its table cells go through the ``md`` filter instead)."""
+    (what it takes from files goes through the ``md`` and ``code`` filters instead)."""
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
     env = Environment(loader=PackageLoader("clbench.leaderboard", "templates"), undefined=StrictUndefined,
                       autoescape=select_autoescape(["html", "html.j2"], default_for_string=True),
                       keep_trailing_newline=True)
-    env.filters["md"] = lambda text: str(text).replace("|", "\\|")
+    env.filters["md"] = md_text
+    env.filters["code"] = md_code
     return env
 
 

