@@ -169,7 +169,7 @@ def load_model(run_dir: str | Path, experience: int | None = None, *, trust_code
     ``experience=None``: after the last experience (``save.final``, the default); ``i``: after
     experience ``i``, R's row ``i`` (``save.every_experience``). A saved config that names a
     Python file (``path/x.py:Class``) would run it: refused unless ``trust_code``."""
-    from clbench.engine.saved import load_model as load
+    from clbench.engine.restore import load_model as load
 
     return load(run_dir, experience, trust_code=trust_code)
 

@@ -250,7 +250,9 @@ class ContinualRun:
                 if writes and stage == len(stages) - 1:
                     self.objective.save_outputs(self.path)  # e.g. the final stage's generations
                 if writes or (self.sharded and self.path is not None):  # sharded: gathered by every rank
-                    self._save_model(stage, len(stages), write=writes)
+                    from clbench.engine.saved import save_after
+
+                    save_after(self, stage, len(stages), write=writes)  # the weights others load
                     self._save_checkpoint(trainer, state, write=writes)
         finally:
             if progress is not None:
@@ -357,22 +359,6 @@ class ContinualRun:
 
         self.objective.begin_experience(exp)
         begin_experience(self.module.model if model is None else model, exp)
-
-    def _save_model(self, stage: int, total: int, write: bool = True) -> None:
-        """The weights after experience ``stage`` for others to load (``save:``, :mod:`clbench.engine.saved`):
-        into ``model/experience-<stage>`` and, after the last, ``model/final``."""
-        from clbench.engine import saved
-
-        wanted = saved.settings(self.cfg)
-        names = ([saved.folder_name(stage)] if wanted["every_experience"] else []) + \
-            ([saved.FINAL] if wanted["final"] and stage == total - 1 else [])
-        if not names:
-            return
-        tensors, frozen, aliases = saved.weights(self.module, self.frozen_base)  # sharded: every rank gathers
-        if write:
-            for name in names:
-                saved.write(self.path / saved.MODEL / name, self.cfg, stage + 1, tensors, frozen, aliases,
-                            self.strategy.state_dict())
 
     def _save_checkpoint(self, trainer, state: RunState, write: bool = True) -> None:
         """Everything needed to continue after ``state.stage`` experiences, written atomically

@@ -46,7 +46,7 @@ def _finished(tmp_path, raw, **kw):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_load_model_rebuilds_the_trained_model(tmp_path, name):
-    from clbench.engine import saved
+    from clbench.engine import restore, saved
 
     run, result = _finished(tmp_path, CASES[name]())
     trained = {k: v.detach().clone() for k, v in run.module.model.state_dict().items()}
@@ -56,8 +56,8 @@ def test_load_model_rebuilds_the_trained_model(tmp_path, name):
     for key, value in trained.items():
         assert torch.equal(loaded[key], value), key
     assert not (tmp_path / "run" / "checkpoint.pt").exists()  # the resume checkpoint stays separate
-    restored = saved.restore(tmp_path / "run")
-    assert saved.evaluate(restored) == result["r_matrix"][-1]
+    restored = restore.restore(tmp_path / "run")
+    assert restore.evaluate(restored) == result["r_matrix"][-1]
     manifest = json.loads((tmp_path / "run" / "model" / "final" / "model.json").read_text())
     if name in ("seq_lora", "mh_moe"):  # only what was trained: the frozen base is rebuilt from the config
         stored = set(saved.load_file_keys(tmp_path / "run" / "model" / "final" / "model.safetensors"))
@@ -76,13 +76,13 @@ def _initial(run):
 
 
 def test_every_experience_keeps_each_rows_model(tmp_path):
-    from clbench.engine import saved
+    from clbench.engine import restore
 
     _, result = _finished(tmp_path, tiny_config(save={"every_experience": True, "final": False}))
     assert sorted(p.name for p in (tmp_path / "run" / "model").iterdir()) == \
         ["experience-0", "experience-1", "experience-2"]
     for i, row in enumerate(result["r_matrix"]):
-        assert saved.evaluate(saved.restore(tmp_path / "run", i)) == row
+        assert restore.evaluate(restore.restore(tmp_path / "run", i)) == row
     with pytest.raises(UserError, match="holds no saved model.*experience-0"):
         clbench.load_model(tmp_path / "run")
 
