@@ -5,23 +5,28 @@ A run logs to any Lightning logger, several at once::
     logging:
       loggers:
         - tensorboard                                  # <output>/tensorboard (the default)
-        - csv                                          # <output>/logs/csv/metrics.csv
-        - {class_path: mlflow, init_args: {tracking_uri: "file:./mlruns"}}
+        - csv                                          # <output>/csv/metrics.csv
+        - mlflow                                       # <output>/mlruns
         - {class_path: wandb, init_args: {project: cl}}   # offline unless told otherwise
         - {class_path: my_pkg.loggers:MyLogger}        # any Lightning Logger subclass
 
 Short names are Lightning's own classes with defaults that keep a run's logs in its output
-folder: ``csv`` under ``logs/csv``, ``mlflow`` in a file store under ``logs/mlruns`` (MLflow
-keeps its file store in maintenance mode behind ``MLFLOW_ALLOW_FILE_STORE``, which is set for a
-``file:`` URI the config asks for), ``wandb`` offline under ``logs/wandb``. ``logging.tensorboard:
-false`` without ``loggers`` turns logging off, as before.
+folder, one folder per logger named after it beside ``tensorboard/``: ``csv/metrics.csv`` (and
+``csv/hparams.yaml``), ``mlruns/`` (an MLflow file store; MLflow keeps it in maintenance mode
+behind ``MLFLOW_ALLOW_FILE_STORE``, which is set for a ``file:`` URI the config asks for),
+``wandb/`` (offline unless told otherwise). ``logging.tensorboard: false`` without ``loggers``
+turns logging off, as before.
 
 What every logger receives: the training loss per step (``train/loss_step``, every
 ``trainer.log_every_n_steps`` steps, 1 unless the config says otherwise), the learning rate per
-step (Lightning's ``LearningRateMonitor``), the epoch-mean loss (``train/loss``), the R matrix
-row by row (``eval/<metric>/<experience>`` at step = stage), the final scores
-(``scores/<key>``) and the run's hyper-parameters. TensorBoard also gets the R-matrix heatmap
-and the routing figures.
+step (Lightning's ``LearningRateMonitor``), the epoch-mean loss (``train/loss``), the untrained
+model's row (``eval_untrained/<metric>/<experience>`` at step 0), the R matrix row by row
+(``eval/<metric>/<experience>`` at step = stage), the final scores (``scores/<key>``) and as
+hyper-parameters every leaf of the resolved config under its dotted path
+(``model.init_args.hidden``) with its own type (:func:`clbench.results.assemble.hyperparameters`;
+MLflow stores parameters as text, ``str(value)``, so ``None`` arrives as ``'None'``). TensorBoard
+also gets the R-matrix heatmap and the routing figures; a logger with artifacts (MLflow) gets
+``r_matrix.png``, ``result.json`` and ``config.yaml`` (the resolved config, typed).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import UserError
-from clbench.engine.outputs import LOGS
 
 
 
@@ -52,12 +56,12 @@ def logger_specs(logging: dict, source: str = "config") -> list[dict]:
 
 def _defaults(name: str, folder: Path) -> dict[str, Any]:
     if name == "csv":
-        return {"save_dir": str(folder / LOGS), "name": "csv", "version": ""}
+        return {"save_dir": str(folder), "name": "csv", "version": ""}
     if name == "mlflow":
-        return {"tracking_uri": f"file:{(folder / LOGS / 'mlruns').resolve()}", "experiment_name": "clbench",
+        return {"tracking_uri": f"file:{(folder / 'mlruns').resolve()}", "experiment_name": "clbench",
                 "run_name": folder.resolve().name}
     if name == "wandb":
-        return {"save_dir": str(folder / LOGS), "offline": True, "project": "clbench", "name": folder.resolve().name}
+        return {"save_dir": str(folder), "offline": True, "project": "clbench", "name": folder.resolve().name}
     return {}
 
 
@@ -89,7 +93,8 @@ def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: i
 
 
 def log_result(loggers: list, result: dict) -> None:
-    """The R matrix, the final scores and the hyper-parameters to every logger, then close them."""
+    """The untrained row, the R matrix, the final scores, the hyper-parameters and (to loggers
+    that take them) the artifacts to every logger, then close them."""
     from clbench.results.assemble import hyperparameters, log_tensorboard, tensorboard_class
 
     metric = "/".join(dict.fromkeys(result["r_metric"]["names"]))
@@ -98,10 +103,41 @@ def log_result(loggers: list, result: dict) -> None:
         if isinstance(logger, tensorboard_class()):
             log_tensorboard(logger, result)  # the same values, with the figures and the hparams view
             continue
+        untrained = {f"eval_untrained/{metric}/{name}": v
+                     for name, v in zip(result["experiences"], result.get("r_init") or []) if v is not None}
+        if untrained:
+            logger.log_metrics(untrained, step=0)
         for i, row in enumerate(result["r_matrix"]):
             values = {f"eval/{metric}/{name}": v for name, v in zip(result["experiences"], row) if v is not None}
             if values:
                 logger.log_metrics(values, step=i)
         logger.log_metrics(scores, step=0)
         logger.log_hyperparams(hyperparameters(result))
+        log_artifacts(logger, result)
         logger.finalize("success")
+
+
+def log_artifacts(logger, result: dict) -> None:
+    """``r_matrix.png``, ``result.json`` and ``config.yaml`` to a logger that stores files
+    (MLflow's ``log_artifact``); other loggers are left alone."""
+    experiment = getattr(logger, "experiment", None)
+    run_id = getattr(logger, "run_id", None)
+    if not callable(getattr(experiment, "log_artifact", None)) or run_id is None:
+        return
+    import tempfile
+
+    import matplotlib.pyplot as plt
+    import yaml
+
+    from clbench.io import json_text
+    from clbench.results.plots import r_matrix_figure
+
+    with tempfile.TemporaryDirectory(prefix="clbench-artifacts-") as tmp:
+        folder = Path(tmp)
+        figure = r_matrix_figure(result)
+        figure.savefig(folder / "r_matrix.png", dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        (folder / "result.json").write_text(json_text(result))
+        (folder / "config.yaml").write_text(yaml.safe_dump(result["config"], sort_keys=False))
+        for name in ("r_matrix.png", "result.json", "config.yaml"):
+            experiment.log_artifact(run_id, str(folder / name))

@@ -27,7 +27,8 @@ from clbench.errors import UserError
 RESULT = "result.json"
 CHECKPOINT = "checkpoint.pt"
 TENSORBOARD = "tensorboard"
-LOGS = "logs"  # every other logger's files (clbench.engine.loggers)
+LOGS = "logs"  # where loggers other than TensorBoard wrote before each had its own folder
+CSV, MLRUNS, WANDB = "csv", "mlruns", "wandb"  # the short-named loggers' folders (clbench.engine.loggers)
 PREDICTIONS = "predictions"
 MODEL = "model"  # the trained weights others load (clbench.engine.saved)
 STAGING = ".staging"
@@ -36,7 +37,7 @@ RUN_LOCK = ".clbench-run.lock"
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")
 _REPLACED = ".replaced"
 # What a run owns in its directory (anything else there is the user's and left alone).
-RUN_FILES = (RESULT, CHECKPOINT, TENSORBOARD, LOGS, PREDICTIONS, MODEL)
+RUN_FILES = (RESULT, CHECKPOINT, TENSORBOARD, CSV, MLRUNS, WANDB, LOGS, PREDICTIONS, MODEL)
 
 
 def launched_as_rank_zero() -> bool:
@@ -82,7 +83,7 @@ def remove_leftovers(path: Path, *, resuming: bool) -> None:
         tensorboard = path / TENSORBOARD
         for stale in (*tensorboard.glob("events.out.tfevents.*"), tensorboard / "hparams.yaml"):
             stale.unlink(missing_ok=True)
-        (path / LOGS / "csv" / "metrics.csv").unlink(missing_ok=True)  # other loggers keep runs apart
+        (path / CSV / "metrics.csv").unlink(missing_ok=True)  # other loggers keep runs apart
         shutil.rmtree(path / MODEL, ignore_errors=True)  # weights of the crashed attempt's experiences
 
 
@@ -185,7 +186,8 @@ class OutputDir:
                 return
             if self.created and self.output.is_dir() and not (self.output / CHECKPOINT).exists():
                 leftovers = [p for p in self.output.rglob("*") if p.is_file() and p.name != RUN_LOCK]
-                if all(p.relative_to(self.output).parts[0] in (TENSORBOARD, LOGS) for p in leftovers):  # only logs
+                if all(p.relative_to(self.output).parts[0] in (TENSORBOARD, CSV, MLRUNS, WANDB, LOGS)
+                       for p in leftovers):  # only logs
                     for child in self.output.iterdir():
                         if child.name != RUN_LOCK:
                             shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()

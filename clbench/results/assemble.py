@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.config.load import SCHEMA_VERSION, canonical_json, config_hash, order_label
+from clbench.config.load import SCHEMA_VERSION, config_hash, order_label
 from clbench.metrics.derive import derive_scores, mean_or_none
 from clbench.metrics.stderr import N_KEY, SAMPLING_KEYS, STDERR_KEY, score_stderr
 from clbench.results.record import Status
@@ -305,20 +305,25 @@ def tensorboard_logger(folder: Path, name: str, purge_step: int | None = None, *
     return tensorboard_class()(**settings)
 
 
-def _scalar(value: Any) -> Any:
-    """A value TensorBoard's hparams view takes: numbers and strings as they are, the rest as JSON."""
-    return value if isinstance(value, (int, float, str, bool)) else canonical_json(value)
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b.c": leaf}``; a leaf keeps its type (None, a list, ...), an
+    empty mapping is a leaf ``{}``."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
 
 
 def hyperparameters(result: dict) -> dict[str, Any]:
-    """What distinguishes this run from its neighbours, flat, for TensorBoard's hparams view."""
-    cfg = result["config"]
-    out = {"benchmark": result["benchmark"]["name"], "model": result["model"]["name"],
-           "strategy": result["strategy"]["name"], "order": result["order_label"], "seed": result["seed"],
-           "epochs": cfg["train"]["epochs"], "batch_size": cfg["train"]["batch_size"],
-           "optimizer": cfg["train"]["optimizer"]["class_path"]}
-    out.update({f"optimizer.{k}": _scalar(v) for k, v in cfg["train"]["optimizer"]["init_args"].items()})
-    out.update({f"strategy.{k}": _scalar(v) for k, v in (result["strategy"]["params"] or {}).items()})
+    """Every leaf of the resolved config under its dotted path (``model.init_args.hidden``) with
+    its own type, plus the components' display names, the order's label and the strategy's
+    full ``__init__`` arguments (defaults included): one flat mapping for every logger."""
+    out = flatten(result["config"])
+    out.update({"benchmark.name": result["benchmark"]["name"], "model.name": result["model"]["name"],
+                "strategy.name": result["strategy"]["name"], "order_label": result["order_label"]})
+    out.update({f"strategy.params.{k}": v for k, v in flatten(result["strategy"]["params"] or {}).items()})
     return out
 
 
@@ -336,6 +341,9 @@ def log_tensorboard(logger, result: dict) -> None:
         for key, value in scores.items():
             if isinstance(value, (int, float)) and key not in ("epoch", "stage"):
                 writer.add_scalar(f"epoch_scores/{key}", value, k)
+    for name, value in zip(result["experiences"], result.get("r_init") or []):
+        if value is not None:
+            writer.add_scalar(f"eval_untrained/{metric}/{name}", value, 0)
     writer.add_figure("r_matrix", r_matrix_figure(result), 0)
     # one heatmap per MoE layer and stage (at most 12 evenly spaced layers: an LLM has hundreds)
     for stage, _ in enumerate(result.get("expert_utilization") or []):
@@ -343,5 +351,5 @@ def log_tensorboard(logger, result: dict) -> None:
             writer.add_figure(f"routing/{layer}", utilization_figure(result, [layer], stage), stage)
     # The scores are written once, as scalars under scores/ that the hparams view also reads.
     scores = {f"scores/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
-    logger.log_hyperparams(hyperparameters(result), metrics=scores)
+    logger.log_hyperparams(hyperparameters(result), metrics=scores)  # hparams.yaml keeps the types
     logger.close()

@@ -511,7 +511,7 @@ def test_tensorboard_gets_one_event_stream_per_run_with_hparams_and_final_scores
     events = list(folder.glob("events.out.tfevents.*"))
     assert len(events) == 1  # three experiences, one stream
     hparams = yaml.safe_load((folder / "hparams.yaml").read_text())
-    assert hparams["strategy"] == "naive" and hparams["order"] == result["order_label"]
+    assert hparams["strategy.class_path"] == "naive" and hparams["order_label"] == result["order_label"]
     accumulator = EventAccumulator(str(folder))
     accumulator.Reload()
     scalars = accumulator.Tags()["scalars"]

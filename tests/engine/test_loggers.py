@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reas
 
 
 def _csv_rows(out: Path) -> list[dict]:
-    with open(out / "logs" / "csv" / "metrics.csv", newline="") as f:
+    with open(out / "csv" / "metrics.csv", newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -36,6 +36,7 @@ def test_csv_and_mlflow_hold_the_run(tmp_path, write_yaml):
     assert main(["run", "--config", str(write_yaml(cfg)), "--output", str(out)]) == 0
     result = json.loads((out / "result.json").read_text())
     assert not (out / "tensorboard").exists()  # loggers replace the default
+    assert not (out / "logs").exists()  # each logger's folder at the run folder's top level
 
     rows = _csv_rows(out)
     steps = [int(r["step"]) for r in rows if r.get("train/loss_step")]
@@ -45,6 +46,10 @@ def test_csv_and_mlflow_hold_the_run(tmp_path, write_yaml):
         logged = next(r for r in rows if r.get(f"eval/acc/{result['experiences'][0]}") and int(r["step"]) == i)
         for name, value in zip(result["experiences"], row):
             assert float(logged[f"eval/acc/{name}"]) == pytest.approx(value)
+    untrained = next(r for r in rows if r.get(f"eval_untrained/acc/{result['experiences'][0]}"))
+    assert int(untrained["step"]) == 0
+    for name, value in zip(result["experiences"], result["r_init"]):
+        assert float(untrained[f"eval_untrained/acc/{name}"]) == pytest.approx(value)
     final = next(r for r in rows if r.get("scores/acc"))
     for key in ("acc", "bwt", "forgetting"):
         assert float(final[f"scores/{key}"]) == pytest.approx(result["scores"][key])
@@ -54,6 +59,42 @@ def test_csv_and_mlflow_hold_the_run(tmp_path, write_yaml):
     last = result["experiences"][-1]
     assert _mlflow_metric(store, f"eval/acc/{last}") == [(i, pytest.approx(row[-1]))
                                                           for i, row in enumerate(result["r_matrix"])]
+
+
+def _leaves(value, prefix=""):
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _leaves(item, f"{prefix}.{key}" if prefix else key)
+    else:
+        yield prefix, value
+
+
+def test_every_leaf_of_the_resolved_config_is_logged_with_its_type_and_mlflow_gets_artifacts(tmp_path, write_yaml):
+    import yaml
+
+    out = tmp_path / "out"
+    cfg = tiny_config(model={"class_path": "cnn", "init_args": {"channels": 4, "hidden": 16}},
+                      trainer={"accelerator": "cpu", "devices": 1, "gradient_clip_val": None},
+                      logging={"progress": False, "loggers": ["csv", "mlflow"]})
+    assert main(["run", "--config", str(write_yaml(cfg)), "--output", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    leaves = dict(_leaves(result["config"]))
+    assert leaves["model.init_args.channels"] == 4 and leaves["trainer.gradient_clip_val"] is None
+    assert "benchmark.init_args.domains" in leaves
+
+    logged = yaml.safe_load((out / "csv" / "hparams.yaml").read_text())
+    for key, value in leaves.items():
+        assert key in logged and logged[key] == value and type(logged[key]) is type(value), key
+
+    (run,) = [p for p in (out / "mlruns").glob("*/*") if (p / "params").is_dir()]
+    params = {p.name: p.read_text() for p in (run / "params").iterdir()}
+    for key, value in leaves.items():
+        if value != {}:  # Lightning flattens a mapping into its leaves for MLflow: an empty one has none
+            assert params[key] == str(value), key  # MLflow's parameters are text: None is 'None', never 'null'
+    artifacts = run / "artifacts"
+    assert json.loads((artifacts / "result.json").read_text()) == result
+    assert yaml.safe_load((artifacts / "config.yaml").read_text()) == result["config"]
+    assert (artifacts / "r_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("loggers, message", [
