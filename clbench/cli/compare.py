@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from clbench.cli.leaderboard import DEFAULT_OUTPUT
@@ -50,12 +51,16 @@ def handle(args: argparse.Namespace) -> int:
     from clbench.api import compare
     from clbench.io import write_json, write_text
     from clbench.leaderboard.compare import comparison_markdown, print_comparison
+    from clbench.leaderboard.manifest import left_out
 
     if args.json:
         check_writable(args.json, "--json")
     if args.markdown and args.markdown != "-":
         check_writable(args.markdown, "--markdown")
     report = compare(args.dir, metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b)
+    note = left_out(args.dir)
+    if note:  # on stderr: stdout stays the report (--markdown - pipes it)
+        print(note, file=sys.stderr)
     if args.markdown == "-":
         print(comparison_markdown(report), end="")
     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from clbench.errors import UserError
 
@@ -166,10 +167,14 @@ def handle_run(args: argparse.Namespace) -> int:
 
 
 def handle_render(args: argparse.Namespace) -> int:
+    from clbench.leaderboard.manifest import left_out
     from clbench.leaderboard.render import DETAILS, render
 
     readme, index = render(args.dir)
     print(f"wrote {readme}, {index} and {index.parent / DETAILS}/")
+    note = left_out(args.dir)
+    if note:
+        print(note, file=sys.stderr)
     return 0
 
 

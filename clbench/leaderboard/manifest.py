@@ -2,8 +2,8 @@
 
 ``clbench leaderboard run`` writes it (:meth:`clbench.leaderboard.suite.Suite.manifest`):
 ``{name, description, source, threads, runs: [{hash, strategy, benchmark, model, order,
-seed}]}``. Render and compare show exactly the runs it lists, in its order. A directory without
-one shows every entry; a ``suite.json`` that is there but unreadable or malformed is refused
+seed}]}``. Render and compare show exactly the runs it lists, in its order, and say which
+other entries they left out and why (:func:`left_out`). A directory without one shows every entry; a ``suite.json`` that is there but unreadable or malformed is refused
 rather than passed over, since passing over it would silently show another set of runs.
 """
 
@@ -63,3 +63,33 @@ def manifest_hashes(root: str | Path) -> list[str] | None:
     """The config hashes ``DIR/suite.json`` lists, in suite order; None without a manifest."""
     manifest = read_manifest(root)
     return [run["hash"] for run in manifest["runs"]] if manifest else None
+
+
+def left_out(root: str | Path, shown: int = 3) -> str | None:
+    """One line naming the entry files a manifest leaves out of the tables, and why (another suite's
+    entries copied in, or configs the suite no longer lists); None when it leaves out none."""
+    from clbench.leaderboard.entries import ENTRIES_DIR, check_entry_names
+
+    hashes = manifest_hashes(root)
+    if hashes is None:
+        return None
+    listed, name = set(hashes), read_manifest(root)["name"]
+    groups: dict[str, list[str]] = {}
+    for file in check_entry_names(root):
+        if file.removesuffix(".json") in listed:
+            continue
+        try:
+            suite = json.loads((Path(root) / ENTRIES_DIR / file).read_text()).get("suite")
+        except (OSError, ValueError):
+            suite = None
+        why = f"of configs suite {name} no longer lists" if suite == name else \
+            f"of suite {suite}, not {name}" if suite else f"made outside suite {name}"
+        groups.setdefault(why, []).append(f"{ENTRIES_DIR}/{file}")
+    if not groups:
+        return None
+    parts = []
+    for why, files in groups.items():
+        more = f" and {len(files) - shown} more" if len(files) > shown else ""
+        parts.append(f"{len(files)} {'entry' if len(files) == 1 else 'entries'} {why} "
+                     f"({', '.join(files[:shown])}{more})")
+    return f"{root}: left out of the tables, as {MANIFEST} does not list them: {'; '.join(parts)}"

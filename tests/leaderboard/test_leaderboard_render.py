@@ -455,3 +455,27 @@ def test_what_render_takes_from_files_is_quoted_and_escaped(rendered, tmp_path):
     assert html.escape(IMG, quote=False) in shown and "[a](javascript:alert(1))" in html.unescape(shown)
     assert "\n# heading" not in readme
     assert IMG not in page and html.escape(IMG) in page and 'href="javascript' not in page
+
+
+def test_render_and_compare_name_the_entries_their_suite_leaves_out(rendered, tmp_path, capsys):
+    """A valid entry of another suite copied into entries/ is not in suite.json's grid: it stays out of
+    the tables, and both commands say so, naming the file and why."""
+    from clbench.config.load import config_hash
+
+    out = tmp_path / "lb"
+    shutil.copytree(rendered, out)
+    entry = E.load_entries(out)[0]
+    entry["config"]["seed"] = 7
+    entry.update(suite="other", seed=7, config_hash=config_hash(entry["config"]))
+    entry["content_hash"] = E.content_hash(entry)
+    foreign = E.write_entry(out, entry)
+    E.read_entry(foreign)
+    capsys.readouterr()
+    expected = (f"{out}: left out of the tables, as suite.json does not list them: 1 entry of suite other, not "
+                f"smoke (entries/{foreign.name})")
+    assert main(["leaderboard", "render", str(out)]) == 0
+    assert capsys.readouterr().err.strip() == expected
+    assert entry["config_hash"][:12] not in (out / "index.html").read_text()
+    assert main(["compare", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == expected and "Kendall" in captured.out
