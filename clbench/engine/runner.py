@@ -199,9 +199,12 @@ class ContinualRun:
 
         callbacks, progress = [], None
         if self.show_progress:
-            from clbench.engine.progress import ContinualProgress
+            import sys
 
-            progress = ContinualProgress(len(stages))
+            from clbench.engine.progress import ContinualProgress, LineProgress
+
+            # a live bar draws nothing into a file or pipe: lines there, with elapsed and estimated time
+            progress = (ContinualProgress if sys.stderr.isatty() else LineProgress)(len(stages))
             callbacks.append(progress)
         callbacks.extend(faults.callbacks())  # CLBENCH_TEST_KILL_AT's crash points: none outside tests
         loggers = []
