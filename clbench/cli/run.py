@@ -66,6 +66,9 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --output")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument("--print-config", action="store_true",
+                   help="check the config and its overrides, print the resolved config as YAML and exit "
+                        "without training (a dry run)")
     p.add_argument("--threads", type=_threads, default="auto", metavar="N",
                    help="torch CPU threads per process (recorded as env.torch_threads; CPU results can "
                         f"depend on it). Default 'auto': 1 on fewer than {FEW_CORES} usable cores, else the "
@@ -79,6 +82,14 @@ def handle(args: argparse.Namespace) -> int:
     from clbench.errors import UserError
 
     cfg = load_config(args.config, args.overrides)
+    if args.print_config:
+        import yaml
+
+        from clbench.plugins.build import preflight
+
+        preflight(cfg, args.config)  # imports the components and checks their init_args: nothing is built
+        print(yaml.safe_dump(cfg, sort_keys=False), end="")
+        return 0
     if args.threads != "auto":
         from clbench.limits import check_threads
 
