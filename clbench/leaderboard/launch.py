@@ -240,13 +240,13 @@ class _Local:
         """Interrupt every running worker once, give them time to stop, then kill what is left."""
         for worker in self.running:
             if worker.proc.poll() is None:
-                worker.proc.send_signal(signal.SIGINT)
+                _signal_group(worker.proc, signal.SIGINT)
         deadline = time.monotonic() + STOP_SECONDS
         for worker in self.running:
             try:
                 worker.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                worker.proc.kill()
+                _signal_group(worker.proc, signal.SIGKILL)
                 worker.proc.wait()
             worker.log.unlink(missing_ok=True)  # not a failure: the rerun writes a new one
         self.running.clear()
@@ -254,3 +254,11 @@ class _Local:
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """Signal a worker's process group (its session: the worker and every process it started)."""
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass

@@ -14,12 +14,37 @@ only; the launcher sees no report and records the death (exit 0: handled, 2: bad
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
+import time
+
+PARENT_POLL_SECONDS = 1.0
 
 
 def _interrupt(signum, frame):  # SIGTERM stops a cell the way Ctrl-C does: checkpoint kept, lock released
     raise KeyboardInterrupt
+
+
+def watch_parent(interval: float = PARENT_POLL_SECONDS) -> threading.Thread:
+    """Interrupt this process (as Ctrl-C does) once the launcher that started it is gone.
+
+    The launcher stops its workers on Ctrl-C and SIGTERM, but a launcher killed with SIGKILL
+    (the OOM killer, ``kill -9``) runs nothing: its workers, in sessions of their own, would go
+    on unattended. When the parent dies the worker is re-parented, so a changed parent pid is
+    the sign; checked once a second by a daemon thread, portable where ``PR_SET_PDEATHSIG`` is not.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=watch, name="clbench-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", required=True)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    watch_parent()
 
     from clbench.errors import UserError, unwritable
     from clbench.io import write_json

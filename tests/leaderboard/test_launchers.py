@@ -297,3 +297,35 @@ def test_slurm_without_slurm_is_a_user_error(tmp_path, capsys, monkeypatch):
     assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(tmp_path / "lb"),
                  "--launcher", "slurm"]) == 2
     assert "no SLURM here (srun is not on PATH)" in capsys.readouterr().err
+
+
+def test_a_worker_whose_launcher_was_killed_stops_as_if_interrupted(tmp_path):
+    """A launcher killed with SIGKILL cannot stop its workers (each in a session of its own):
+    the worker sees its parent gone and interrupts itself (its cell's checkpoint kept)."""
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "interrupted"
+    child = (f"import time; from clbench.leaderboard.worker import watch_parent; watch_parent(0.05)\n"
+             f"try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    open({str(marker)!r}, 'w').write('yes')\n")
+    parent = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {child!r}], "
+              f"start_new_session=True); print(p.pid, flush=True); time.sleep(60)")
+    launcher = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    worker = int(launcher.stdout.readline())
+    time.sleep(1.5)  # the worker has imported clbench and is watching
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.read_text() == "yes"
+    for _ in range(100):  # and it has exited
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the worker outlived its launcher")
