@@ -252,6 +252,9 @@ def load_suite(path: str | Path) -> Suite:
     orders, seeds, threads = raw["orders"], raw["seeds"], raw.get("threads")
     launcher = {name: dict(section or {}) for name, section in (raw.get("launcher") or {}).items()}
 
+    # A grid point keeps no trained weights unless the suite asks (base.save): the entries are what a
+    # leaderboard keeps, and a grid of full fine-tuning runs would otherwise leave a model per point.
+    run_base = base if "save" in base else {**base, "save": {"final": False}}
     runs: list[RunSpec] = []
     seen: dict[str, str] = {}
     for b_where, bench in components["benchmarks"]:
@@ -266,7 +269,7 @@ def load_suite(path: str | Path) -> Suite:
                     for seed in seeds:
                         point = {"seed": seed, "benchmark": bench_component, "model": model_here,
                                  "strategy": strategy, "order": order}
-                        cfg = resolve_config(deep_merge(base, point), source=source)
+                        cfg = resolve_config(deep_merge(run_base, point), source=source)
                         digest = config_hash(cfg)
                         here = f"{b_where} x {m_where} x {s_where} x order {order_label(order)} x seed {seed}"
                         if digest in seen:

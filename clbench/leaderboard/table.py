@@ -39,7 +39,7 @@ from clbench.metrics.stderr import entry_score_stderr
 
 # Score columns, titles, units and directions: clbench.metrics.score_registry.
 SCORES = TABLE_SCORES
-_IGNORED = ("seed", "order", "logging")
+_IGNORED = ("seed", "order", "logging", "save")
 
 
 def r_metric(entry: dict) -> tuple[list[str] | None, bool]:
