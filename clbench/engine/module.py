@@ -46,6 +46,7 @@ from clbench.errors import NonFiniteLoss
 from clbench.metrics import routing
 from clbench.metrics.stderr import N_KEY, STDERR_KEY, sampling_error
 from clbench.objectives.base import Objective
+from clbench.plugins.hooks import returned
 from clbench.strategy import Strategy, StrategyContext
 
 
@@ -209,14 +210,24 @@ class ContinualModule(pl.LightningModule):
         return loss if self.automatic_optimization else None
 
     def _step(self, batch: Any, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        # Only the returned values' types are checked here (cheap); clbench.plugins.hooks words the error.
         if self.strategy.owns_update:
-            return self.strategy.update(self.context, batch)
-        inputs, targets = self.strategy.prepare_batch(self.context, batch)
+            loss = self.strategy.update(self.context, batch)
+            if not isinstance(loss, torch.Tensor):
+                raise returned(self.strategy, "update", loss)
+            return loss
+        pair = self.strategy.prepare_batch(self.context, batch)
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise returned(self.strategy, "prepare_batch", pair)
+        inputs, targets = pair
         outputs = self.objective.forward(self.model, inputs)
         loss = self.objective.loss(outputs, targets)
         if terms:  # added by layers during the forward pass
             loss = loss + sum(terms.values())
-        return self.strategy.training_loss(self.context, inputs, targets, outputs, loss)
+        loss = self.strategy.training_loss(self.context, inputs, targets, outputs, loss)
+        if not isinstance(loss, torch.Tensor):
+            raise returned(self.strategy, "training_loss", loss)
+        return loss
 
     def _accumulate(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
         self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()

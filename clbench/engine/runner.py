@@ -50,6 +50,7 @@ from clbench.errors import NonFiniteLoss, Unwritable, UserError, unwritable
 from clbench.engine.outputs import RESULT, TENSORBOARD, OutputDir, check_output, remove_leftovers
 from clbench.results.assemble import RunState
 from clbench.engine.trainer import RESERVED_TRAINER_ARGS, end_process_group
+from clbench.plugins.hooks import check_json, failure as hook_failure
 
 __all__ = ["CHECKPOINT", "RESULT", "TENSORBOARD", "RESERVED_TRAINER_ARGS", "ContinualRun", "run"]
 
@@ -155,7 +156,7 @@ class ContinualRun:
             if directory is not None:
                 directory.abandon()
             end_process_group(only_gloo=True)
-            reported = self._unwritable(err)
+            reported = self._unwritable(err) or hook_failure(err, getattr(self, "strategy", None), self.source)
             if reported is not None:
                 raise reported from None
             raise
@@ -249,6 +250,7 @@ class ContinualRun:
             for stage in range(state.stage, len(stages)):
                 self.watch.check()
                 self._train_stage(trainer, stage, stages, eval_loaders, state, progress)
+                check_json(self.strategy, f"{self.source}: strategy")  # what result.json holds, from the first stage
                 state.wall_seconds = wall_before + time.perf_counter() - start
                 if writes and stage == len(stages) - 1:
                     self.objective.save_outputs(self.path)  # e.g. the final stage's generations
@@ -278,7 +280,6 @@ class ContinualRun:
 
             log_result(loggers, result)
         if writes:
-            from clbench.engine import faults
             from clbench.io import json_text, write_json
 
             faults.before_result_write(trainer, self.path / RESULT, lambda h: h.write(json_text(result).encode()))

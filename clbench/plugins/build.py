@@ -99,6 +99,9 @@ def _strategy_class(cfg: dict, source: str):
     if not (inspect.isclass(target) and issubclass(target, Strategy)):
         raise UserError(f"'{spec['class_path']}' is not a clbench Strategy subclass", where=where,
                         fix="subclass clbench.strategy.Strategy")
+    from clbench.plugins.hooks import check_signatures
+
+    check_signatures(target, where)  # hooks the harness cannot call, before anything is built
     return target
 
 

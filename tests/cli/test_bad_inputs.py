@@ -49,6 +49,50 @@ class ClassILOnly(Strategy):
     supports = frozenset({"class-il"})
 '''
 
+# Strategy plugins whose hooks break their contract (one class per case; line numbers are asserted).
+MISBEHAVING = '''import torch
+from clbench import Strategy
+
+
+class Arity(Strategy):
+    def prepare_batch(self, batch):
+        return batch
+
+
+class Raises(Strategy):
+    def after_experience(self, ctx, experience):
+        return 1 / 0
+
+
+class IntBatch(Strategy):
+    def prepare_batch(self, ctx, batch):
+        return 3
+
+
+class NoneLoss(Strategy):
+    def training_loss(self, ctx, x, y, logits, loss):
+        loss * 2
+
+
+class StrLoss(Strategy):
+    def training_loss(self, ctx, x, y, logits, loss):
+        return "loss"
+
+
+class TensorDiagnostics(Strategy):
+    def diagnostics(self):
+        return {"stages": [{"w": torch.ones(2)}]}
+
+
+class NanParams(Strategy):
+    def hparams(self):
+        return {"scale": float("nan")}
+'''
+
+
+def _misbehaving(name: str) -> dict:
+    return {**BASE, "strategy": f"{{dir}}/mine.py:{name}"}
+
 
 def cfg(**overrides) -> dict:
     return deep_merge(BASE, overrides)
@@ -170,6 +214,27 @@ CASES = [
     Case("strategy does not support the stream", config={**BASE, "strategy": "{dir}/mine.py:ClassILOnly"},
          setup=_write_file("mine.py", CLASS_IL_ONLY), message=("{cfg}: strategy", "does not support domain-il"),
          process=True),
+    # -- strategy hooks that break their contract (clbench.plugins.hooks)
+    Case("plugin hook of the wrong arity", config=_misbehaving("Arity"), setup=_write_file("mine.py", MISBEHAVING),
+         message=("{cfg}: strategy.class_path", "{dir}/mine.py:6: Arity.prepare_batch(self, batch) cannot take",
+                  "prepare_batch(ctx, batch) -> (inputs, targets)")),
+    Case("plugin hook that raises", config=_misbehaving("Raises"), setup=_write_file("mine.py", MISBEHAVING),
+         message=("{cfg}: strategy", "{dir}/mine.py:12: ZeroDivisionError: division by zero",
+                  "Raises.after_experience(), called as after_experience(ctx, experience) -> None")),
+    Case("prepare_batch returning an int", config=_misbehaving("IntBatch"), setup=_write_file("mine.py", MISBEHAVING),
+         message=("{cfg}: strategy", "{dir}/mine.py:16: IntBatch.prepare_batch() returned int 3",
+                  "prepare_batch(ctx, batch) -> (inputs, targets)")),
+    Case("training_loss returning None", config=_misbehaving("NoneLoss"), setup=_write_file("mine.py", MISBEHAVING),
+         message=("{cfg}: strategy", "{dir}/mine.py:21: NoneLoss.training_loss() returned NoneType None",
+                  "training_loss(ctx, x, y, logits, loss) -> the loss as a torch.Tensor")),
+    Case("training_loss returning a string", config=_misbehaving("StrLoss"), setup=_write_file("mine.py", MISBEHAVING),
+         message=("{cfg}: strategy", "{dir}/mine.py:26: StrLoss.training_loss() returned str 'loss'")),
+    Case("diagnostics JSON cannot write", config=_misbehaving("TensorDiagnostics"),
+         setup=_write_file("mine.py", MISBEHAVING),
+         message=("{cfg}: strategy", "{dir}/mine.py:31: TensorDiagnostics.diagnostics()['stages'][0]['w'] is a "
+                  "torch.Tensor, which JSON cannot write", "tensor.tolist()")),
+    Case("hparams JSON cannot write", config=_misbehaving("NanParams"), setup=_write_file("mine.py", MISBEHAVING),
+         message=("{cfg}: strategy", "{dir}/mine.py:36: NanParams.hparams()['scale'] is nan")),
     # -- init_args
     Case("unknown strategy init_args key", config={**BASE, "strategy": {"class_path": "replay",
                                                                      "init_args": {"mem_sise": 10}}},
