@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 from clbench.config.load import SCHEMA_VERSION, canonical_json, config_hash, order_label
 from clbench.errors import UserError
+from clbench.leaderboard.layout import check_layout
 from clbench.results.record import Status
 
 ENTRY_SCHEMA = 1
@@ -195,6 +196,7 @@ def load_entries(root: str | Path, hashes: Iterable[str] | None = None) -> list[
     if not Path(root).is_dir():
         raise UserError(f"leaderboard directory {root} does not exist", where=str(root),
                         fix="run 'clbench leaderboard run --output DIR' first, or give the right DIR")
+    check_layout(root, [ENTRIES_DIR])  # a file named entries is not "no entries/"
     if not folder.is_dir():
         raise UserError(f"no {ENTRIES_DIR}/ folder in {root}", where=str(root),
                         fix="run 'clbench leaderboard run --output DIR' first, or give the right DIR")

@@ -50,6 +50,7 @@ from pathlib import Path
 from clbench.errors import UserError
 from clbench.leaderboard.cell import POLL_SECONDS, RUNS_DIR, SuiteOutcome, run_point
 from clbench.leaderboard.entries import check_entry_names, entry_path, read_entry
+from clbench.leaderboard.layout import check_layout
 from clbench.leaderboard.lock import CellLock
 from clbench.leaderboard.manifest import MANIFEST
 from clbench.leaderboard.suite import RunSpec, Suite, preflight
@@ -104,6 +105,7 @@ def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, 
     output = Path(output)
     if output.exists() and not output.is_dir():
         raise UserError(f"output path {output} is a file", where="--output", fix="give a directory path")
+    check_layout(output)  # README.md a folder, runs a file, ...: before anything is written
     check_entry_names(output)  # a stray or renamed file in entries/ is reported before anything runs
     outcome = SuiteOutcome(total=len(suite.runs))
     todo: list[RunSpec] = []

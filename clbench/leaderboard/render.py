@@ -354,6 +354,9 @@ def _refuse_links(root: Path) -> None:
                             "only inside the leaderboard folder", where=str(path),
                             fix="replace the link by a folder (copy what it points to), or render the folder it "
                                 "points into")
+    from clbench.leaderboard.layout import check_layout
+
+    check_layout(root)  # then a README.md that is a folder, a pages that is a file, ...
 
 
 def render(root: str | Path) -> tuple[Path, Path]:

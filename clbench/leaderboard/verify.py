@@ -45,6 +45,7 @@ from typing import Iterator
 
 from clbench.errors import UserError
 from clbench.leaderboard.entries import ENTRIES_DIR, check_entry_names, entries_dir, read_entry
+from clbench.leaderboard.layout import check_layout
 from clbench.results.record import Status
 
 OK, DIFFERS, CANNOT = "ok", "differs", "cannot rerun"
@@ -85,6 +86,7 @@ def select(root: str | Path, ids: list[str] | None = None, sample: int | None = 
     if not root.is_dir():
         raise UserError(f"leaderboard directory {root} does not exist", where=str(root),
                         fix="give a folder made by 'clbench leaderboard run'")
+    check_layout(root, [ENTRIES_DIR])
     if not entries_dir(root).is_dir():
         raise UserError(f"no {ENTRIES_DIR}/ folder in {root}", where=str(root),
                         fix="give a folder made by 'clbench leaderboard run'")
