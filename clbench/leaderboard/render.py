@@ -7,9 +7,12 @@ PNGs embedded as ``data:`` URIs, the sortable table is a few lines of inline scr
 Content-Security-Policy forbids every network fetch, so they open from disk or a CI artifact
 as they are. ``index.html`` holds the tables and per-order charts only, so it stays small;
 each strategy's name links to its row's page under ``pages/`` (R-matrix heatmaps of every
-run, the final per-class recall, expert utilization), which the browser loads only when it is
-opened. Output is a pure function of the entries (no timestamps, PNGs without software
-metadata), so re-rendering unchanged entries gives identical files.
+run, in its order and in the stream's own order with their mean over orders, so that they
+compare across orders and strategies cell by cell; per-experience curves over the stages; the
+final per-class recall; expert utilization), which the browser loads only when it is opened.
+Output is a pure function of the entries (no
+timestamps, PNGs without software metadata), so re-rendering unchanged entries gives identical
+files.
 
 Sorting: click (or Enter on) a column header; the first click sorts the way "better" points
 (descending for higher-is-better scores, ascending for rank, forgetting and the levels of an R
@@ -134,13 +137,23 @@ def _group(table: BenchmarkTable, row) -> str:
 
 
 # -- figures --------------------------------------------------------------------------------
+PNG_COLOURS = 64  # a page's figures as palette PNGs: about a quarter of the bytes, the text as sharp
+
+
 def _png(fig) -> str:
+    """The figure as a ``data:`` URI of a 72-dpi palette PNG (no software metadata, so unchanged
+    entries give identical bytes); the figure is closed."""
     import matplotlib.pyplot as plt
+    from PIL import Image
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=72, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    small = io.BytesIO()
+    image.quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+        small, format="png", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(small.getvalue()).decode("ascii")
 
 
 def order_bar_figure(comparison: dict, metric: str = BAR_METRIC, title: str | None = None):
@@ -310,13 +323,15 @@ def _recall_lines(e: dict) -> dict | None:
 
 
 def render_run_page(table: BenchmarkTable, row) -> str:
-    """A row's page: its runs' R-matrix heatmaps, final per-class recall and expert utilization."""
+    """A row's page: its runs' R-matrix heatmaps (in their orders and in the stream's, with the mean
+    over orders), per-experience curves, final per-class recall and expert utilization."""
     from clbench.results.plots import r_matrix_figure, routing_layers, utilization_figure
 
     title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
     runs = _runs(table, row)
     heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": _png(r_matrix_figure(e))}
                 for e in runs]
+    fixed = _fixed_order(table, runs, title)
     recalls = []
     for e in runs:
         lines = _recall_lines(e)
@@ -336,7 +351,33 @@ def render_run_page(table: BenchmarkTable, row) -> str:
                                                        for s in table.scores)
     return _templates().get_template("run.html.j2").render(
         csp=CSP, label=row.label, benchmark=table.label, index=INDEX, summary=summary, heatmaps=heatmaps,
-        recalls=recalls, recall_note=recall_note, routing=routing)
+        fixed=fixed, recalls=recalls, recall_note=recall_note, routing=routing)
+
+
+def _fixed_order(table: BenchmarkTable, runs: list[dict], title: str) -> dict:
+    """The row's figures in the stream's own experience order, so that runs of different orders
+    compare cell by cell: the mean R over orders, each run's R, and each multi-stage run's
+    per-experience curves over its stages. No heatmaps where the runs share no fixed order (a
+    stream drawn for each seed); curves in each run's own order then, and none past
+    ``MAX_LINES`` experiences."""
+    from clbench.results.fixed_order import canonical_names
+    from clbench.results.plots import MAX_LINES, curves_figure, fixed_order_figure, mean_over_orders_figure
+    from clbench.results.record import single_stage
+
+    names = canonical_names([e for r in table.rows for e in r.ok]) or canonical_names(runs)
+    if names is not None and any(sorted(e["experiences"]) != sorted(names) for e in runs):
+        names = canonical_names(runs)
+    heatmaps, mean = [], None
+    if names is not None:
+        heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": _png(fixed_order_figure(e, names))}
+                    for e in runs]
+        orders = len({e["order_label"] for e in runs})
+        mean = {"png": _png(mean_over_orders_figure(runs, names)),
+                "caption": f"mean over {orders} order{'s' if orders != 1 else ''} ({len(runs)} run"
+                           f"{'s' if len(runs) != 1 else ''}, each order's averaged first)"}
+    curves = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": _png(curves_figure(e, names))}
+              for e in runs if not single_stage(e) and len(e["experiences"]) <= MAX_LINES]
+    return {"names": names or [], "mean": mean, "heatmaps": heatmaps, "curves": curves}
 
 
 def _refuse_links(root: Path) -> None:

@@ -93,6 +93,10 @@ def test_page_is_self_contained_and_links_each_row_to_its_runs_heatmaps(rendered
     for e in entries:
         mine = runs[e["strategy"]["name"]]
         assert mine.count('<figure class="heatmap"') == 2 and f'data-hash="{e["config_hash"]}"' in mine
+        # in the stream's order: each run's R and their mean over the two orders; curves for a multi-stage run
+        assert mine.count('<figure class="heatmap-fixed"') == 2 and mine.count('<figure class="heatmap-mean"') == 1
+        assert "mean over 2 orders (2 runs, each order's averaged first)" in html.unescape(mine) and "(rot0, rot90)" in mine
+        assert mine.count('<figure class="curves"') == (0 if e["strategy"]["name"] == "joint" else 2)
         assert 'href="../index.html#digits-domains"' in mine
         # the final per-class recall behind G-mean, one table per run, in percent, zeros marked
         table = re.search(rf'<table class="recall" data-hash="{e["config_hash"]}">(.*?)</table>', mine, re.S).group(1)
@@ -189,6 +193,11 @@ def test_page_loads_in_headless_chromium_without_console_errors(rendered, tmp_pa
     dom = _chromium_run(tmp_path, run_page, "--dump-dom")
     assert _console_messages(dom.stderr) == []
     assert dom.stdout.count('<figure class="heatmap"') == 2
+    assert dom.stdout.count('<figure class="heatmap-fixed"') == 2 and dom.stdout.count('<figure class="curves"') == 2
+    shot = tmp_path / "run-page.png"
+    proc = _chromium_run(tmp_path, run_page, f"--screenshot={shot}", "--window-size=1280,1600")
+    assert shot.is_file(), proc.stderr[-3000:]
+    assert _console_messages(proc.stderr) == []
 
 
 # Added to a copy of a page: where each table and its last header cell lie once laid out.
