@@ -30,21 +30,53 @@ def handle(args: argparse.Namespace) -> int:
 
     console = Console()
     for kind in [args.kind] if args.kind else KINDS:
+        components = available(kind)
         table = Table(title=kind, title_justify="left", show_edge=False, show_lines=args.verbose)
         table.add_column("name", style="bold", no_wrap=True)
         table.add_column("description")
         if args.verbose:
             table.add_column("hyper-parameters (type = default)")
+            width = 0
         else:
-            table.add_column("defined in", overflow="fold")
-        for name, target in available(kind).items():
+            # Rich wraps at spaces and folds a word anywhere: the import path, which has no spaces,
+            # is broken after a "." or ":" instead, into lines of the width it is given here.
+            width = _target_width(console.width, components)
+            table.add_column("defined in", no_wrap=True, width=width)
+        for name, target in components.items():
             component = describe(kind, name, target, verbose=args.verbose)
             if args.verbose:
                 table.add_row(name, component.summary, "\n".join(_signature_line(p) for p in component.params))
             else:
-                table.add_row(name, component.summary, target)
+                table.add_row(name, component.summary, "\n".join(break_path(target, width)))
         console.print(table)
     return 0
+
+
+DESCRIPTION_MIN = 24  # columns the description keeps before the import path is broken
+
+
+def _target_width(columns: int, components: dict[str, str]) -> int:
+    """The "defined in" column's width: the longest import path where the terminal has room for
+    it beside the names and a readable description, else what is left (at least 16)."""
+    name = max((len(n) for n in components), default=4)
+    longest = max((len(t) for t in components.values()), default=10)
+    room = columns - name - DESCRIPTION_MIN - 6  # a space either side of the two column rules
+    return max(16, min(longest, room))
+
+
+def break_path(target: str, width: int) -> list[str]:
+    """``target`` (``package.module:name``) in lines of at most ``width`` characters, broken after
+    a "." or ":"; a part longer than ``width`` alone is folded."""
+    import re
+
+    lines = [""]
+    for part in re.findall(r"[^.:]+[.:]?|[.:]", target):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+        while len(lines[-1]) > width:
+            lines[-1:] = [lines[-1][:width], lines[-1][width:]]
+    return lines
 
 
 def _signature_line(param) -> str:

@@ -43,6 +43,36 @@ def test_list_shows_the_builtins():
         assert name in proc.stdout
 
 
+def test_list_at_80_columns_breaks_words_only_at_spaces_and_import_paths_after_a_dot():
+    """Rich folds a word anywhere once it is wider than its column; at 80 columns no description
+    word and no import path is cut in the middle (a path breaks after a "." or ":")."""
+    from clbench.plugins.describe import describe
+    from clbench.plugins.registry import KINDS, available
+
+    proc = run_cli("list", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows: list[list[list[str]]] = []
+    for line in lines:
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) != 3:
+            continue  # a title or header
+        if cells[0]:
+            rows.append([[c] for c in cells])
+        else:
+            for kept, cell in zip(rows[-1], cells):
+                kept.append(cell)
+    expected = {name: (describe(kind, name, target).summary, target)
+                for kind in KINDS for name, target in available(kind).items()}
+    assert sorted(r[0][0] for r in rows) == sorted(expected)
+    for (name, *_), description, target in rows:
+        summary, path = expected[name]
+        assert " ".join(description).split() == summary.split()
+        pieces = [p for p in target if p]
+        assert "".join(pieces) == path and all(p[-1] in ".:" for p in pieces[:-1]), (name, pieces)
+
+
 def test_run_writes_result_and_tensorboard(tmp_path, write_yaml):
     cfg = tiny_config(logging={"progress": False, "tensorboard": True})
     # overrides anywhere among the options, not only after them
