@@ -106,12 +106,30 @@ def open_rgb(path: str, draft_size: int | None = None):
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:
+        with Image.open(path) as image:  # reads the header only
+            _check_pixels(path, image.size, Image.MAX_IMAGE_PIXELS)
             if draft_size is not None:
                 image.draft("RGB", (draft_size, draft_size))
             return image.convert("RGB")
+    except Image.DecompressionBombError as err:  # over twice the limit: PIL refuses to open it
+        raise _too_large(path, str(err).split(",")[0]) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise decode_error(path, err) from None
+
+
+def _check_pixels(path: str, size: tuple[int, int], limit: int | None) -> None:
+    """Refuse, before decoding, an image larger than Pillow's decompression-bomb limit (where
+    Pillow only warns): a dataset image of hundreds of megapixels is damaged or hostile, and
+    decoding it could take the machine's memory."""
+    width, height = size
+    if limit is not None and width * height > limit:
+        raise _too_large(path, f"{width}x{height} = {width * height:,} pixels, over Pillow's limit of {limit:,}")
+
+
+def _too_large(path: str, reason: str) -> ImageDecodeError:
+    return ImageDecodeError(f"image too large to decode safely ({reason})", where=path,
+                            fix="a dataset image this large is damaged or not the dataset's: re-extract the "
+                                "archive or delete the file")
 
 
 def verify_images(paths: Sequence[str], workers: int = 8) -> list[tuple[str, str]]:

@@ -129,6 +129,27 @@ def _core50_corrupt(d: Path) -> None:
     (d / "core50" / "core50_128x128" / "s2" / "o1" / "C_02_01_001.png").write_bytes(b"not a png at all")
 
 
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that declares ``width`` x ``height`` pixels and holds none (a decompression bomb's header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+def _core50_huge(side: int) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        from clbench.data.fixtures import write_core50
+
+        write_core50(d / "core50", sessions=[1, 2], objects=[1, 2], frames=3, size=8)
+        (d / "core50" / "core50_128x128" / "s2" / "o1" / "C_02_01_001.png").write_bytes(_png_header(side, side))
+    return setup
+
+
 def _output_is_file(d: Path) -> None:
     (d / "out").write_text("I am a file\n")
 
@@ -275,6 +296,12 @@ CASES = [
          message=("{dir}/nowhere", "does not exist")),
     Case("malformed image", config={**BASE, "benchmark": CORE50}, setup=_core50_corrupt, output="empty",
          message=("C_02_01_001.png", "cannot decode image", "delete the corrupt file"), process=True),
+    Case("image too large to decode", config={**BASE, "benchmark": CORE50}, setup=_core50_huge(20000),
+         output="empty", message=("C_02_01_001.png", "image too large to decode safely",
+                                  "400000000 pixels", "delete the file")),
+    Case("image over the decompression-bomb warning size", config={**BASE, "benchmark": CORE50},
+         setup=_core50_huge(10000), output="empty",
+         message=("C_02_01_001.png", "image too large to decode safely", "10000x10000 = 100,000,000 pixels")),
     # -- trainer
     Case("reserved trainer key", config=cfg(trainer={"max_epochs": 5}),
          message=("{cfg}: trainer.max_epochs", "set by the runner", "train.epochs")),
