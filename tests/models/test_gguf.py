@@ -183,3 +183,23 @@ def test_the_language_model_quickstart_config_is_valid():
     preflight(cfg, str(path))
     build_strategy(cfg, str(path))
     assert cfg["model"]["init_args"]["path"] in ckpt.PRESETS and cfg["logging"]["progress"] is True
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file", "proc"])
+def test_a_cache_folder_that_cannot_hold_files_is_one_line_naming_the_variable(tmp_path, monkeypatch, kind):
+    (tmp_path / "cachefile").write_text("not a folder\n")
+    value = {"file": tmp_path / "cachefile", "under a file": tmp_path / "cachefile" / "sub",
+             "proc": "/proc/clbench-cache"}[kind]
+    monkeypatch.setenv(ckpt.CACHE_ENV, str(value))
+    with pytest.raises(UserError) as raised:
+        ckpt.preset_file(next(iter(ckpt.PRESETS)))
+    line = str(raised.value)
+    assert line.startswith(f"{ckpt.CACHE_ENV}: {value} ") and "\n" not in line, line
+    assert {"file": "is a file, not a folder", "under a file": "which is a file",
+            "proc": "under /proc, a kernel filesystem"}[kind] in line
+    assert line.endswith(f"(set {ckpt.CACHE_ENV} to a folder of yours, or unset it to use the user cache folder)")
+
+
+def test_a_cache_folder_not_made_yet_is_fine(tmp_path, monkeypatch):
+    monkeypatch.setenv(ckpt.CACHE_ENV, str(tmp_path / "new" / "cache"))
+    assert ckpt.cache_root() == tmp_path / "new" / "cache"

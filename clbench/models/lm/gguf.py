@@ -73,10 +73,32 @@ PRESETS: dict[str, Preset] = {
 def cache_root() -> Path:
     """Where fetched files and converted folders live: ``$CLBENCH_CACHE_DIR`` or the user cache."""
     if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
+        return _checked_cache(Path(os.environ[CACHE_ENV]).expanduser())
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("clbench"))
+
+
+# Kernel filesystems: what is under them is made by the kernel, never a place to keep files.
+VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def _checked_cache(path: Path) -> Path:
+    """``$CLBENCH_CACHE_DIR`` as a folder files can be kept in: refused as one line naming the
+    variable when it (or a folder above it) is a file, or lies on a kernel filesystem."""
+    fix = f"set {CACHE_ENV} to a folder of yours, or unset it to use the user cache folder"
+    resolved = path.resolve()
+    virtual = next((root for root in VIRTUAL_ROOTS if resolved.is_relative_to(root)), None)
+    if virtual is not None:
+        raise UserError(f"{path} is under {virtual}, a kernel filesystem where no files can be kept",
+                        where=CACHE_ENV, fix=fix)
+    for folder in (resolved, *resolved.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file" if folder == resolved else f"is under {folder}, which is a file"
+                raise UserError(f"{path} {what}, not a folder", where=CACHE_ENV, fix=fix)
+            break
+    return path
 
 
 def preset_file(name: str) -> Path:
