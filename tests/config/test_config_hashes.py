@@ -24,8 +24,8 @@ EXPERIMENTS = {
     "thesis_core50_moe.yaml": "3a49641df8322a9d6f737ee3b8521849d1f004a3ba473beb1dfd3604888558bc",
     "thesis_office_home_moe.yaml": "572722816d96bbee85790e489938b6bbdbb6e717d6ffa44fcb4a464091cfcf30",
     "trace_qwen3_0.6b.yaml": "77a9b3d2d0ea4f978228758a19dad7c840fcb6a30697e082f6fc6cf1537cabbd",
-    "trace_qwen3_0.6b_loramoe.yaml": "2fd192c60155da4bc1cae08a6d25dee056bf3c706d8213eb0aa4d69e285728af",
-    "trace_qwen3_0.6b_mh_moe.yaml": "d1bd5ca2e5404b0d6e73ac0988c84ffbae3fc7261a0f1a4097ee860915a1b002",
+    "trace_qwen3_0.6b_loramoe.yaml": "f437fe534d24c42c6793caa335fa6150a7e6df785c371f11a5c8d8b93a3c01a1",
+    "trace_qwen3_0.6b_mh_moe.yaml": "4d9364f764a4dcf8a9934dc4f734841682079216b9fbfe6f2fa8684e009ac6ed",
     "trace_qwen3_0.6b_moses.yaml": "7d72f2b0f42a9a9ec4428b4189b09b96176bbf1ea426c0580042354a6cbf7f36",
 }
 
