@@ -70,12 +70,16 @@ class Unwritable(UserError):
     """A write failed for a reason the user fixes (full disk, quota, read-only, permissions)."""
 
 
-def unwritable(err: BaseException, path=None) -> Unwritable | None:
+def unwritable(err: BaseException, path=None, *, folder=None) -> Unwritable | None:
     """``err`` as a one-line :class:`UserError` naming ``path`` (a file being written) or the
     path in ``err`` when it is an unwritable-disk or permission error, else None. A permission
-    error from an unknown operation (maybe a read) says "cannot access", not "cannot write"."""
+    error from an unknown operation (maybe a read) says "cannot access", not "cannot write".
+    A write's own ``OSError`` (``ENOSPC`` from ``write()`` or ``close()``) holds no file name:
+    then ``folder``, the folder the failing command writes into, is named instead of "a file"."""
     if not isinstance(err, OSError) or err.errno not in UNWRITABLE_ERRNOS:
         return None
+    if path is None and not err.filename and folder is not None:
+        path = f"a file while writing into {folder}"
     where = str(path if path is not None else (err.filename or "a file"))
     reason = err.strerror or os.strerror(err.errno)
     if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):

@@ -167,7 +167,7 @@ class ContinualRun:
 
     def _unwritable(self, err: BaseException) -> Unwritable | None:
         """A full or read-only disk, as one line that says the finished experiences are safe."""
-        reported = err if isinstance(err, Unwritable) else unwritable(err)
+        reported = err if isinstance(err, Unwritable) else unwritable(err, folder=self.output)
         if reported is None:
             return None
         if self.path is not None and (self.path / CHECKPOINT).exists():

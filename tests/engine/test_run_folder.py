@@ -206,3 +206,19 @@ def test_a_disk_error_outside_the_write_helpers_is_one_line_naming_its_path(tmp_
         monkeypatch.setattr(render, "render", failing)
         assert main(["leaderboard", "render", str(tmp_path)]) == 2
         assert capsys.readouterr().err.splitlines() == [f"clbench: error: {expected}"]
+
+
+def test_a_full_disk_error_without_a_file_name_names_the_runs_folder(tmp_path, monkeypatch, capsys):
+    """ENOSPC from a write() or close() holds no file name: the run's folder is named instead of 'a file'."""
+    import clbench.engine.saved as saved
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(saved, "save_after", full)
+    config = _config(tmp_path)
+    out = tmp_path / "out"
+    assert main(["run", "--config", str(config), "--output", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"clbench: error: cannot write a file while writing into {out}: No space left on device (free space "
+        "(or quota) on that filesystem and run the command again)"]
