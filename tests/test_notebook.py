@@ -25,6 +25,9 @@ def test_the_quickstart_notebook_runs(monkeypatch):
                                      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
     client.execute()
     text = "\n".join(out.get("text", "") for cell in notebook.cells for out in cell.get("outputs", []))
+    stderr = [out.get("text", "") for cell in notebook.cells for out in cell.get("outputs", [])
+              if out.get("name") == "stderr"]
+    assert not any("IProgress" in t or "TqdmWarning" in t for t in stderr), stderr  # a reader sees no warning
     assert "['rot0', 'rot90', 'rot180', 'rot270', 'invert']" in text  # the run's experiences
     assert "'acc'" in text and "ACC" in text  # the run's scores and the leaderboard's rows printed
     figures = [out for cell in notebook.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
