@@ -50,7 +50,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from clbench.config.load import config_hash, deep_merge, order_label, read_yaml, resolve_config
+from clbench.config.load import config_hash, deep_merge, order_label, resolve_config
+from clbench.config.yaml_files import read_yaml
 from clbench.config.schema import Count, Named, NonNegative, Order, Section
 from clbench.errors import UserError, did_you_mean
 from clbench.config.validation import check_fields, refuse

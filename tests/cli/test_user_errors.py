@@ -10,7 +10,8 @@ import yaml
 
 from clbench.plugins import registry
 from clbench.plugins.build import build_strategy, optimizer_factory, preflight
-from clbench.config.load import blame_overrides, load_config, read_yaml, resolve_config
+from clbench.config.load import blame_overrides, load_config, resolve_config
+from clbench.config.yaml_files import read_yaml
 from clbench.errors import UserError
 from helpers import REPO, run_cli, tiny_config
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from clbench.cli.main import main
-from clbench.config.load import load_yaml_text
+from clbench.config.yaml_files import load_yaml_text
 from helpers import tiny_config, write_suite, smoke
 
 
@@ -249,7 +249,8 @@ def test_suite_refuses_a_negative_permutation_at_its_own_field(tmp_path, capsys)
      "(give train.batch_size a value of type int in [1, 2147483647])"),
     ("train.eval_batch_size=9223372036854775808", "command line: train.eval_batch_size: must be <= 2147483647"),
     ("train.num_workers=100000", "command line: train.num_workers: 100000 data-loader worker processes, but this "
-                                 "process may use {cpus} CPUs (set train.num_workers between 0 and {cpus})"),
+                                 "process may use {cpus} CPUs (at most 4 workers each) (set train.num_workers "
+                                 "between 0 and 12)"),
     ("--threads=100000", "--threads: 100000 torch threads, but this process may use {cpus} CPUs "
                          "(set --threads to a whole number from 1 to {cpus})")])
 def test_a_setting_beyond_the_machine_is_one_line(tmp_path, capsys, monkeypatch, override, message):
@@ -271,14 +272,17 @@ def test_a_trainer_refusal_names_the_argument_lightning_quotes(tmp_path, capsys)
     assert line.count("(") == line.count(")")
 
 
-def test_as_many_workers_as_cpus_is_accepted(monkeypatch):
+def test_threads_up_to_the_cpus_and_a_few_workers_per_cpu_are_accepted(monkeypatch):
+    """A config written for a cluster node (8 workers) still runs on a 2-core machine; 9 do not."""
     from clbench import limits
 
     monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    limits.check_workers(2, where="cfg.yaml: train.num_workers")
+    limits.check_workers(8, where="cfg.yaml: train.num_workers")
     assert limits.check_threads(2, where="--threads") == 2
-    with pytest.raises(limits.UserError, match="cfg.yaml: train.num_workers: 3 data-loader worker processes"):
-        limits.check_workers(3, where="cfg.yaml: train.num_workers")
+    with pytest.raises(limits.UserError, match="cfg.yaml: train.num_workers: 9 data-loader worker processes"):
+        limits.check_workers(9, where="cfg.yaml: train.num_workers")
+    with pytest.raises(limits.UserError, match="--threads: 3 torch threads"):
+        limits.check_threads(3, where="--threads")
 
 
 def _nested(depth: int) -> str:

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from clbench.cli.main import main
-from clbench.config.load import load_yaml_text, resolve_config
+from clbench.config.load import resolve_config
+from clbench.config.yaml_files import load_yaml_text
 from clbench.errors import UserError
 from helpers import REPO, smoke, tiny_config, write_suite
 

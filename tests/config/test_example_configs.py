@@ -18,7 +18,7 @@ NO_EXAMPLE = {"smoke"}  # the tests' suite
 
 
 def _strategy_names(suite_path: Path) -> set[str]:
-    from clbench.config.load import load_yaml_text
+    from clbench.config.yaml_files import load_yaml_text
 
     items = load_yaml_text(suite_path.read_text())["strategies"]
     return {item if isinstance(item, str) else item["class_path"] for item in items}

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from clbench.plugins.build import build_strategy, preflight
-from clbench.config.load import read_yaml, resolve_config
+from clbench.config.load import resolve_config
+from clbench.config.yaml_files import read_yaml
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "experiments").glob("*.yaml"))
 

@@ -176,7 +176,8 @@ def test_the_language_model_quickstart_config_is_valid():
     from pathlib import Path
 
     from clbench.plugins.build import build_strategy, preflight
-    from clbench.config.load import read_yaml, resolve_config
+    from clbench.config.load import resolve_config
+    from clbench.config.yaml_files import read_yaml
 
     path = Path(__file__).resolve().parents[2] / "configs" / "examples" / "trace-mini-smollm2.yaml"
     cfg = resolve_config(read_yaml(path), source=str(path))
