@@ -31,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 
+from clbench.config.validation import ArgumentError
 from clbench.errors import UserError
 
 DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -92,18 +93,21 @@ def _file_in(base: Path, spec: IdxFile) -> Path | None:
 
 def locate(root: str | None) -> Path:
     """The folder to read: ``root``, or the first default folder holding all four files."""
-    if root is None:
-        for base in default_roots():
-            if all(_file_in(base, spec) for spec in FILES.values()):
-                return base
-        tried = " or ".join(str(p) for p in default_roots())
-        raise UserError(f"Fashion-MNIST not found in {tried}", where="benchmark.init_args.root",
-                        fix=f"{FIX}, or set root to the folder holding them")
-    base = Path(root).expanduser()
+    base = _default_root() if root is None else Path(root).expanduser()
     if not base.is_dir():
         raise UserError("Fashion-MNIST root is not a folder" if base.exists() else "Fashion-MNIST root does not exist",
                         where=str(base), fix=FIX)
     return base
+
+
+def _default_root() -> Path:
+    """The first of :func:`default_roots` that holds all four files."""
+    found = next((base for base in default_roots() if all(_file_in(base, spec) for spec in FILES.values())), None)
+    if found is None:
+        tried = " or ".join(str(p) for p in default_roots())
+        raise ArgumentError("benchmark", "root", f"Fashion-MNIST not found in {tried}",
+                            fix=f"{FIX}, or set root to the folder holding them")
+    return found
 
 
 def _payload(path: Path) -> bytes:
