@@ -22,9 +22,7 @@ opens the page sorted, which is also how the tests drive the sorter in headless 
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import io
 import os
 import re
 import shlex
@@ -32,19 +30,18 @@ from pathlib import Path
 
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
+from clbench.leaderboard.figures import BAR_METRIC, order_bar_figure, png_uri
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
 from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, NOTES, RECALL_MISSING, RECALL_NOTE, bench_meta,
                                       direction_note, dirty_note, gmean_note, groups_note, groups_text, meta_line,
                                       routing_note, trace_note)
 from clbench.leaderboard.stats import groups_figure
-from clbench.leaderboard.table import (RANK_BY, TEST_SET_MARK, BenchmarkTable, arrow, build_tables, fmt, made_dirty,
+from clbench.leaderboard.table import (RANK_BY, TEST_SET_MARK, BenchmarkTable, build_tables, fmt, made_dirty,
                                       number, runs_cell)
-from clbench.metrics.score_registry import title as score_title
 from clbench.results.record import Status
 
 README = "README.md"
 DETAILS = "pages"  # one page per table row, beside index.html (runs/ holds working folders)
-BAR_METRIC = "acc"
 ROUTING_LAYERS = 6  # panels per run in the page's utilization figures (evenly spaced layers)
 
 
@@ -136,57 +133,6 @@ def _group(table: BenchmarkTable, row) -> str:
     return (table.groups.letters.get(row.label) if table.groups else None) or "—"
 
 
-# -- figures --------------------------------------------------------------------------------
-PNG_COLOURS = 64  # a page's figures as palette PNGs: about a quarter of the bytes, the text as sharp
-
-
-def _png(fig) -> str:
-    """The figure as a ``data:`` URI of a 72-dpi palette PNG (no software metadata, so unchanged
-    entries give identical bytes); the figure is closed."""
-    import matplotlib.pyplot as plt
-    from PIL import Image
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
-    image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
-    small = io.BytesIO()
-    image.quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
-        small, format="png", optimize=True)
-    return "data:image/png;base64," + base64.b64encode(small.getvalue()).decode("ascii")
-
-
-def order_bar_figure(comparison: dict, metric: str = BAR_METRIC, title: str | None = None):
-    """Grouped bars: one group per strategy, one bar per task order (mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    strategies = comparison["strategies"]
-    orders = comparison["orders"]
-    x = np.arange(len(strategies))
-    width = 0.8 / max(1, len(orders))
-    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(strategies), 3.2), dpi=100)
-    for k, order in enumerate(orders):
-        heights = [100 * s["per_order"].get(order, np.nan) for s in strategies]
-        ax.bar(x - 0.4 + width * (k + 0.5), heights, width, label=order)
-    ax.set_xticks(x, [s["label"] for s in strategies], rotation=20, ha="right", fontsize=8)
-    higher = comparison.get("higher_is_better", True)
-    title = title or score_title(metric) + ("" if higher else f" {arrow(higher)}")
-    ax.set_ylabel(f"{title} (%)")
-    if higher:
-        ax.set_ylim(0, 100)
-    else:  # an error need not stay below 100 %
-        ax.set_ylim(bottom=0)
-    ax.set_title(f"{comparison['benchmark']}: {title} per task order", fontsize=9)
-    ax.legend(title="order", fontsize=7, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
 # -- HTML -----------------------------------------------------------------------------------
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
        "base-uri 'none'; form-action 'none'")
@@ -251,12 +197,12 @@ def _table_context(table: BenchmarkTable) -> dict:
         rs = comparison["rank_stability"]
         tau = rs["kendall_tau_mean"]
         orders = {"tau": "—" if tau is None else f"{tau:.3f}", "pairs": len(rs["pairs"]),
-                  "title": table.title(BAR_METRIC), "png": _png(order_bar_figure(comparison, title=table.title(BAR_METRIC)))}
+                  "title": table.title(BAR_METRIC), "png": png_uri(order_bar_figure(comparison, title=table.title(BAR_METRIC)))}
     groups = None
     if table.groups is not None and table.groups.method is not None:
         title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
         groups = {"text": groups_text(table), "title": title,
-                  "png": _png(groups_figure(table.groups, title, table.label))}
+                  "png": png_uri(groups_figure(table.groups, title, table.label))}
     after = [(note, "dirty") for note in [dirty_note(table)] if note]
     after += [(note, "") for note in [gmean_note(table, page=True)] if note]
     return {"label": table.label, "meta": meta_line(bench_meta(table)), "columns": columns, "rows": rows,
@@ -329,7 +275,7 @@ def render_run_page(table: BenchmarkTable, row) -> str:
 
     title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
     runs = _runs(table, row)
-    heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": _png(r_matrix_figure(e))}
+    heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": png_uri(r_matrix_figure(e))}
                 for e in runs]
     fixed = _fixed_order(table, runs, title)
     recalls = []
@@ -346,7 +292,7 @@ def render_run_page(table: BenchmarkTable, row) -> str:
         layers = routing_layers(e, ROUTING_LAYERS)
         caption = (f"order {e['order_label']} · seed {e['seed']}: expert utilization per test experience after the "
                    f"last stage ({len(layers)} of {len(routing_layers(e))} MoE layers)")
-        routing.append({"hash": e["config_hash"], "caption": caption, "png": _png(utilization_figure(e, layers))})
+        routing.append({"hash": e["config_hash"], "caption": caption, "png": png_uri(utilization_figure(e, layers))})
     summary = f"{runs_cell(row)} runs · " + " · ".join(f"{table.title(s)} {fmt(row.stats.get(s), score=s)}"
                                                        for s in table.scores)
     return _templates().get_template("run.html.j2").render(
@@ -369,13 +315,13 @@ def _fixed_order(table: BenchmarkTable, runs: list[dict], title: str) -> dict:
         names = canonical_names(runs)
     heatmaps, mean = [], None
     if names is not None:
-        heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": _png(fixed_order_figure(e, names))}
+        heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": png_uri(fixed_order_figure(e, names))}
                     for e in runs]
         orders = len({e["order_label"] for e in runs})
-        mean = {"png": _png(mean_over_orders_figure(runs, names)),
+        mean = {"png": png_uri(mean_over_orders_figure(runs, names)),
                 "caption": f"mean over {orders} order{'s' if orders != 1 else ''} ({len(runs)} run"
                            f"{'s' if len(runs) != 1 else ''}, each order's averaged first)"}
-    curves = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": _png(curves_figure(e, names))}
+    curves = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": png_uri(curves_figure(e, names))}
               for e in runs if not single_stage(e) and len(e["experiences"]) <= MAX_LINES]
     return {"names": names or [], "mean": mean, "heatmaps": heatmaps, "curves": curves}
 
