@@ -10,6 +10,8 @@ import pytest
 import torch
 from helpers import crash_at, tiny_config
 
+from clbench.errors import UserError
+
 REGRESSION_STREAM = '''
 import torch
 from torch.utils.data import TensorDataset
@@ -366,7 +368,8 @@ def test_a_failed_overwrite_keeps_the_previous_run_and_a_successful_one_replaces
     plugin.write_text(FAILING_STRATEGY)
     failing = resolve_config(tiny_config(strategy={"class_path": f"{plugin}:FailsLate"},
                                          logging={"tensorboard": True}))
-    with pytest.raises(RuntimeError, match="simulated failure"):
+    # a plugin's hook that raises is reported as its file and line (clbench.plugins.hooks)
+    with pytest.raises(UserError, match=r"fails\.py:\d+: RuntimeError: simulated failure"):
         run(failing, out, overwrite=True)
     assert (out / "result.json").read_bytes() == before
     assert sorted(p.name for p in (out / "tensorboard").iterdir()) == events_before
@@ -384,7 +387,7 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_directory(tmp_pa
     plugin = tmp_path / "fails.py"
     plugin.write_text(FAILING_STRATEGY.replace("experience.position == 1", "True"))
     out = tmp_path / "never"
-    with pytest.raises(RuntimeError):
+    with pytest.raises(UserError, match="RuntimeError: simulated failure"):
         run(resolve_config(tiny_config(strategy={"class_path": f"{plugin}:FailsLate"},
                                        logging={"tensorboard": True})), out)
     assert not out.exists()
