@@ -30,12 +30,12 @@ POISON = textwrap.dedent('''
         def __init__(self, at: int = 1, factor: Annotated[float, AllowInfNan(True)] = float("nan")):
             super().__init__()
             self.at = at
-            self.factor = factor
+            self._factor = factor  # not a recorded hyper-parameter: result.json holds no nan (strict JSON)
 
         def training_loss(self, ctx, x, y, logits, loss):
             if ctx.experience < self.at:
                 return loss
-            return loss.detach() * self.factor + 0.0 * loss
+            return loss.detach() * self._factor + 0.0 * loss
 ''')
 
 
