@@ -74,7 +74,7 @@ def test_uncommitted_code_is_refused_in_the_repository_and_allowed_with_the_flag
     assert main(["leaderboard", "render", str(out)]) == 0
     readme = (out / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("| ") and not line.startswith("| Rank")]
-    assert rows and all(" †" in row.split("|")[2] for row in rows), rows  # every row's strategy cell is marked
+    assert rows and all(" †" in row.split("|")[3] for row in rows), rows  # every row's strategy cell (after Rank and Group) is marked
     assert f"{len(entries)} made from uncommitted code (†)" in readme
     assert "† Made from uncommitted code" in readme and "cannot rerun them" in readme
     page = (out / "index.html").read_text()
