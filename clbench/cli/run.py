@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 # Below this many cores, one torch thread: on a small CPU that also does other work, extra
@@ -25,10 +24,9 @@ def _threads(value: str) -> int | str:
 
 def usable_cores() -> int:
     """CPU cores this process may use: its affinity set, and physical cores where known."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+    from clbench.limits import usable_cpus
+
+    cores = usable_cpus()  # the affinity set, counted where the bounds on threads and workers count it
     try:
         import psutil  # optional: tells physical cores from hyper-threads
 
