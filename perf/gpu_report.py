@@ -14,8 +14,8 @@ the parts run in the order of their value: the training ratios and MFU of full f
 LoRA at Qwen3-0.6B size with the mh_moe/loramoe step, then generation, then the trace-mini grid's
 estimate of the full TRACE grid, then the rest. ``--budget-s`` (default on CUDA: 500 s, the sum
 of :data:`BUDGETS`, which leaves about 40 s of a 9-minute command to install the carried wheels,
-import and write) is the time for the chosen parts together, counted from the first part's
-start; each part gets its share of what is left when it starts (so a part that ends early
+import and write; 470 s on one GPU, where the two-GPU part takes no share) is the time for the
+chosen parts together, counted from the first part's start; each part gets its share of what is left when it starts (so a part that ends early
 leaves its time to the later ones). A part's clock includes building its models, and a part
 whose budget runs out records the rounds it measured (at least the untimed warm-up's) and says
 so. Run with ``--only``, a part's records replace that part's in an existing report in ``DIR``
@@ -770,7 +770,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--budget-s", type=float, default=None,
                         help="seconds for the chosen parts together, from the first part's start (default on CUDA: the "
-                             "sum of their shares, 500 s for all; on CPU: unbounded)")
+                             "sum of their shares, 500 s for all, 470 s on one GPU; on CPU: unbounded)")
     parser.add_argument("--only", nargs="+", choices=PARTS, metavar="NAME", help=f"parts to run: {', '.join(PARTS)}")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
                         help="torch deterministic algorithms for every part (clbench's default)")
@@ -809,9 +809,13 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--out: {out / DATA} is not a report this script wrote; give another folder or remove the file")
     kept = [r for r in previous.get("records", []) if r["part"] not in chosen]
     parts = {k: v for k, v in previous.get("parts", {}).items() if k not in chosen}
+    # A part that will only record why it cannot run here (two-GPU parts on one GPU) takes no
+    # share: on the first H100 lease fsdp's 93 s went unused while lm_train ran out of rounds.
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    shares = {p: 0 if p in TWO_GPU_PARTS and gpus < 2 else BUDGETS[p] for p in chosen}
     # The tiny CPU sizes end long before any budget: without --budget-s they run unbounded.
     total = args.budget_s if args.budget_s is not None else (
-        sum(BUDGETS[p] for p in chosen) if args.device == "cuda" else math.inf)
+        sum(shares.values()) if args.device == "cuda" else math.inf)
     ctx = Context(args.device, PROFILES[args.device], args.deterministic,
                   [Record(**{k: v for k, v in r.items() if k in Record.__dataclass_fields__})
                    for r in previous.get("records", [])])
@@ -834,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
     failed, started = False, time.perf_counter()
     for i, part in enumerate(chosen):
         left = total - (time.perf_counter() - started)
-        ctx.budget = Budget(max(left, 0.0) * BUDGETS[part] / sum(BUDGETS[p] for p in chosen[i:]))
+        ctx.budget = Budget(max(left, 0.0) * shares[part] / max(sum(shares[p] for p in chosen[i:]), 1))
         error, note = None, None
         try:
             print(f"[gpu_report] {part}: budget {ctx.budget.seconds:.0f} s", flush=True)
