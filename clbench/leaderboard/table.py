@@ -206,15 +206,19 @@ def _short(path: str) -> str:
     return path.replace(".init_args", "").removesuffix(".class_path")
 
 
-def _plain(value: str | None) -> str:
-    """A flattened JSON value for a label: strings without quotes, absent as an em dash."""
-    if value is None:
-        return "—"
+def _plain(value: str) -> str:
+    """A flattened JSON value for a label: strings without quotes."""
     return value[1:-1] if value.startswith('"') and value.endswith('"') else value
 
 
-def _disambiguate(labels: list[str], configs: list[dict]) -> list[str]:
-    """Append ``field=value`` for the fields that differ between items sharing a label."""
+def _disambiguate(labels: list[str], configs: list[dict], component: str) -> list[str]:
+    """Append ``field=value`` for the fields that differ between items sharing a label.
+
+    A field an item does not set is left out of its label rather than shown as missing (the
+    item runs with the component's default), and the fields of the labelled ``component`` drop
+    its name: ``ewc`` beside ``ewc (gamma=1.0, mode=online)``, not
+    ``ewc (strategy.gamma=—, strategy.mode=—)``. Labels stay distinct: two items that set the
+    same fields to the same values are one item."""
     out = list(labels)
     for label in set(labels):
         idx = [i for i, lab in enumerate(labels) if lab == label]
@@ -222,10 +226,11 @@ def _disambiguate(labels: list[str], configs: list[dict]) -> list[str]:
             continue
         flat = [_flatten(configs[i]) for i in idx]
         keys = sorted(set().union(*flat))
-        varying = [k for k in keys if len({f.get(k) for f in flat}) > 1]
+        varying = sorted((k for k in keys if len({f.get(k) for f in flat}) > 1),
+                         key=lambda k: (not k.startswith(component + "."), k))  # the component's own first
         for i, f in zip(idx, flat):
-            parts = [f"{_short(k)}={_plain(f.get(k))}" for k in varying]
-            out[i] = f"{label} ({', '.join(parts)})"
+            parts = [f"{_short(k).removeprefix(component + '.')}={_plain(f[k])}" for k in varying if k in f]
+            out[i] = f"{label} ({', '.join(parts)})" if parts else label
     return out
 
 
@@ -288,7 +293,8 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         benches.setdefault(key, []).append(e)
         bench_cfg[key] = {"benchmark": e["config"]["benchmark"]}
     keys = list(benches)
-    bench_labels = _disambiguate([bench_cfg[k]["benchmark"]["class_path"] for k in keys], [bench_cfg[k] for k in keys])
+    bench_labels = _disambiguate([bench_cfg[k]["benchmark"]["class_path"] for k in keys], [bench_cfg[k] for k in keys],
+                                  "benchmark")
     tables = []
     for key, bench_label in zip(keys, bench_labels):
         groups: dict[str, list[dict]] = {}
@@ -300,7 +306,7 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
             configs[gkey] = cfg
         gkeys = list(groups)
         labels = _disambiguate([display_name(configs[g]["strategy"]["class_path"]) for g in gkeys],
-                               [configs[g] for g in gkeys])
+                               [configs[g] for g in gkeys], "strategy")
         rows = [Row(key=g, label=label, strategy=configs[g]["strategy"]["class_path"],
                     model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]
         present = {s for e in benches[key] if e["status"] == Status.OK for s, v in e["scores"].items() if v is not None}
