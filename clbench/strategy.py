@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader, Dataset
 
     from clbench.data.streams import Experience
+    from clbench.metrics.declared import MetricSpec
     from clbench.objectives.base import Objective
 
 #: What a strategy may declare in :attr:`Strategy.requires`, and what provides it.
@@ -131,6 +132,11 @@ class Strategy:
     single_stage: ClassVar[bool] = False
     #: Perform every training step in :meth:`update` (Lightning manual optimisation).
     owns_update: ClassVar[bool] = False
+    #: Metrics the method adds to every test column, beside the objective's, each declared with
+    #: :func:`clbench.metrics.declared.declare` (its title, direction and unit). Each is updated
+    #: with the objective's ``(outputs, targets)`` and reported as ``<name>_final`` (and
+    #: ``global_<name>``) in ``result.json``.
+    extra_metrics: ClassVar[tuple["MetricSpec", ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

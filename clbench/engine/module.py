@@ -67,6 +67,8 @@ class ContinualModule(pl.LightningModule):
         super().__init__()
         from torchmetrics import MetricCollection
 
+        from clbench.metrics.declared import column_metrics
+
         if objective is None:  # a bare module (tests, reference models): classification
             from clbench.objectives.classification import Classification
             from clbench.data.streams import StreamSpec
@@ -88,7 +90,7 @@ class ContinualModule(pl.LightningModule):
         self.eval_metrics = nn.ModuleList()
         self.primary: list[str] = []  # each column's primary metric: its R-matrix entry
         for column in columns:
-            metrics = objective.metrics(column)
+            metrics = column_metrics(objective, strategy, column)  # the objective's, then those plugins add
             self.primary.append(next(iter(metrics.keys())))
             self.eval_metrics.append(metrics if isinstance(metrics, MetricCollection) else MetricCollection(metrics))
         self.domain: int | None = None  # its domain id, for routing records in training

@@ -32,9 +32,10 @@ from typing import Any
 from clbench.errors import UserError, did_you_mean
 from clbench.leaderboard.stats import ALPHA, design_text, groups_line
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, number, table_groups
-from clbench.metrics.score_registry import TABLE_SCORES, percent
+from clbench.metrics.score_registry import TABLE_SCORES, Score
 from clbench.results.record import Status
 
+PLAIN = Score("plain", "plain", "none", "", percent=False)  # how a score that is not a percentage is shown
 MIN_PAIRS = 3
 
 
@@ -185,10 +186,12 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
         for s in strategies:
             if s["label"] in ranks:
                 s.setdefault("rank_by_order", {})[order] = ranks[s["label"]]
-    title = metric if not percent(metric) else table.title(metric).removesuffix(" ↓").removesuffix(" ↑")
-    scale = (lambda v: f"{100 * v:.1f}") if percent(metric) else (lambda v: f"{v:.2f}")
-    unit = " points" if percent(metric) else ""
-    out: dict[str, Any] = {"benchmark": table.label, "higher_is_better": higher, "orders": orders,
+    meta = table.score(metric)  # title, unit and direction as the entries recorded them
+    title = metric if not meta.percent else table.title(metric).removesuffix(" ↓").removesuffix(" ↑")
+    scale = (lambda v: f"{100 * v:.1f}") if meta.percent else (lambda v: f"{v:.2f}")
+    unit = " points" if meta.percent else ""
+    out: dict[str, Any] = {"benchmark": table.label, "higher_is_better": higher, "percent": meta.percent,
+                           "orders": orders,
                            "strategies": strategies, "rank_stability": rank_stability(per_order_means, orders),
                            "groups": {**groups.as_dict(), "design": design_text(groups, title, scale, unit),
                                       "text": groups_line(groups, scale)}}
@@ -229,7 +232,9 @@ def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None =
     directions = {bench["higher_is_better"] for bench in benchmarks}
     # one direction for all benchmarks, or None where they differ (each benchmark says its own)
     higher = directions.pop() if len(directions) == 1 else (None if directions else True)
-    return {"metric": metric, "higher_is_better": higher, "min_pairs": MIN_PAIRS, "benchmarks": benchmarks}
+    percent = all(bench["percent"] for bench in benchmarks)  # one unit: the metric's, as its entries recorded it
+    return {"metric": metric, "higher_is_better": higher, "percent": percent, "min_pairs": MIN_PAIRS,
+            "benchmarks": benchmarks}
 
 
 def print_comparison(report: dict[str, Any], console=None) -> None:
@@ -240,10 +245,10 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
 
     console = console or console_for_tables()
     metric = report["metric"]
-    plain = not percent(metric)  # a diagnostic such as N_eff: not a percentage, no better direction
+    plain = not report["percent"]  # a diagnostic such as N_eff: not a percentage, no better direction
 
     def fmt(value: float | None) -> str:
-        return number(value, metric)
+        return number(value, None if report["percent"] else PLAIN)
 
     for bench in report["benchmarks"]:
         orders = bench["orders"]
@@ -317,7 +322,7 @@ def comparison_markdown(report: dict[str, Any]) -> str:
     metric = report["metric"]
 
     def fmt(value: float | None) -> str:
-        return number(value, metric)
+        return number(value, None if report["percent"] else PLAIN)
 
     def cell(text: str) -> str:
         return str(text).replace("|", "\\|")

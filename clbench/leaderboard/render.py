@@ -115,7 +115,7 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
     for table in tables:
         rows = [{"rank": str(row.rank or "—"), "label": f"{row.label} {DIRTY_MARK}" if row.dirty else row.label,
                  "group": _group(table, row), "runs": runs_cell(row),
-                 "cells": [fmt(row.stats.get(s), score=s) for s in table.scores],
+                 "cells": [fmt(row.stats.get(s), score=table.score(s)) for s in table.scores],
                  "wall": "—" if row.wall_seconds is None else f"{row.wall_seconds:.1f}"} for row in table.rows]
         contexts.append({"label": table.label, "meta": meta_line(bench_meta(table)),
                          "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table),
@@ -158,7 +158,7 @@ def detail_name(table: BenchmarkTable, row) -> str:
     return f"{DETAILS}/{slug}-{digest}.html"
 
 
-def _cell(stat, score: str) -> dict:
+def _cell(stat, score) -> dict:
     """A score's cell: the mean, ± its 95% interval's half-width (‡: one run's test set), and a
     tooltip with n, the interval's ends and the sd."""
     if stat is None:
@@ -189,7 +189,7 @@ def _table_context(table: BenchmarkTable) -> dict:
                      "group": _group(table, row),
                      "detail": detail_name(table, row) if row.ok else None, "dirty": bool(row.dirty),
                      "runs": runs_cell(row), "runs_value": len(row.ok),
-                     "cells": [_cell(row.stats.get(s), s) for s in table.scores],
+                     "cells": [_cell(row.stats.get(s), table.score(s)) for s in table.scores],
                      "wall": "—" if wall is None else f"{wall:.1f}", "wall_value": "" if wall is None else repr(wall)})
     orders = None
     if BAR_METRIC in table.scores:
@@ -293,7 +293,7 @@ def render_run_page(table: BenchmarkTable, row) -> str:
         caption = (f"order {e['order_label']} · seed {e['seed']}: expert utilization per test experience after the "
                    f"last stage ({len(layers)} of {len(routing_layers(e))} MoE layers)")
         routing.append({"hash": e["config_hash"], "caption": caption, "png": png_uri(utilization_figure(e, layers))})
-    summary = f"{runs_cell(row)} runs · " + " · ".join(f"{table.title(s)} {fmt(row.stats.get(s), score=s)}"
+    summary = f"{runs_cell(row)} runs · " + " · ".join(f"{table.title(s)} {fmt(row.stats.get(s), score=table.score(s))}"
                                                        for s in table.scores)
     return _templates().get_template("run.html.j2").render(
         csp=CSP, label=row.label, benchmark=table.label, index=INDEX, summary=summary, heatmaps=heatmaps,

@@ -51,6 +51,14 @@ class Entry(_Open):
     compute: dict[str, Any]
 
 
+class MetricInfo(_Open):
+    """What a run recorded of one evaluation metric (:func:`clbench.metrics.declared.describe`)."""
+
+    title: StrictStr
+    higher_is_better: StrictBool
+    percent: StrictBool
+
+
 class OkEntry(Entry):
     """A finished run's entry: the runner's result on top (its numbers are checked by re-scoring)."""
 
@@ -65,6 +73,8 @@ class OkEntry(Entry):
     r_init_stderr: list[Any] | None = None
     r_n: list[Any] | None = None
     scores_stderr: dict[str, Any] | None = None
+    # each evaluation metric's title, direction and unit; absent in older entries (built-in metrics only)
+    metrics: dict[str, MetricInfo] | None = None
 
 
 def _path(loc: tuple) -> str:

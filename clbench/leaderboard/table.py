@@ -9,9 +9,16 @@ Rows are ranked by mean ``acc`` (the mean final value of R: higher is better for
 lower for an error; ties share the better rank). Failed runs are counted, never averaged.
 
 Direction: an entry's ``r_metric`` says whether its R is higher- or lower-is-better (no
-``r_metric``: accuracy, higher). Each score's direction follows from it
-(:func:`score_direction`); a table whose entries give one score two directions is refused, and
-a table of a lower-is-better R marks every score column with ↑ or ↓.
+``r_metric``: accuracy, higher). Each CL score's direction follows from it, and an evaluation
+metric's (``<metric>_final``, ``global_<metric>``) is what the entry recorded under ``metrics``
+(the metric's class said it; entries from before that take the built-in metrics' from
+:mod:`clbench.metrics.score_registry`) (:func:`score_direction`). A score whose direction is
+unknown is refused, never ranked as higher-is-better; a table whose entries give one score two
+directions is refused, and a table of a lower-is-better R marks every score column with ↑ or ↓.
+
+Columns: the scores of :data:`SCORES` the entries have, then every other evaluation metric's
+score they have (one a strategy or objective added, with its recorded title, unit and an
+arrow for its direction).
 
 Each mean carries a 95% interval (:mod:`clbench.leaderboard.stats`: Student's t over the runs;
 one run: its test set's interval, where the run recorded ``r_stderr``), and the rows of a table
@@ -31,7 +38,7 @@ from typing import Any
 
 from clbench.config.load import canonical_json
 from clbench.errors import UserError
-from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, higher_is_better, percent, title
+from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta
 from clbench.results.record import Status
 from clbench.plugins.registry import display_name
 from clbench.leaderboard.stats import Groups, Z, rank_groups, t_half_width
@@ -64,7 +71,12 @@ def score_direction(key: str, entry: dict) -> bool:
     """Whether a larger value of score ``key`` is better in ``entry``, for the entry's R
     (:func:`clbench.metrics.score_registry.higher_is_better`)."""
     names, higher = r_metric(entry)
-    return higher_is_better(key, higher, names)
+    return higher_is_better(key, higher, names, entry.get("metrics"))
+
+
+def _metric_score(key: str) -> bool:
+    """Whether ``key`` is an evaluation metric's score (``<metric>_final``, ``global_<metric>``)."""
+    return key.endswith("_final") or key.startswith("global_")
 
 
 def arrow(higher: bool) -> str:
@@ -135,6 +147,8 @@ class BenchmarkTable:
     r_names: list[str] = field(default_factory=list)  # R's metric names (empty: accuracy, no r_metric)
     scorings: list[str] = field(default_factory=list)  # how generated text was scored (see scoring)
     groups: Groups | None = None  # rank groups on RANK_BY (clbench.leaderboard.stats)
+    # score -> its title, unit and direction, as the entries recorded them (clbench.metrics.score_registry)
+    meta: dict[str, Score] = field(default_factory=dict)
 
     @property
     def r_higher(self) -> bool:
@@ -155,9 +169,15 @@ class BenchmarkTable:
             return None
         return "OP (TRACE)" if self.scorings == ["trace"] else "OP"
 
+    def score(self, key: str) -> Score:
+        """What score ``key`` is in this table (its entries' record; a built-in key otherwise)."""
+        return self.meta.get(key) or score_meta(key)
+
     def title(self, score: str) -> str:
-        shown = self.op_title if score == RANK_BY and self.op_title else title(score)
-        return f"{shown} {arrow(self.higher.get(score, True))}" if self.marked and percent(score) else shown
+        meta = self.score(score)
+        shown = self.op_title if score == RANK_BY and self.op_title else meta.title
+        added = score not in SCORES  # a metric a strategy or objective added: its direction is not folklore
+        return f"{shown} {arrow(self.higher.get(score, True))}" if (self.marked and meta.percent) or added else shown
 
     def ranked_by(self) -> str:
         return f"ranked by {self.title(RANK_BY).removesuffix(' ↓').removesuffix(' ↑')}" + ("" if self.r_higher else " (lower is better)")
@@ -253,14 +273,33 @@ def _order_key(label: str) -> tuple:
     return (named.get(label, 2), tuple((0, p) if isinstance(p, int) else (1, p) for p in parts))
 
 
+def _meta(entries: list[dict]) -> dict[str, Score]:
+    """score -> its metadata, from the first ok entry that has the score (directions are
+    checked across entries by :func:`_directions`)."""
+    out: dict[str, Score] = {}
+    for e in entries:
+        if e["status"] != Status.OK:
+            continue
+        for key in e["scores"]:
+            if key not in out:
+                out[key] = score_meta(key, r_metric(e)[0], e.get("metrics"))
+    return out
+
+
 def _directions(entries: list[dict], label: str, source: str | None) -> dict[str, bool]:
-    """score -> higher is better over the ok ``entries`` of one table; refuses a score with two directions."""
+    """score -> higher is better over the ok ``entries`` of one table; refuses a score with two
+    directions, and one whose direction is unknown (:func:`score_direction`), naming the entry."""
     seen: dict[str, dict[bool, list[str]]] = {}
     for e in entries:
         if e["status"] != Status.OK:
             continue
         for key in e["scores"]:
-            seen.setdefault(key, {}).setdefault(score_direction(key, e), []).append(e["config_hash"])
+            try:
+                higher = score_direction(key, e)
+            except UserError as err:
+                folder = f"{source}/entries" if source else "entries"
+                raise UserError(err.what, where=f"{folder}/{e['config_hash']}.json: scores.{key}", fix=err.fix) from None
+            seen.setdefault(key, {}).setdefault(higher, []).append(e["config_hash"])
     for key, by in seen.items():
         if len(by) > 1:
             folder = f"{source}/entries" if source else "entries"
@@ -310,8 +349,10 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         rows = [Row(key=g, label=label, strategy=configs[g]["strategy"]["class_path"],
                     model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]
         present = {s for e in benches[key] if e["status"] == Status.OK for s, v in e["scores"].items() if v is not None}
-        scores = [s for s in SCORES if s in present]
         higher = _directions(benches[key], bench_label, source)
+        meta = _meta(benches[key])
+        added = [s for s in meta if s in present and s not in SCORES and _metric_score(s)]
+        scores = [s for s in SCORES if s in present] + added
         for row in rows:
             errors = [entry_score_stderr(e) for e in row.ok]
             for score in scores:
@@ -329,7 +370,7 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         scorings = sorted({s for e in benches[key] if e["status"] == Status.OK and (s := scoring(e))})
         tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
                                      scores=scores, rows=rows, higher=higher, r_names=names, scorings=scorings,
-                                     groups=groups))
+                                     groups=groups, meta=meta))
     return tables
 
 
@@ -342,17 +383,19 @@ def table_groups(rows: list[Row], higher: bool, score: str = RANK_BY) -> Groups:
     return rank_groups(runs, score, higher)
 
 
-def number(value: float | None, score: str | None = None, digits: int = 1) -> str:
-    """One value of ``score`` as shown: ``85.1`` (percent), a plain score ``2.41``, or an em dash."""
+def number(value: float | None, score: str | Score | None = None, digits: int = 1) -> str:
+    """One value of ``score`` as shown: ``85.1`` (percent), a plain score ``2.41``, or an em dash.
+    ``score`` is a built-in key or a table's :meth:`BenchmarkTable.score` (any score)."""
     if value is None:
         return "—"
-    return f"{100 * value:.{digits}f}" if score is None or percent(score) else f"{value:.2f}"
+    shown_percent = score is None or (score.percent if isinstance(score, Score) else score_meta(score).percent)
+    return f"{100 * value:.{digits}f}" if shown_percent else f"{value:.2f}"
 
 
 TEST_SET_MARK = "‡"  # a one-run interval: its test set's alone
 
 
-def fmt(stat: Stat | None, digits: int = 1, score: str | None = None) -> str:
+def fmt(stat: Stat | None, digits: int = 1, score: str | Score | None = None) -> str:
     """``85.1 ± 1.2`` in percent (a plain score: ``2.41 ± 0.10``), ± the 95% interval's
     half-width; one run: ``41.3 ± 2.0‡`` (its test set's interval) or the mean alone; no value
     shows an em dash."""

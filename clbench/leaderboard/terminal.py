@@ -42,7 +42,7 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
         if not narrow:
             table.add_column("wall s", justify="right")
         for row in t.rows:
-            cells = [fmt(row.stats.get(s), score=s) for s in scores]
+            cells = [fmt(row.stats.get(s), score=t.score(s)) for s in scores]
             if narrow:
                 cells = [c.replace(" ± ", "±") for c in cells]
             else:

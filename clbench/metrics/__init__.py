@@ -4,6 +4,8 @@
   (DDP-safe ``torchmetrics.Metric`` subclasses, functional twins in
   :mod:`clbench.metrics.functional`).
 - :func:`make_eval_metrics`: the per-test-experience ``MetricCollection`` the harness uses.
+- :func:`declare`: a metric's title, direction and unit, read from its class (or given), and how
+  an objective or a strategy adds metrics to every test column (``extra_metrics``).
 - :func:`cl_scores`: every CL score of an R matrix (NumPy only); :func:`trace_task_scores`:
   OP and BWT with their per-task terms, as TRACE papers report them.
 - :class:`ExpertUtilization` and :mod:`clbench.metrics.routing` (:func:`record`,
@@ -30,6 +32,8 @@ _EXPORTS = {
     "RoutingRecorder": "clbench.metrics.routing",
     "record": "clbench.metrics.routing",
     "make_eval_metrics": "clbench.metrics.collection",
+    "declare": "clbench.metrics.declared",
+    "MetricSpec": "clbench.metrics.declared",
     "cl_scores": "clbench.metrics.scores",
     "CL_SCORE_CRITERIA": "clbench.metrics.scores",
     "DEFAULT_CL_SCORE_WEIGHTS": "clbench.metrics.scores",

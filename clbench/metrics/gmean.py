@@ -32,6 +32,8 @@ class GeometricMean(Metric):
 
     is_differentiable = False
     higher_is_better = True
+    title = "G-mean"  # shown in tables (clbench.metrics.declared)
+    percent = True
     full_state_update = False
     plot_lower_bound = 0.0
     plot_upper_bound = 1.0

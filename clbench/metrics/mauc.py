@@ -38,6 +38,8 @@ class MulticlassMAUC(Metric):
 
     is_differentiable = False
     higher_is_better = True
+    title = "MAUC"  # shown in tables (clbench.metrics.declared)
+    percent = True
     full_state_update = False
     plot_lower_bound = 0.0
     plot_upper_bound = 1.0

@@ -16,6 +16,8 @@ class SquaredError(Metric):
     """Mean over samples of ``||pred - target||²``; DDP-exact (sum and count states)."""
 
     higher_is_better = False
+    title = "MSE"  # shown in tables (clbench.metrics.declared)
+    percent = False
     full_state_update = False
 
     def __init__(self, **kwargs) -> None:

@@ -1,16 +1,22 @@
-"""Every score's metadata in one place: key, title, direction, unit and where its formula is.
+"""Every score's metadata: key, title, direction, unit and where its formula is.
 
 Tables, the leaderboard page, ``clbench compare``, the run's terminal report and TensorBoard
-read titles, directions and units from here, never from lists of their own.
+read titles, directions and units through :func:`score`, never from lists of their own.
 
-* CL scores (:data:`CL_SCORES`) are functions of R (:func:`clbench.metrics.scores.cl_scores`).
-  Their direction is ``"level"`` for a mean of R (it follows R: mean accuracy up, mean error
-  down), ``"higher"`` or ``"lower"`` for the rest, whichever way R points.
-* Evaluation metrics (:data:`EVAL_METRICS`) are the torchmetrics classes a test column
-  computes besides R; ``<metric>_final`` and ``global_<metric>`` take the metric's title and
-  its class's ``higher_is_better`` (declared here with the class's import path, so leaderboard
-  code stays torch-free; a test checks each against its class).
+* CL scores (:data:`CL_SCORES`) are functions of R (:func:`clbench.metrics.scores.cl_scores`),
+  declared here. Their direction is ``"level"`` for a mean of R (it follows R: mean accuracy up,
+  mean error down), ``"higher"`` or ``"lower"`` for the rest, whichever way R points.
+* ``<metric>_final`` and ``global_<metric>`` are scores of an evaluation metric, and the
+  metric's class says what it is (:mod:`clbench.metrics.declared`): a run records each metric's
+  title, direction and unit in ``result.json`` under ``metrics``, and :func:`score` reads them
+  from there (``recorded``), so leaderboard code never imports a metric's class.
+  :data:`EVAL_METRICS` is only for entries written before ``metrics`` was recorded: the
+  built-in metrics they can hold (a test checks each against its class).
 * ``n_eff`` is a diagnostic of routing: a plain number, not a percentage, with no better side.
+
+A score whose direction none of these gives (a key of no CL score, a metric the entry did not
+record, not a built-in, not R's own) is refused with :class:`~clbench.errors.UserError`, never
+taken as higher-is-better: ranked the wrong way round it would reverse a table silently.
 
 Only the standard library is imported.
 """
@@ -18,7 +24,9 @@ Only the standard library is imported.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping
+
+from clbench.errors import UserError
 
 Direction = Literal["level", "higher", "lower", "none"]
 
@@ -40,7 +48,8 @@ class Score:
 
 @dataclass(frozen=True)
 class EvalMetric:
-    """A per-test-column evaluation metric: its title and the torchmetrics class that computes it."""
+    """A built-in evaluation metric as entries from before ``metrics`` was recorded computed it:
+    its title and the torchmetrics class that computes it."""
 
     name: str
     title: str
@@ -87,37 +96,49 @@ def _metric_of(key: str) -> str | None:
     return None
 
 
-def score(key: str, r_names: list[str] | None = None) -> Score:
-    """The metadata of score ``key``; ``r_names`` (R's metric per column) gives the direction of a
-    ``<metric>_final`` whose metric is R's own and not a known evaluation metric (it follows R)."""
+Recorded = Mapping[str, Mapping[str, Any]]  # result.json's "metrics": name -> title, higher_is_better, percent
+
+
+def score(key: str, r_names: list[str] | None = None, recorded: Recorded | None = None) -> Score:
+    """The metadata of score ``key``. ``recorded`` (an entry's ``metrics``) says what each of
+    its evaluation metrics is; without it (entries from before it was recorded) a built-in
+    metric is taken from :data:`EVAL_METRICS`. ``r_names`` (R's metric per column) gives the
+    direction of a ``<metric>_final`` whose metric is R's own (it follows R). Any other key
+    is refused: its direction is unknown."""
     if key in CL_SCORES:
         return CL_SCORES[key]
     if key == N_EFF.key:
         return N_EFF
     metric = _metric_of(key)
-    if metric is None:
-        return Score(key, key, "higher", "result.json")
-    known = EVAL_METRICS.get(metric)
-    title = known.title if known else metric
+    info = (recorded or {}).get(metric) if metric is not None else None
+    known = EVAL_METRICS.get(metric) if metric is not None else None
+    if info is not None:
+        title, higher, percent_ = info["title"], info["higher_is_better"], info.get("percent", True)
+        source = info.get("class") or "clbench.metrics.derive:derive_scores"
+    elif known is not None:
+        title, higher, percent_, source = known.title, known.higher_is_better, True, known.source
+    elif metric is not None and r_names and metric in r_names:
+        return Score(key, key, "level", "clbench.metrics.derive:derive_scores")
+    else:
+        raise UserError(f"score '{key}' has no known direction: it is no CL score, and no metric of the entry "
+                        "records one", where="result.json: scores",
+                        fix="rerun it with this clbench, which records each metric's direction under 'metrics' "
+                            "(see clbench.metrics.declared)")
     if key.startswith("global_"):
         title = f"Global {title}"
-    source = known.source if known else "clbench.metrics.derive:derive_scores"
-    if known is not None:
-        direction: Direction = "higher" if known.higher_is_better else "lower"
-    else:
-        direction = "level" if r_names and metric in r_names else "higher"
-    return Score(key, title if known else key, direction, source)
+    return Score(key, title, "higher" if higher else "lower", source, percent=bool(percent_))
 
 
-def title(key: str) -> str:
-    return score(key).title
+def title(key: str, recorded: Recorded | None = None) -> str:
+    return score(key, recorded=recorded).title
 
 
-def percent(key: str) -> bool:
-    return score(key).percent
+def percent(key: str, recorded: Recorded | None = None) -> bool:
+    return score(key, recorded=recorded).percent
 
 
-def higher_is_better(key: str, r_higher: bool = True, r_names: list[str] | None = None) -> bool:
-    """Whether a larger value of ``key`` is better in a result whose R points ``r_higher`` and
-    whose columns' metrics are ``r_names``."""
-    return score(key, r_names).higher_is_better(r_higher)
+def higher_is_better(key: str, r_higher: bool = True, r_names: list[str] | None = None,
+                     recorded: Recorded | None = None) -> bool:
+    """Whether a larger value of ``key`` is better in a result whose R points ``r_higher``,
+    whose columns' metrics are ``r_names`` and whose evaluation metrics are ``recorded``."""
+    return score(key, r_names, recorded).higher_is_better(r_higher)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from torchmetrics import Metric
 
     from clbench.data.streams import Experience, StreamSpec
+    from clbench.metrics.declared import MetricSpec
 
 
 class Objective:
@@ -36,6 +37,10 @@ class Objective:
     #: What this objective gives a strategy that declares :attr:`clbench.Strategy.requires`
     #: (keys of :data:`clbench.strategy.REQUIREMENTS`).
     provides: ClassVar[frozenset[str]] = frozenset()
+    #: Metrics computed on every test column besides those of :meth:`metrics`, each declared with
+    #: :func:`clbench.metrics.declared.declare` (its title, direction and unit); the same as
+    #: :attr:`clbench.Strategy.extra_metrics`.
+    extra_metrics: ClassVar[tuple["MetricSpec", ...]] = ()
 
     def setup(self, spec: "StreamSpec", experiences: list["Experience"]) -> None:
         """Once per run, before the model is built."""
@@ -79,6 +84,12 @@ class Objective:
     def metrics(self, experience: "Experience | None") -> dict[str, "Metric"]:
         """The metrics of one test column (``None``: a stream-wide test set), primary first."""
         raise NotImplementedError
+
+    def metric_specs(self) -> dict[str, "MetricSpec"]:
+        """Declarations (:func:`clbench.metrics.declared.declare`) of metrics of :meth:`metrics`
+        whose class does not say what it is (a stock torchmetrics class has no title), by name;
+        a metric not here is described by its class alone. Default: none."""
+        return {}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch: Any, metrics: Any, column: "Experience | None" = None) -> None:

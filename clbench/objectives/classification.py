@@ -176,6 +176,11 @@ class Classification(Objective):
 
         return make_eval_metrics(self.num_classes, imbalance=bool(self.imbalance))
 
+    def metric_specs(self):
+        from clbench.metrics.collection import CLASSIFICATION_METRICS
+
+        return CLASSIFICATION_METRICS
+
     @torch.no_grad()
     def evaluate(self, model, batch, metrics, column=None) -> None:
         super().evaluate(model, batch, metrics if self.task_mask is None else _Restricted(metrics, self), column)

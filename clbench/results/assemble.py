@@ -3,7 +3,9 @@
 The R matrix holds each test column's primary score (the objective's first metric: accuracy
 for classification, an error for regression); ``r_metric`` names it and its direction, and the
 CL scores follow that direction. Every other metric of the columns is a matrix of its own under
-``matrices``, with its final-row mean as ``scores["<name>_final"]``. A single-stage strategy
+``matrices``, with its final-row mean as ``scores["<name>_final"]``; ``metrics`` records each
+metric's title, direction and unit, as its class or declaration says
+(:mod:`clbench.metrics.declared`), for the tables that rank by them. A single-stage strategy
 (joint training) has one row and reports only ``acc`` (its final mean). Every score comes from
 :func:`clbench.metrics.derive.derive_scores`, the function :mod:`clbench.leaderboard.rescore`
 re-scores entries with.
@@ -190,6 +192,15 @@ def adapter_scales(model) -> list[float]:
     return sorted(found)
 
 
+def recorded_metrics(run) -> dict[str, dict[str, Any]]:
+    """``metrics`` of ``result.json`` (:func:`clbench.metrics.declared.recorded`) for the metrics
+    of the run's test columns, as the objective and the strategy declared them."""
+    from clbench.metrics.declared import contributed, recorded
+
+    specs = {**run.objective.metric_specs(), **contributed(run.objective, run.strategy)}
+    return recorded(run.module.eval_metrics, specs)
+
+
 def assemble(run, state: dict, reference: list[float] | None, wall: float, import_seconds: float) -> dict:
     """The result dict of a finished :class:`clbench.engine.runner.ContinualRun`."""
     from clbench.plugins.registry import plugin_source
@@ -233,6 +244,9 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
         "r_init": r_init,
         **sampling(state, r, r_init, single_stage=run.strategy.single_stage, higher_is_better=higher),
         "matrices": matrices,
+        # title, direction and unit of every metric the columns computed, read from its class or
+        # declaration (clbench.metrics.declared): what tables rank and head its scores by
+        "metrics": recorded_metrics(run),
         "scores": scores,
     }
     if global_test is not None:

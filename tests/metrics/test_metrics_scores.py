@@ -301,6 +301,20 @@ def test_the_score_registry_takes_metric_directions_from_their_torchmetrics_clas
             assert higher_is_better(key, r_higher=False) is metric.higher_is_better, key
     assert title("global_gmean") == "Global G-mean" and title("mauc_final") == "MAUC"
     assert not percent("n_eff") and percent("acc")
-    # a metric the registry does not know follows R when it is R's own, else counts as higher-is-better
+    # what an older entry (no recorded "metrics") says of the built-ins is what their classes say now
+    from clbench.metrics.collection import CLASSIFICATION_METRICS
+
+    for name, metric in EVAL_METRICS.items():
+        assert CLASSIFICATION_METRICS[name].title == metric.title, name
+        assert CLASSIFICATION_METRICS[name].higher_is_better is metric.higher_is_better, name
+    # a metric the registry does not know follows R when it is R's own, takes the direction the
+    # entry recorded, and is refused otherwise (never counted as higher-is-better)
     assert higher_is_better("mse_final", False, ["mse"]) is False
-    assert higher_is_better("mse_final", False, ["acc"]) is True
+    recorded = {"mse": {"title": "MSE", "higher_is_better": False, "percent": False}}
+    assert higher_is_better("mse_final", True, ["acc"], recorded) is False
+    from clbench.errors import UserError
+
+    with pytest.raises(UserError, match="score 'mse_final' has no known direction"):
+        higher_is_better("mse_final", False, ["acc"])
+    with pytest.raises(UserError, match="score 'ppl' has no known direction"):
+        higher_is_better("ppl")

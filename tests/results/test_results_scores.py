@@ -21,13 +21,16 @@ def fake_run(strategy: str, *, single_stage: bool, columns: int = 2):
     """The parts of a ContinualRun that :func:`assemble` reads."""
     import torch
 
+    from clbench.metrics.collection import CLASSIFICATION_METRICS, make_eval_metrics
+
     cfg = resolve_config({"seed": 0, "strategy": strategy, "benchmark": "digits-domains",
                           "logging": {"tensorboard": False}})
     return SimpleNamespace(
         cfg=cfg,
-        objective=SimpleNamespace(higher_is_better=True, summary=lambda: {}),
+        objective=SimpleNamespace(higher_is_better=True, summary=lambda: {}, metric_specs=lambda: CLASSIFICATION_METRICS),
         strategy=SimpleNamespace(single_stage=single_stage, hparams=lambda: {}, diagnostics=lambda: None),
-        module=SimpleNamespace(primary=["acc"] * columns, model=torch.nn.Linear(2, 2)),
+        module=SimpleNamespace(primary=["acc"] * columns, model=torch.nn.Linear(2, 2),
+                               eval_metrics=[make_eval_metrics(10, imbalance=True) for _ in range(columns)]),
         columns=EvalColumns([SimpleNamespace(test=object(), domain_id=i) for i in range(columns)]),
         spec=SimpleNamespace(scenario_type="domain-il", num_classes=10),
         experiences=[SimpleNamespace(name=f"d{i}") for i in range(columns)])
@@ -50,6 +53,10 @@ def test_a_final_row_with_a_missing_entry_is_scored_and_rescored_the_same(single
     result = assemble(run, state(rows), None, wall=1.0, import_seconds=0.0)
     assert result["scores"]["gmean_final"] is None  # a mean over both experiences, one of them missing
     assert result["single_stage"] is single_stage and result["status"] == Status.OK == "ok"
+    # what each computed metric is, read from its class (the stock accuracy's title from its declaration)
+    assert result["metrics"]["gmean"] == {"title": "G-mean", "higher_is_better": True, "percent": True,
+                                          "class": "clbench.metrics.gmean:GeometricMean"}
+    assert result["metrics"]["acc"]["title"] == "ACC" and list(result["metrics"]) == ["acc", "gmean", "mauc"]
     assert RunResult.from_record(result).single_stage is single_stage
     if single_stage:
         assert result["scores"]["acc"] is None
