@@ -137,27 +137,28 @@ def load_config(config: str | Path | dict, overrides: Iterable[str] = ()) -> dic
 
 
 def run(config: str | Path | dict, output: str | Path | None = None, *, overrides: Iterable[str] = (),
-        resume: bool = False, overwrite: bool = False, progress: bool = False, threads: int | None = None) -> RunResult:
+        resume: bool = False, overwrite: bool = False, progress: bool = False,
+        threads: int | str | None = "auto") -> RunResult:
     """Run one config (a path, a mapping or a resolved config) and return its result.
 
     ``output`` receives ``result.json``, the checkpoint and logs, as ``clbench run --output``
-    does (``None``: nothing is written). ``threads`` sets torch's intra-op threads first (the
-    CLI's ``--threads``; CPU results can depend on it), otherwise they are left as they are.
+    does (``None``: nothing is written). ``threads`` is torch's intra-op thread count for the run,
+    decided as the CLI's ``--threads`` decides it (:func:`clbench.limits.decide_threads`): a number,
+    or ``"auto"`` (the default; ``None`` too), 1 on fewer than 4 cores, else the cores divided
+    by ``trainer.devices``. So a config run here and by ``clbench run`` gives the same CPU result
+    (the order of floating-point reductions depends on the thread count). Torch's setting is put
+    back when the run returns.
     """
     output = _path_argument(output, "output", optional=True)
-    if threads is not None:
-        from clbench.limits import check_threads
+    from clbench.limits import decide_threads, torch_threads
 
-        check_threads(threads, where="threads")
     cfg = load_config(config, overrides)
     source = str(config) if not isinstance(config, dict) else "config"
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+    count = decide_threads(threads, cfg["trainer"], where="threads")
     from clbench.engine.runner import run as run_config
 
-    record = run_config(cfg, output, source=source, resume=resume, overwrite=overwrite, progress=progress)
+    with torch_threads(count):
+        record = run_config(cfg, output, source=source, resume=resume, overwrite=overwrite, progress=progress)
     return RunResult.from_record(record, output)
 
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-# Below this many cores, one torch thread: on a small CPU that also does other work, extra
-# intra-op threads spin waiting for a core (a digits run was up to 30x slower with two).
-FEW_CORES = 4
+from clbench.limits import AUTO, FEW_CORES
 
 
 def _threads(value: str) -> int | str:
-    if value == "auto":
+    if value == AUTO:
         return value
     try:
         number = int(value)
@@ -20,38 +18,6 @@ def _threads(value: str) -> int | str:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
     return number
-
-
-def usable_cores() -> int:
-    """CPU cores this process may use: its affinity set, and physical cores where known."""
-    from clbench.limits import usable_cpus
-
-    cores = usable_cpus()  # the affinity set, counted where the bounds on threads and workers count it
-    try:
-        import psutil  # optional: tells physical cores from hyper-threads
-
-        physical = psutil.cpu_count(logical=False)
-    except ImportError:
-        physical = None
-    return max(1, min(cores, physical) if physical else cores)
-
-
-def local_processes(trainer: dict) -> int:
-    """Processes the run starts on this machine (one per device under data parallelism)."""
-    devices = (trainer or {}).get("devices")
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        return devices
-    if isinstance(devices, (list, tuple)) and devices:
-        return len(devices)
-    return 1
-
-
-def auto_threads(trainer: dict, cores: int | None = None) -> int:
-    """1 on fewer than ``FEW_CORES`` cores, else the cores shared among the local processes."""
-    cores = usable_cores() if cores is None else cores
-    if cores < FEW_CORES:
-        return 1
-    return max(1, cores // local_processes(trainer))
 
 
 def register(sub) -> None:
@@ -67,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--print-config", action="store_true",
                    help="check the config and its overrides, print the resolved config as YAML and exit "
                         "without training (a dry run)")
-    p.add_argument("--threads", type=_threads, default="auto", metavar="N",
+    p.add_argument("--threads", type=_threads, default=AUTO, metavar="N",
                    help="torch CPU threads per process (recorded as env.torch_threads; CPU results can "
                         f"depend on it). Default 'auto': 1 on fewer than {FEW_CORES} usable cores, else the "
                         "physical cores divided by trainer.devices. Resume with the same value.")
@@ -88,18 +54,15 @@ def handle(args: argparse.Namespace) -> int:
         preflight(cfg, args.config)  # imports the components and checks their init_args: nothing is built
         print(yaml.safe_dump(cfg, sort_keys=False), end="")
         return 0
-    if args.threads != "auto":
-        from clbench.limits import check_threads
+    from clbench.limits import decide_threads, torch_threads
 
-        check_threads(args.threads, where="--threads", field="--threads")
-    import torch
-
-    torch.set_num_threads(auto_threads(cfg["trainer"]) if args.threads == "auto" else args.threads)
+    threads = decide_threads(args.threads, cfg["trainer"], where="--threads", field="--threads")
     from clbench.engine.runner import run  # heavy imports only once the config is known to be valid
 
     try:
-        result = run(cfg, Path(args.output), source=args.config, resume=args.resume, overwrite=args.overwrite,
-                     progress=False if args.no_progress else None)
+        with torch_threads(threads):
+            result = run(cfg, Path(args.output), source=args.config, resume=args.resume, overwrite=args.overwrite,
+                         progress=False if args.no_progress else None)
     except UserError as err:  # a component's check of a value the command line set: blame the command line
         raise blame_overrides(err, args.config, args.overrides) from None
     from clbench.engine.outputs import launched_as_rank_zero

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.config.yaml_files import MAX_DEPTH, DuplicateKey, TooDeep, check_depth, load_yaml_text, read_yaml
-from clbench.errors import UserError, did_you_mean
+from clbench.errors import UserError
 
 # result.json's schema; 2 added r_stderr, r_init_stderr, r_n and scores_stderr (readers of 2 read 1).
 SCHEMA_VERSION = 2
@@ -206,20 +206,7 @@ def _check_names(cfg: dict, source: str) -> None:
                       ("objective", "objectives")):
         if cfg.get(key) is None:
             continue  # an optional component (objective) left out
-        name = cfg[key].get("class_path")
-        where = f"{source}: {key}.class_path"
-        if not isinstance(name, str) or not name:
-            raise UserError(f"expected a {registry.SINGULAR[kind]} name or import path, got {name!r}", where=where,
-                            fix=f"run 'clbench list {kind}' for the names")
-        if name in registry.available(kind):
-            continue
-        if not registry._looks_like_path(name):
-            raise UserError(f"unknown {registry.SINGULAR[kind]} '{name}'", where=where,
-                            fix=did_you_mean(name, registry.available(kind)))
-        file = name.rsplit(":", 1)[0]
-        if file.endswith(".py") and not Path(file).is_file():
-            raise UserError(f"file {file} does not exist", where=where,
-                            fix="give an existing .py file as 'path/to/file.py:ClassName'")
+        registry.check_name(kind, cfg[key].get("class_path"), where=f"{source}: {key}.class_path")
 
 
 def check_order(order: Any, where: str) -> None:

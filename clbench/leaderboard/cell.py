@@ -96,9 +96,28 @@ def _run_or_resume(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tu
     return run(spec.config, workdir, source=source, progress=False), False
 
 
+def point_threads(suite: Suite, spec: RunSpec) -> int:
+    """The torch threads a grid point runs with: the suite's ``threads``, else the rule ``clbench
+    run`` and ``clbench.run`` use by default (:func:`clbench.limits.decide_threads`), so a suite's
+    entry and a single run of its config give the same R."""
+    from clbench.limits import decide_threads
+
+    return decide_threads(suite.threads, spec.config["trainer"], where=f"{suite.path}: threads")
+
+
 def run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: dict, outcome: SuiteOutcome,
+              console, threads: int | None = None) -> str:
+    """Recover, resume or run one grid point (its lock held by the caller), write its entry; returns a note.
+
+    Under ``threads`` torch threads (default: :func:`point_threads`), which its entry records."""
+    from clbench.limits import torch_threads
+
+    with torch_threads(threads or point_threads(suite, spec)):
+        return _run_point(spec, suite, output, force=force, env=env, outcome=outcome, console=console)
+
+
+def _run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: dict, outcome: SuiteOutcome,
                console) -> str:
-    """Recover, resume or run one grid point (its lock held by the caller), write its entry; returns a note."""
     from rich.markup import escape
 
     workdir = output / RUNS_DIR / spec.hash
@@ -152,7 +171,6 @@ def run_cell(suite_path: str | Path, output: str | Path, digest: str, *, seen: s
     changed since ``seen``; otherwise recovers, resumes or runs it and writes its entry. Returns
     ``{"hash", "status", "note"}``, status one of ran, resumed, recovered, failed, elsewhere.
     """
-    import torch
     from rich.console import Console
 
     from clbench.leaderboard.suite import load_suite
@@ -168,18 +186,14 @@ def run_cell(suite_path: str | Path, output: str | Path, digest: str, *, seen: s
     lock = CellLock(output / RUNS_DIR, digest)
     while not lock.try_acquire():  # another process works on it: wait, then see whether it finished
         time.sleep(POLL_SECONDS)
-    threads_before = torch.get_num_threads()
     try:
-        if suite.threads:
-            torch.set_num_threads(suite.threads)
         if _changed(output, digest, seen) is not None:
             outcome.elsewhere.append(digest)
             note = "finished by another process"
         else:
             note = run_point(spec, suite, output, force=force, env=environment(), outcome=outcome,
-                              console=console)
+                             console=console)
     finally:
-        torch.set_num_threads(threads_before)
         lock.release()
     status = next(name for name in ("ran", "resumed", "recovered", "failed", "elsewhere") if getattr(outcome, name))
     return {"hash": digest, "status": status, "note": note}
@@ -190,9 +204,9 @@ def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
 
     The same steps as a suite's cell (:func:`run_point`: runner, entry, a failure recorded as a
     failed entry) under the entry's own torch thread count; what ``clbench leaderboard verify``
-    compares with the committed entry. Nothing outside ``scratch`` is written.
+    compares with the committed entry (an entry that records none: the suite's rule, auto).
+    Nothing outside ``scratch`` is written.
     """
-    import torch
     from rich.console import Console
 
     from clbench.results.assemble import environment
@@ -202,15 +216,9 @@ def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
                    model=entry["model"]["name"], strategy=entry["strategy"]["name"], order=entry["order_label"],
                    seed=entry["seed"])
     suite = Suite(name=entry.get("suite"), description="", path=Path(source), runs=[spec])
-    threads = (entry.get("execution") or {}).get("torch_threads")
-    before = torch.get_num_threads()
-    try:
-        if threads:
-            torch.set_num_threads(threads)
-        run_point(spec, suite, Path(scratch), force=True, env=environment(), outcome=SuiteOutcome(total=1),
-                   console=Console(stderr=True))
-    finally:
-        torch.set_num_threads(before)
+    threads = (entry.get("execution") or {}).get("torch_threads")  # as recorded: not bounded by this machine
+    run_point(spec, suite, Path(scratch), force=True, env=environment(), outcome=SuiteOutcome(total=1),
+              console=Console(stderr=True), threads=threads)
     return read_entry(entry_path(scratch, spec.hash))
 
 

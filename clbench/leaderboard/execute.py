@@ -187,7 +187,6 @@ class _Grid:
         self.bar = self.task = None
 
     def run(self, todo: list[RunSpec]) -> None:
-        import torch
         from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -200,9 +199,6 @@ class _Grid:
                                 TimeElapsedColumn(), console=self.console, transient=True)
             self.bar.start()
             self.task = self.bar.add_task("", total=len(todo))
-        threads_before = torch.get_num_threads()
-        if self.suite.threads:
-            torch.set_num_threads(self.suite.threads)
         try:
             waiting: list[tuple[RunSpec, CellLock]] = []
             for spec in todo:
@@ -228,7 +224,6 @@ class _Grid:
             self.console.print(f"interrupted after {done} of {self.total} runs; finished entries are kept; {again}")
             raise
         finally:
-            torch.set_num_threads(threads_before)
             if self.bar is not None:
                 self.bar.stop()
 

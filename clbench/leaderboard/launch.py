@@ -8,7 +8,8 @@ directory never runs a cell twice. A worker that dies without writing its entry 
 ``failed`` entry saying how it died (its working folder stays: ``--retry-failed`` resumes it
 from its checkpoint); its output is kept in ``DIR/logs/<hash>.log``.
 
-Workers get ``OMP_NUM_THREADS`` and torch's thread count from the suite's ``threads``, and with
+Workers get ``OMP_NUM_THREADS`` and torch's thread count from the grid point's threads (the
+suite's ``threads``, else ``clbench run``'s ``auto``: :func:`~clbench.leaderboard.cell.point_threads`), and with
 GPUs present one GPU each (``CUDA_VISIBLE_DEVICES``, round-robin over the visible ones).
 Ctrl-C (or SIGTERM) stops the launcher: running cells are interrupted the same way (their
 checkpoints stay) and rerunning continues.
@@ -27,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clbench.leaderboard.cell import RUNS_DIR, SuiteOutcome, record_death
+from clbench.leaderboard.cell import RUNS_DIR, SuiteOutcome, point_threads, record_death
 from clbench.leaderboard.execute import plan_suite
 from clbench.leaderboard.lock import LOCK_SUFFIX
 from clbench.leaderboard.suite import RunSpec, Suite, preflight
@@ -39,11 +40,14 @@ COUNTED = ("ran", "resumed", "recovered", "failed", "elsewhere")
 
 
 def default_jobs(suite: Suite) -> int:
-    """One worker per GPU when there are GPUs, else as many as the CPUs hold at the suite's threads."""
+    """One worker per GPU when there are GPUs, else as many as the usable CPUs hold at the runs'
+    threads (:func:`~clbench.leaderboard.cell.point_threads`; ``base.trainer`` is every point's)."""
+    from clbench.limits import usable_cpus
+
     gpus = _gpu_ids()
     if gpus:
         return len(gpus)
-    return max(1, (os.cpu_count() or 1) // (suite.threads or 1))
+    return max(1, usable_cpus() // point_threads(suite, suite.runs[0]))
 
 
 def _gpu_ids() -> list[str]:
@@ -143,17 +147,12 @@ class _Local:
         self.gpus = _gpu_ids()
 
     def run(self, todo: list[RunSpec], *, progress: bool) -> None:
-        import torch
-
         from clbench.results.assemble import environment
 
         self.env = environment()
         runs = self.output / RUNS_DIR
         queue = sorted(todo, key=lambda s: (runs / f"{s.hash}{LOCK_SUFFIX}").exists())  # busy elsewhere: last
         self.status = CellStatus(self.console, len(todo), progress=progress)
-        threads_before = torch.get_num_threads()
-        if self.suite.threads:  # failed entries written here record the suite's threads too
-            torch.set_num_threads(self.suite.threads)
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
         reports = Path(tempfile.mkdtemp(prefix="clbench-cells."))
@@ -177,7 +176,6 @@ class _Local:
         finally:
             if main:
                 signal.signal(signal.SIGTERM, previous)
-            torch.set_num_threads(threads_before)
             self.status.stop()
             for path in reports.iterdir():
                 path.unlink()
@@ -186,8 +184,7 @@ class _Local:
     def _start(self, spec: RunSpec, reports: Path) -> None:
         slot = min(set(range(self.jobs)) - {w.slot for w in self.running})
         env = dict(os.environ)
-        if self.suite.threads:
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.suite.threads)
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(point_threads(self.suite, spec))
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot % len(self.gpus)]
         report = reports / f"{spec.hash}.json"
@@ -208,6 +205,8 @@ class _Local:
     def _finish(self, worker: _Worker) -> None:
         from rich.markup import escape
 
+        from clbench.limits import torch_threads
+
         spec, log = worker.spec, worker.log
         try:
             summary = json.loads(worker.report.read_text())
@@ -217,8 +216,9 @@ class _Local:
             detail = last_line(log)
             if detail:
                 why += f": {detail}"
-            status = record_death(self.output, spec, self.suite.name, why, seen=self.seen.get(spec.hash),
-                                  env=self.env, wall_seconds=time.perf_counter() - worker.start)
+            with torch_threads(point_threads(self.suite, spec)):  # its failed entry records the point's threads
+                status = record_death(self.output, spec, self.suite.name, why, seen=self.seen.get(spec.hash),
+                                      env=self.env, wall_seconds=time.perf_counter() - worker.start)
             note = f"[red]failed[/]: {escape(why)}" if status == "failed" else "finished by another process"
         getattr(self.outcome, status).append(spec.hash)
         if status == "failed":

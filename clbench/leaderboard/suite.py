@@ -9,7 +9,7 @@
     strategies: [naive, joint, {class_path: replay, init_args: {mem_size: 200}}]
     orders: [default, reverse, {permutation: 1}]
     seeds: [0]
-    threads: 1                           # optional: torch CPU threads while the suite runs
+    threads: 1                           # optional: torch CPU threads while the suite runs (default: auto)
     base:                                # shared run settings laid under every grid point
       train: {epochs: 2}
       logging: {tensorboard: false}
@@ -30,7 +30,9 @@ that checks a run config (:func:`clbench.config.validation.check_fields`), and t
 config (``base``, every cell, each order) by the run config's own models
 (:mod:`clbench.config.schema`): a suite cannot accept what ``clbench run`` would refuse.
 
-``threads`` sets torch's intra-op CPU threads for the suite's runs. It is not part of any run
+``threads`` sets torch's intra-op CPU threads for the suite's runs; without it they are
+decided as ``clbench run --threads auto`` decides them (:func:`clbench.limits.decide_threads`),
+so a grid point and a single run of its config agree. It is not part of any run
 config (it does not say what is computed), but it is recorded in every entry: on a small
 model, a CPU shared with other work makes extra threads spin rather than help (the quickstart
 suite ran over ten times faster with one thread than with two on a busy 2-core machine), and
@@ -53,7 +55,7 @@ from pydantic import AfterValidator, Field
 from clbench.config.load import config_hash, deep_merge, order_label, resolve_config
 from clbench.config.yaml_files import read_yaml
 from clbench.config.schema import Count, Named, NonNegative, Order, Section
-from clbench.errors import UserError, did_you_mean
+from clbench.errors import UserError
 from clbench.config.validation import check_fields, refuse
 
 # Run-config fields the grid sets; ``base`` may not set them too.
@@ -208,25 +210,17 @@ def default_suite_path() -> Path:
                     where="--suite", fix="pass --suite PATH")
 
 
-def _looks_like_path(name: str) -> bool:
-    return ":" in name or "." in name or "/" in name
-
-
 def _component(item: Any, where: str, kind: str, extra: tuple[str, ...] = ()) -> dict:
     """A checked item (``name`` or ``{class_path, init_args}``) -> a component mapping; short
-    names must be registered."""
-    from clbench.plugins.registry import SINGULAR, available
+    names must be registered (:func:`clbench.plugins.registry.check_name`, importing nothing)."""
+    from clbench.plugins.registry import check_name
 
     if isinstance(item, str):
         item = {"class_path": item}
     name = item["class_path"]
     if not name:
         raise UserError("missing class_path", where=f"{where}.class_path", fix=f"run 'clbench list {kind}'")
-    if not _looks_like_path(name):
-        names = available(kind)
-        if name not in names:
-            raise UserError(f"unknown {SINGULAR[kind]} '{name}'", where=f"{where}.class_path",
-                            fix=did_you_mean(name, names))
+    check_name(kind, name, where=f"{where}.class_path")
     out = {"class_path": name, "init_args": dict(item.get("init_args") or {})}
     for key in extra:
         if key in item:
@@ -285,9 +279,12 @@ def load_suite(path: str | Path) -> Suite:
 
 
 def preflight(suite: Suite, *, here: bool = True) -> None:
-    """Import every component and check its ``init_args`` against its signature, and every
-    cell's order against its stream, before any run. ``here``: the runs will use this machine's
-    CPUs (not a cluster's), so ``threads`` and ``train.num_workers`` must fit them.
+    """Check the whole grid before any run: every grid point by the run preflight
+    (:func:`clbench.plugins.build.preflight`, what ``clbench run`` checks), and what is the
+    suite's own: each component's ``init_args`` named by its suite field (``strategies[2]``),
+    ``base.trainer``, adapter scales across strategies, and every cell's order against its
+    stream. ``here``: the runs will use this machine's CPUs (not a cluster's), so ``threads`` and
+    ``train.num_workers`` must fit them.
 
     A typo in one strategy's arguments would otherwise fail every run of that strategy, one by
     one, after minutes of work; here it is one error naming the suite field. Imports torch.
@@ -296,8 +293,7 @@ def preflight(suite: Suite, *, here: bool = True) -> None:
 
     import lightning.pytorch as pl
 
-    from clbench.plugins import registry
-    from clbench.plugins.build import check_init_args, optimizer_factory
+    from clbench.plugins import build, registry
     from clbench.strategy import Strategy
     from clbench.engine.trainer import RESERVED_TRAINER_ARGS
 
@@ -309,27 +305,39 @@ def preflight(suite: Suite, *, here: bool = True) -> None:
             check_threads(suite.threads, where=f"{source}: threads")
         for spec in suite.runs[:1]:  # train.num_workers comes from base, the same in every cell
             check_workers(spec.config["train"]["num_workers"], where=f"{source}: base.train.num_workers")
-    provided = {"benchmarks": (), "models": ("num_classes", "input_shape"), "strategies": ()}
+    first = suite.runs[0].config  # base: the objective and trainer of every point
     for kind, items in suite.components.items():
         for where, comp in items:
             target = registry.resolve(kind, comp["class_path"], where=f"{source}: {where}.class_path")
             if kind == "strategies" and not (inspect.isclass(target) and issubclass(target, Strategy)):
                 raise UserError(f"'{comp['class_path']}' is not a clbench Strategy subclass",
                                 where=f"{source}: {where}.class_path", fix="subclass clbench.strategy.Strategy")
-            check_init_args(target, comp["init_args"], f"{source}: {where}.init_args", provided=provided[kind])
-    if suite.runs:
-        cfg = suite.runs[0].config
-        optimizer_factory(cfg, f"{source}: base")
-        trainer = dict(cfg["trainer"] or {})
-        for key in trainer:
-            if key in RESERVED_TRAINER_ARGS:
-                raise UserError(f"'{key}' is set by the runner", where=f"{source}: base.trainer.{key}",
-                                fix="use train.epochs / train.eval_every_epoch instead, or remove it")
-        check_init_args(pl.Trainer, trainer, f"{source}: base.trainer")
+            # a model gets what each benchmark's objective supplies (one check per distinct set)
+            supplied = {(),} if kind != "models" else {
+                _model_args({**first, "benchmark": bench}, source) for _, bench in suite.components["benchmarks"]}
+            for provided in supplied:
+                build.check_init_args(target, comp["init_args"], f"{source}: {where}.init_args", provided=provided)
+    trainer = dict(first["trainer"] or {})
+    for key in trainer:
+        if key in RESERVED_TRAINER_ARGS:
+            raise UserError(f"'{key}' is set by the runner", where=f"{source}: base.trainer.{key}",
+                            fix="use train.epochs / train.eval_every_epoch instead, or remove it")
+    build.check_init_args(pl.Trainer, trainer, f"{source}: base.trainer")
+    for spec in suite.runs:  # what a run checks, per point (the machine's limits were checked above)
+        build.preflight(spec.config, f"{source} ({spec.label()})", here=False)
     from clbench.config.scales import check_adapter_scales
 
     check_adapter_scales([(run.strategy, run.config) for run in suite.runs], where=f"{source}: strategies")
     _check_orders(suite)
+
+
+def _model_args(cfg: dict, source: str) -> tuple[str, ...]:
+    """What the harness gives a model in a run of ``cfg`` (:func:`clbench.plugins.build.known_objective`)."""
+    from clbench.plugins.build import known_objective
+    from clbench.plugins.supplied import MODEL_ARGS
+
+    objective, _ = known_objective(cfg, source)
+    return MODEL_ARGS if objective is None else tuple(objective.model_args)
 
 
 def _check_orders(suite: Suite) -> None:

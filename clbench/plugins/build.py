@@ -18,6 +18,7 @@ from pydantic import Field
 from clbench.plugins import registry
 from clbench.errors import UserError, did_you_mean
 from clbench.config.validation import Invalid, argument_path, check_value, fix_for
+from clbench.plugins.supplied import MODEL_ARGS
 
 
 def check_init_args(target: Callable, init_args: dict, where: str, provided: tuple[str, ...] = ()) -> None:
@@ -105,42 +106,51 @@ def _strategy_class(cfg: dict, source: str):
     return target
 
 
-def preflight(cfg: dict, source: str) -> None:
+def preflight(cfg: dict, source: str, *, here: bool = True) -> None:
     """Resolve every component and check every ``init_args`` before anything is built.
 
     Building a stream can take minutes (decoding a dataset); a typo in the strategy's
     arguments should not wait for it. Only imports the components' modules; unknown names were
     already refused when the config was resolved (:func:`clbench.config.load.resolve_config`), before
-    anything was imported.
+    anything was imported. ``here``: the run will use this machine's CPUs, so
+    ``train.num_workers`` must fit them. A suite checks each grid point with this same function
+    (:func:`clbench.leaderboard.suite.preflight`).
     """
-    from clbench.limits import check_workers
+    if here:
+        from clbench.limits import check_workers
 
-    check_workers(cfg["train"]["num_workers"], where=f"{source}: train.num_workers")
+        check_workers(cfg["train"]["num_workers"], where=f"{source}: train.num_workers")
     _optimizer_path(cfg, source)
-    # The model's harness-given arguments depend on the objective, which the stream names; until
-    # the stream is built, any built-in objective's may be harness-given (checked exactly later).
+    objective, what = known_objective(cfg, source)
     if cfg.get("objective"):
-        objective = _objective_class(cfg["objective"]["class_path"], f"{source}: objective.class_path")
-        model_args = objective.model_args
         check_init_args(objective, cfg["objective"]["init_args"], f"{source}: {argument_path('objective')}")
-    else:
-        model_args = ("num_classes", "input_shape", "output_dim")
-    for key, kind, provided in (("benchmark", "benchmarks", ()), ("model", "models", model_args)):
+    provided = MODEL_ARGS if objective is None else objective.model_args
+    for key, kind, given in (("benchmark", "benchmarks", ()), ("model", "models", provided)):
         target = registry.resolve(kind, cfg[key]["class_path"], where=f"{source}: {key}.class_path")
-        check_init_args(target, cfg[key]["init_args"], f"{source}: {argument_path(key)}", provided=provided)
+        check_init_args(target, cfg[key]["init_args"], f"{source}: {argument_path(key)}", provided=given)
     strategy = _strategy_class(cfg, source)
     check_init_args(strategy, cfg["strategy"]["init_args"], f"{source}: {argument_path('strategy')}")
-    if cfg.get("objective"):
-        check_requirements(cfg, strategy, objective, f"objective '{cfg['objective']['class_path']}'", source)
-    else:  # the stream's objective, where its benchmark declares it before it is built
-        benchmark = cfg["benchmark"]["class_path"]
-        declared = getattr(registry.resolve("benchmarks", benchmark, where=f"{source}: benchmark.class_path"),
-                           "objective", None)
-        if isinstance(declared, str):
-            check_requirements(cfg, strategy, _objective_class(declared, f"{source}: benchmark"),
-                               f"benchmark '{benchmark}' (objective {declared})", source)
+    if objective is not None:
+        check_requirements(cfg, strategy, objective, what, source)
     optimizer_factory(cfg, source)
     scheduler_factory(cfg, source)
+
+
+def known_objective(cfg: dict, source: str) -> tuple[type | None, str | None]:
+    """The run's objective class where it is known before the stream is built (the config names
+    it, or the benchmark declares it as ``benchmark.objective = "<name>"``), and how to name it in
+    an error; ``(None, None)`` for a stream that says its objective only once built. Its
+    ``model_args`` are the arguments the harness gives the model (else any of
+    :data:`~clbench.plugins.supplied.MODEL_ARGS`, checked exactly once the stream is built)."""
+    if cfg.get("objective"):
+        name = cfg["objective"]["class_path"]
+        return _objective_class(name, f"{source}: objective.class_path"), f"objective '{name}'"
+    benchmark = cfg["benchmark"]["class_path"]
+    declared = getattr(registry.resolve("benchmarks", benchmark, where=f"{source}: benchmark.class_path"),
+                       "objective", None)
+    if isinstance(declared, str):
+        return _objective_class(declared, f"{source}: benchmark"), f"benchmark '{benchmark}' (objective {declared})"
+    return None, None
 
 
 def check_requirements(cfg: dict, strategy: type, objective: type, what: str, source: str) -> None:

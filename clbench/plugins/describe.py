@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench.plugins.supplied import MODEL_ARGS
+
 # Arguments the harness fills in itself (a model's, from the objective's ``model_args``):
 # listing them as hyper-parameters would mislead.
-SUPPLIED_BY_HARNESS = {"models": frozenset({"num_classes", "input_shape", "output_dim"})}
+SUPPLIED_BY_HARNESS = {"models": frozenset(MODEL_ARGS)}
 _SELF = frozenset({"self", "cls"})
 _ROOTS = frozenset({"object", "ABC", "Generic", "Protocol"})
 _NO_ARGUMENTS = ast.parse("def __init__(self): pass").body[0]

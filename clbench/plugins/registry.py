@@ -194,12 +194,28 @@ def _load_import_path(name: str, where: str) -> Any:
     return getattr(module, attr)
 
 
-def resolve(kind: str, name: str, *, where: str | None = None) -> Any:
-    """The factory (class or function) that ``name`` stands for, or a :class:`UserError`."""
+def check_name(kind: str, name: Any, *, where: str | None = None) -> None:
+    """Refuse what :func:`resolve` would refuse from the name alone (not a name, an unknown short
+    name, a plugin file that does not exist), importing nothing: entry-point metadata and the
+    file system only, so a config's typo is answered before torch and the plugins load."""
     where = where or kind
     if not isinstance(name, str) or not name:
         raise UserError(f"expected a {SINGULAR[kind]} name or import path, got {name!r}", where=where,
                         fix=f"run 'clbench list {kind}' for the names")
+    if name in _registered[kind] or name in _entry_points(kind):
+        return
+    if not _looks_like_path(name):
+        raise UserError(f"unknown {SINGULAR[kind]} '{name}'", where=where, fix=did_you_mean(name, available(kind)))
+    file = name.rsplit(":", 1)[0]
+    if file.endswith(".py") and not Path(file).is_file():
+        raise UserError(f"file {file} does not exist", where=where,
+                        fix="give an existing .py file as 'path/to/file.py:ClassName'")
+
+
+def resolve(kind: str, name: str, *, where: str | None = None) -> Any:
+    """The factory (class or function) that ``name`` stands for, or a :class:`UserError`."""
+    where = where or kind
+    check_name(kind, name, where=where)
     if name in _registered[kind]:
         return _registered[kind][name]
     eps = _entry_points(kind)
@@ -212,9 +228,7 @@ def resolve(kind: str, name: str, *, where: str | None = None) -> Any:
                 raise
             raise plugin_failure(err, where=where, doing=f"importing {module_part}",
                                  path=_origin(module_part)) from None
-    if _looks_like_path(name):
-        return _load_import_path(name, where)
-    raise UserError(f"unknown {SINGULAR[kind]} '{name}'", where=where, fix=did_you_mean(name, available(kind)))
+    return _load_import_path(name, where)  # an import path: check_name refused anything else
 
 
 def _origin(module_name: str) -> str | None:
