@@ -38,8 +38,8 @@ __all__ = ["__version__", *_LAZY]
 #: Modules a plugin may import from, with their submodules, besides the names in ``__all__``: the
 #: public API. Everything else (``clbench.engine``, ``clbench.plugins``, ``clbench.config``, ...)
 #: may change without notice; a test holds the built-in strategies to this list.
-PUBLIC_MODULES = ("clbench.errors", "clbench.metrics", "clbench.models.layers", "clbench.objectives",
-                  "clbench.data", "clbench.strategies", "clbench.benchmarks")
+PUBLIC_MODULES = ("clbench.errors", "clbench.metrics", "clbench.models.layers", "clbench.models.routing_channel",
+                  "clbench.objectives", "clbench.data", "clbench.strategies", "clbench.benchmarks")
 
 
 def __getattr__(name: str):

@@ -50,6 +50,11 @@ def did_you_mean(name: str, choices) -> str:
     return f"{f'did you mean {best!r}? ' if best else ''}valid: {', '.join(choices)}"
 
 
+class NonFiniteScore(UserError):
+    """An evaluation gave NaN where R needs a number (a model whose outputs are not finite):
+    the run stops and, in a suite, is recorded as failed."""
+
+
 class NonFiniteLoss(UserError):
     """Training diverged (NaN/Inf loss): the run stops and, in a suite, is recorded as failed."""
 

@@ -15,7 +15,7 @@ Choices:
 * Memory batch: drawn with replacement, one per step, by a ``CombinedLoader`` paired with the
   current loader (the reference code draws without replacement, or the whole memory when it is
   smaller than the batch; either gives an unbiased estimate of the average memory gradient).
-* Where: in ``on_before_optimizer_step``, where ``p.grad`` holds the complete gradient of the
+* Where: in the ``before_optimizer_step`` hook, where ``p.grad`` holds the complete gradient of the
   step (after gradient accumulation, after DDP's all-reduce; the projection is unchanged by
   AMP's loss scaling since it is linear in g and invariant to the scale of g_ref). Under
   gradient accumulation the memory batch of the last micro-batch is used.

@@ -31,7 +31,7 @@ Choices:
   1e-3, which is not scale-free: it swamps the QP when gradients are small (LoRA on a language
   model) and it lets each active constraint end ε·v_k below zero.
 * Only ``requires_grad`` parameters are projected (LoRA adapters, when the base is frozen).
-* Where: ``on_before_optimizer_step``, like A-GEM: ``p.grad`` holds the step's full gradient
+* Where: the ``before_optimizer_step`` hook, like A-GEM: ``p.grad`` holds the step's full gradient
   (after accumulation and DDP's all-reduce). Memory gradients come from
   ``torch.autograd.grad``. Under DDP every rank reads the whole memory (it is not sharded), so
   each g_k is the single-process one; they are still all-reduced (averaged), which guards

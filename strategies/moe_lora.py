@@ -39,6 +39,7 @@ from pydantic import Field
 
 from clbench import ArgumentError, Strategy
 from clbench.models.layers import moe_lora as moe_layers
+from clbench.models.layers.adapted import matching_linears
 from clbench.strategies.lora import lora_target, refuse_other_adapters
 
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -108,7 +109,7 @@ class _MoELoRA(Strategy):
             raise ArgumentError("strategy", "knowledge_tasks", f"{unknown} are not tasks of this stream",
                                 fix=f"name tasks among {sorted(e.name for e in experiences)}")
         target = lora_target(ctx.model)
-        found = moe_layers.matching_linears(target, self.target_modules or MLP, self.layers)
+        found = matching_linears(target, self.target_modules or MLP, self.layers)
         if not found:
             raise ArgumentError("strategy", "target_modules", f"{self.kind}: no linear module named "
                                 f"{self.target_modules or MLP} to adapt",

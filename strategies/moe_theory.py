@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from clbench import ArgumentError, Strategy
 from clbench.errors import UserError
-from clbench.metrics import routing
+from clbench.models import routing_channel as routing
 
 
 NOISE_SALT = 2 ** 40  # routing noise is drawn from seed + salt, apart from the data's seed

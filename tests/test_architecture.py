@@ -106,3 +106,12 @@ def test_no_module_is_long_without_a_stated_reason():
     assert not long, (f"modules over {MAX_LINES} lines (split them along a real seam, or give the reason in "
                       f"LONG_MODULES): {long}")
     assert set(LONG_MODULES) <= set(lengths), set(LONG_MODULES) - set(lengths)
+
+
+def test_models_report_through_their_channels_and_import_no_metrics():
+    """Models report routing through ``clbench.models.routing_channel`` and auxiliary losses through
+    ``clbench.models.auxiliary``; metrics listen. An import the other way would tie every model
+    to the recording code (and once made models and metrics import each other)."""
+    graph = import_graph()
+    edges = sorted((a, b) for a, b in graph.edges if a.startswith("clbench.models") and b.startswith("clbench.metrics"))
+    assert not edges, edges

@@ -1,2 +1,3 @@
 """The continual loop on Lightning: the runner, the LightningModule that wraps model, strategy and
-objective, the Trainer, checkpoints between experiences, sharding, logging and the run folder."""
+objective, one stage of training and what an evaluation pass returns, the Trainer, the loop's
+state and checkpoints between experiences, sharding, logging and the run folder."""

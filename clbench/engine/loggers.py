@@ -23,7 +23,7 @@ step (Lightning's ``LearningRateMonitor``), the epoch-mean loss (``train/loss``)
 model's row (``eval_untrained/<metric>/<experience>`` at step 0), the R matrix row by row
 (``eval/<metric>/<experience>`` at step = stage), the final scores (``scores/<key>``) and as
 hyper-parameters every leaf of the resolved config under its dotted path
-(``model.init_args.hidden``) with its own type (:func:`clbench.results.assemble.hyperparameters`;
+(``model.init_args.hidden``) with its own type (:func:`hyperparameters`;
 MLflow stores parameters as text, ``str(value)``, so ``None`` arrives as ``'None'``). TensorBoard
 also gets the R-matrix heatmap and the routing figures; a logger with artifacts (MLflow) gets
 ``r_matrix.png``, ``result.json`` and ``config.yaml`` (the resolved config, typed).
@@ -31,12 +31,12 @@ also gets the R-matrix heatmap and the routing figures; a logger with artifacts 
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
 
 from clbench.errors import UserError
-
 
 
 def logger_specs(logging: dict, source: str = "config") -> list[dict]:
@@ -73,7 +73,6 @@ def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: i
     from clbench.plugins import registry
     from clbench.plugins.build import _call
     from clbench.engine.outputs import TENSORBOARD
-    from clbench.results.assemble import tensorboard_logger
 
     loggers = []
     for i, spec in enumerate(specs):
@@ -95,7 +94,6 @@ def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: i
 def log_result(loggers: list, result: dict) -> None:
     """The untrained row, the R matrix, the final scores, the hyper-parameters and (to loggers
     that take them) the artifacts to every logger, then close them."""
-    from clbench.results.assemble import hyperparameters, log_tensorboard, tensorboard_class
 
     metric = "/".join(dict.fromkeys(result["r_metric"]["names"]))
     scores = {f"scores/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
@@ -141,3 +139,90 @@ def log_artifacts(logger, result: dict) -> None:
         (folder / "config.yaml").write_text(yaml.safe_dump(result["config"], sort_keys=False))
         for name in ("r_matrix.png", "result.json", "config.yaml"):
             experiment.log_artifact(run_id, str(folder / name))
+
+
+# -- TensorBoard ------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def tensorboard_class():
+    """The TensorBoard logger class a run uses (Lightning's, finalized once per run)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from clbench.engine.lightning_internals import open_writer
+
+    class RunLogger(TensorBoardLogger):
+        def finalize(self, status: str) -> None:
+            writer = open_writer(self)
+            if writer is not None:
+                writer.flush()
+
+        def close(self) -> None:
+            # Lightning saves hparams.yaml whenever it saves the logger and never overwrites it;
+            # the one written before the hyper-parameters were known is replaced.
+            Path(self.log_dir, self.NAME_HPARAMS_FILE).unlink(missing_ok=True)
+            super().finalize("success")
+
+    return RunLogger
+
+
+def tensorboard_logger(folder: Path, name: str, purge_step: int | None = None, **options: Any):
+    """A Lightning TensorBoard logger that keeps one event stream for the whole run.
+
+    Lightning finalizes its logger after every ``fit``, which closes the writer, so each
+    experience used to open a new event file, and saved an empty ``hparams.yaml``. Here
+    ``finalize`` only flushes; :func:`log_tensorboard` closes the stream once, after writing the
+    hyper-parameters with the final scores as TensorBoard hparams.
+    """
+    extra = {"purge_step": purge_step} if purge_step is not None else {}
+    settings = {"save_dir": str(folder), "name": name, "version": "", "default_hp_metric": False, **extra, **options}
+    return tensorboard_class()(**settings)
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b.c": leaf}``; a leaf keeps its type (None, a list, ...), an
+    empty mapping is a leaf ``{}``."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def hyperparameters(result: dict) -> dict[str, Any]:
+    """Every leaf of the resolved config under its dotted path (``model.init_args.hidden``) with
+    its own type, plus the components' display names, the order's label and the strategy's
+    full ``__init__`` arguments (defaults included): one flat mapping for every logger."""
+    out = flatten(result["config"])
+    out.update({"benchmark.name": result["benchmark"]["name"], "model.name": result["model"]["name"],
+                "strategy.name": result["strategy"]["name"], "order_label": result["order_label"]})
+    out.update({f"strategy.params.{k}": v for k, v in flatten(result["strategy"]["params"] or {}).items()})
+    return out
+
+
+def log_tensorboard(logger, result: dict) -> None:
+    """The R matrix per test experience, the final scores, the heatmap and the hparams, then close."""
+    from clbench.results.plots import r_matrix_figure, routing_layers, utilization_figure
+
+    writer = logger.experiment
+    metric = "/".join(dict.fromkeys(result["r_metric"]["names"]))
+    for i, row in enumerate(result["r_matrix"]):
+        for name, value in zip(result["experiences"], row):
+            if value is not None:
+                writer.add_scalar(f"eval/{metric}/{name}", value, i)
+    for k, scores in enumerate(result.get("epoch_scores", [])):
+        for key, value in scores.items():
+            if isinstance(value, (int, float)) and key not in ("epoch", "stage"):
+                writer.add_scalar(f"epoch_scores/{key}", value, k)
+    for name, value in zip(result["experiences"], result.get("r_init") or []):
+        if value is not None:
+            writer.add_scalar(f"eval_untrained/{metric}/{name}", value, 0)
+    writer.add_figure("r_matrix", r_matrix_figure(result), 0)
+    # one heatmap per MoE layer and stage (at most 12 evenly spaced layers: an LLM has hundreds)
+    for stage, _ in enumerate(result.get("expert_utilization") or []):
+        for layer in routing_layers(result, 12):
+            writer.add_figure(f"routing/{layer}", utilization_figure(result, [layer], stage), stage)
+    # The scores are written once, as scalars under scores/ that the hparams view also reads.
+    scores = {f"scores/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
+    logger.log_hyperparams(hyperparameters(result), metrics=scores)  # hparams.yaml keeps the types
+    logger.close()

@@ -20,6 +20,10 @@ the module itself: the context is what the plugin API promises, the module is th
 Evaluation is Lightning validation with one dataloader per test experience: ``dataloader_idx``
 is the R-matrix column, and each column accumulates into its own torchmetrics collection, so
 scores are exact under DDP (states are summed/gathered across ranks, never averaged per rank).
+:meth:`compute_columns` turns them into values at the end of a pass; the run's
+:class:`~clbench.engine.evaluation.EvaluationLog` callback collects them, and routing is recorded
+by the :class:`~clbench.metrics.routing.RoutingRecording` callback, so this module keeps no
+record of past passes.
 
 Under data parallelism every rank evaluates as many batches (:class:`clbench.data.datasets.LockstepLoader`):
 a rank whose evaluation shard ran out runs :class:`clbench.data.datasets.Padding` batches, which update
@@ -29,7 +33,6 @@ sharded in :meth:`configure_model` (:mod:`clbench.engine.sharding`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable
 
@@ -39,11 +42,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from clbench.models import auxiliary
-from clbench.models.protocol import has_routing_layers
 from clbench.data.datasets import Padding
 from clbench.engine.lightning_internals import attached_trainer
 from clbench.errors import NonFiniteLoss
-from clbench.metrics import routing
 from clbench.metrics.stderr import N_KEY, STDERR_KEY, sampling_error
 from clbench.objectives.base import Objective
 from clbench.plugins.hooks import returned
@@ -53,17 +54,14 @@ from clbench.strategy import Strategy, StrategyContext
 class ContinualModule(pl.LightningModule):
     """``model`` + ``strategy`` + ``objective`` + the optimizer spec; evaluates test columns.
 
-    ``columns``: the experience each test column scores (``None`` for a stream-wide test set);
-    ``column_domains[j]``: column j's domain id for routing records (``None``: not recorded).
-    ``num_domains``: how many domain ids routing records may name (training included).
+    ``columns``: the experience each test column scores (``None`` for a stream-wide test set).
     ``scheduler(optimizer, total_steps)``, when given, is stepped every optimizer step.
     """
 
     def __init__(self, model: nn.Module, strategy: Strategy, objective: Objective | None = None, *,
                  optimizer: Callable[[Any], torch.optim.Optimizer],
                  scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None,
-                 columns: list | None = None, num_columns: int | None = None, num_classes: int | None = None,
-                 column_domains: list[int | None] | None = None, num_domains: int | None = None):
+                 columns: list | None = None, num_columns: int | None = None, num_classes: int | None = None):
         super().__init__()
         from torchmetrics import MetricCollection
 
@@ -93,26 +91,7 @@ class ContinualModule(pl.LightningModule):
             metrics = column_metrics(objective, strategy, column)  # the objective's, then those plugins add
             self.primary.append(next(iter(metrics.keys())))
             self.eval_metrics.append(metrics if isinstance(metrics, MetricCollection) else MetricCollection(metrics))
-        self.domain: int | None = None  # its domain id, for routing records in training
         self.stage_steps: int | None = None  # optimizer steps this experience will take (schedulers)
-        self.last_eval: dict[str, list[float]] = {}
-        # per column: each class's recall (None: class absent) where G-mean is evaluated, else None
-        self.last_recalls: list[list[float | None] | None] = []
-        self.epoch_evals: list[dict[str, list[float]]] = []  # per-epoch evaluation during fit
-        # Routing records (clbench.metrics.routing): per domain in evaluation, and per experience in
-        # training. Recorders are created when routing layers first appear (possibly injected by a
-        # strategy after the module was built) and attach new layers at every fit and evaluation.
-        self.column_domains = column_domains
-        domains = [d for d in (column_domains or []) if d is not None]
-        self.num_domains = num_domains or (max(domains) + 1 if domains else None)
-        self.routing = self.train_routing = None
-        self.last_routing: dict[str, dict[str, Any]] = {}
-        self.last_train_routing: dict[str, dict[str, Any]] = {}
-        # Route-wise N_eff per layer over the test units of the domains of the experiences before
-        # the current one (the runner sets ``seen_domains`` before each stage; empty: none computed).
-        self.seen_domains: set[int] = set()
-        self.last_compositions: dict[str, dict[str, float]] = {}
-        self._attach_routing()
         self.automatic_optimization = not strategy.owns_update
         self._loss_sum = torch.zeros(())
         self._aux_sums: dict[str, torch.Tensor] = {}
@@ -170,40 +149,10 @@ class ContinualModule(pl.LightningModule):
         for name, p in self.model.named_parameters():
             p.requires_grad_(name in trainable)
 
-    # -- routing records ------------------------------------------------------------------
-    def _attach_routing(self) -> None:
-        if not self.num_domains or not has_routing_layers(self.model):
-            return
-        from clbench.metrics.routing import RoutingRecorder
-
-        if self.routing is None and self.column_domains:
-            self.routing = RoutingRecorder(num_domains=self.num_domains, compositions=True)
-        if self.train_routing is None:
-            self.train_routing = RoutingRecorder(num_domains=self.num_domains)
-        for recorder in (self.routing, self.train_routing):
-            if recorder is not None:
-                recorder.attach(self.model)
-
-    @staticmethod
-    def _figures(recorder) -> dict[str, dict[str, Any]]:
-        figures = {layer: {k: v.tolist() for k, v in values.items()} for layer, values in recorder.compute().items()}
-        recorder.reset()
-        return figures
-
     # -- training -------------------------------------------------------------------------
-    def on_train_start(self) -> None:
-        self._attach_routing()
-        if self.train_routing is not None:
-            self.train_routing.to(self.device)
-
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
-        recording = self.train_routing is not None and self.domain is not None
         with auxiliary.collect() as terms:
-            if recording:
-                with self.train_routing.domain(self.domain):
-                    loss = self._step(batch, terms)
-            else:
-                loss = self._step(batch, terms)
+            loss = self._step(batch, terms)
         self._accumulate(loss, terms)
         trainer = attached_trainer(self)
         if trainer is not None and trainer.loggers:
@@ -255,10 +204,6 @@ class ContinualModule(pl.LightningModule):
             for logger in self.loggers:
                 logger.log_metrics(values, step=self.current_epoch)
 
-    def on_train_end(self) -> None:
-        if self.train_routing is not None:
-            self.last_train_routing = self._figures(self.train_routing)
-
     def on_after_backward(self) -> None:
         self.strategy.after_backward(self.context)
 
@@ -294,15 +239,11 @@ class ContinualModule(pl.LightningModule):
     # -- evaluation -----------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         self.objective.begin_evaluation()
-        self._attach_routing()
-        if self.routing is not None:
-            self.routing.to(self.device)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        domain = self.column_domains[dataloader_idx] if self.routing is not None else None
         column = self.columns[dataloader_idx]
         padding = isinstance(batch, Padding)
-        if padding:  # the same forwards as a real batch; its metrics, routing and outputs are dropped
+        if padding:  # the same forwards as a real batch; its metrics, outputs (and routing) are dropped
             batch = batch.batch
             if dataloader_idx not in self._scratch:
                 self._scratch[dataloader_idx] = self.eval_metrics[dataloader_idx].clone()
@@ -311,21 +252,18 @@ class ContinualModule(pl.LightningModule):
             metrics = self.eval_metrics[dataloader_idx]
         evaluate = self.objective.evaluate_padding if padding else self.objective.evaluate
         with self.strategy.evaluating(self.context, column):
-            if domain is None:
-                evaluate(self.model, batch, metrics, column)
-            else:
-                with self.routing.domain(domain), (routing.discarded() if padding else contextlib.nullcontext()):
-                    evaluate(self.model, batch, metrics, column)
+            evaluate(self.model, batch, metrics, column)
 
-    def on_validation_epoch_end(self) -> None:
-        # name -> one value per column (None where a column has no such metric), and
-        # "primary" -> each column's R-matrix entry.
-        computed, sampling = [], []
-        self.last_recalls = []
+    def compute_columns(self) -> tuple[dict[str, list], list[list[float | None] | None]]:
+        """The pass's values (metric name -> one value per column, None where a column has no
+        such metric; ``"primary"`` -> each column's R-matrix entry; the sampling errors) and
+        each column's per-class recalls; the metrics are reset for the next pass. Every process
+        calls it (the states are synced)."""
+        computed, sampling, recalls = [], [], []
         for column, primary in zip(self.eval_metrics, self.primary):
             computed.append({name: float(value) for name, value in column.compute().items()})
             sampling.append(sampling_error(column[primary]))  # the test set's noise in the R cell
-            self.last_recalls.append(_class_recalls(column))
+            recalls.append(_class_recalls(column))
             column.reset()
         for scratch in self._scratch.values():
             scratch.reset()
@@ -334,13 +272,10 @@ class ContinualModule(pl.LightningModule):
         results["primary"] = [values[name] for values, name in zip(computed, self.primary)]
         results[STDERR_KEY] = [se for se, _ in sampling]
         results[N_KEY] = [n for _, n in sampling]
-        self.last_eval = results
+        return results, recalls
+
+    def on_validation_epoch_end(self) -> None:
         self.objective.end_evaluation()
-        if self.routing is not None:
-            self.last_compositions = self.routing.compositions(sorted(self.seen_domains)) if self.seen_domains else {}
-            self.last_routing = self._figures(self.routing)
-        if self.trainer.state.fn == TrainerFn.FITTING:
-            self.epoch_evals.append(results)
 
     def on_validation_end(self) -> None:
         if self.device_mesh is not None:
@@ -350,12 +285,13 @@ class ContinualModule(pl.LightningModule):
 
 
 def _class_recalls(column) -> list[float | None] | None:
-    """Per-class recall of a column's G-mean metric over every process (None for classes the
-    column has no sample of), rounded to 4 digits; None when G-mean is not evaluated. Kept for
-    the final stage so that a G-mean of 0 can be traced to the classes never predicted."""
-    if "gmean" not in column.keys():
+    """Per-class recall over every process (None for classes the column has no sample of),
+    rounded to 4 digits, from the column's first metric that keeps them (``recalls()``: G-mean);
+    None when none does. Kept for the final stage so that a G-mean of 0 can be traced to the
+    classes never predicted."""
+    metric = next((column[name] for name in column.keys() if callable(getattr(column[name], "recalls", None))), None)
+    if metric is None:
         return None
-    metric = column["gmean"]
     with metric.sync_context(should_unsync=True):
         recalls = metric.recalls().tolist()
     return [None if value != value else round(value, 4) for value in recalls]

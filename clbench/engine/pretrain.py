@@ -75,11 +75,12 @@ class Pretraining:
     def _fit(self, owner, model) -> None:
         """Train ``model`` on the union with a plain learner and a Trainer of its own."""
         from clbench.engine import seeding
+        from clbench.engine.stage import fit_stage
         from clbench.errors import NonFiniteLoss
         from clbench.engine.module import ContinualModule
         from clbench.strategy import Strategy
         from clbench.data.streams import Experience
-        from clbench.engine.trainer import interruptible, make_trainer
+        from clbench.engine.trainer import make_trainer
 
         seed = owner.cfg["seed"]
         # the objective's set-up only (class weights of the union); the model's own per-domain
@@ -88,20 +89,18 @@ class Pretraining:
             Experience(position=-1, name="pretrain", domain_id=0, classes=[], train=self.dataset, test=None))
         module = ContinualModule(model, Strategy(), owner.objective, optimizer=owner.optimizer,
                                  scheduler=owner.scheduler, columns=[None])
-        trainer = make_trainer(owner.cfg, owner.source, max_epochs=self.epochs)
+        trainer = make_trainer(owner.cfg, owner.source)
         seeding.seed_all(seeding.derive(seed, "pretrain"))
         loader = owner.make_loader(self.dataset, shuffle=True, seed=seeding.derive(seed, "loader", "pretrain"))
-        module.stage_steps = owner.steps_per_stage(trainer, loader, self.epochs)
         try:
-            interruptible(trainer, trainer.fit, module, loader)
+            fit_stage(owner, trainer, module, loader, self.epochs)
         except NonFiniteLoss as err:
             raise NonFiniteLoss(f"pretraining diverged: loss became {err.value}", where=owner.source,
                                 fix="lower train.optimizer.init_args.lr or pretrain.epochs") from None
-        owner.watch.check()
 
     def run(self, owner, trainer, eval_loaders: list) -> dict[str, Any]:
         """Score the untrained model, pretrain it in place; the record for ``result.json``."""
-        untrained = owner.columns.split(owner.evaluate(trainer, eval_loaders))[0]["primary"]
+        untrained = owner.columns.split(owner.evaluate(trainer, eval_loaders).values)[0]["primary"]
         start = time.perf_counter()
         self._fit(owner, owner.module.model)
         if owner.cfg["metrics"]["reference_models"]:

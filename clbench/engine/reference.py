@@ -14,9 +14,10 @@ def reference_scores(run, stage_epochs: int) -> list[float]:
     """
     from clbench.plugins import build
     from clbench.engine import checkpoint, seeding
+    from clbench.engine.stage import evaluate, fit_stage
     from clbench.engine.module import ContinualModule
     from clbench.strategy import Strategy
-    from clbench.engine.trainer import interruptible, make_trainer
+    from clbench.engine.trainer import make_trainer
 
     scores = []
     for exp in run.experiences:
@@ -30,12 +31,9 @@ def reference_scores(run, stage_epochs: int) -> list[float]:
         run.begin_experience(exp, model)
         module = ContinualModule(model, Strategy(), run.objective, optimizer=run.optimizer,
                                  scheduler=run.scheduler, columns=[exp])
-        trainer = make_trainer(run.cfg, run.source, max_epochs=stage_epochs)
+        trainer = make_trainer(run.cfg, run.source)
         seeding.seed_all(seeding.derive(run.cfg["seed"], "train", exp.position))
         loader = run.make_loader(exp.train, shuffle=True, seed=seeding.derive(run.cfg["seed"], "loader", exp.position))
-        module.stage_steps = run.steps_per_stage(trainer, loader, stage_epochs)
-        interruptible(trainer, trainer.fit, module, loader)
-        interruptible(trainer, trainer.validate, module, [run.make_loader(exp.test, shuffle=False)], verbose=False)
-        run.watch.check()
-        scores.append(module.last_eval["primary"][0])
+        fit_stage(run, trainer, module, loader, stage_epochs)
+        scores.append(evaluate(run, trainer, module, [run.make_loader(exp.test, shuffle=False)]).values["primary"][0])
     return scores

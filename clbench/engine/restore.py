@@ -94,7 +94,7 @@ def restore(run_dir: str | Path, experience: int | None = None, *, trust_code: b
     stages = [run.experiences[-1]] if run.strategy.single_stage else run.experiences
     last = stages[max(stage - 1, 0)]
     run.module.experience = stage - 1
-    run.module.domain = None if run.strategy.single_stage else last.domain_id
+    run.routing.training_domain = None if run.strategy.single_stage else last.domain_id
     model.eval()
     return run
 
@@ -117,4 +117,4 @@ def evaluate(run) -> list:
     trainer = make_trainer(run.cfg, run.source, callbacks=[], logger=False, root=None)
     run.watch = SigintWatch()
     loaders = [run.make_loader(data, shuffle=False) for data in run.columns.sets]
-    return run.columns.split(run.evaluate(trainer, loaders))[0]["primary"]
+    return run.columns.split(run.evaluate(trainer, loaders).values)[0]["primary"]

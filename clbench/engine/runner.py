@@ -45,12 +45,16 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 from clbench.engine.checkpoint import CHECKPOINT
-from clbench.errors import NonFiniteLoss, Unwritable, UserError, unwritable
+from clbench.errors import NonFiniteLoss, NonFiniteScore, Unwritable, UserError, unwritable
 from clbench.engine.outputs import RESULT, TENSORBOARD, OutputDir, check_output, remove_leftovers
-from clbench.results.assemble import RunState
+from clbench.engine.state import RunState
 from clbench.engine.trainer import RESERVED_TRAINER_ARGS, end_process_group
 from clbench.plugins.hooks import check_json, failure as hook_failure
+
+if TYPE_CHECKING:
+    from clbench.engine.evaluation import Evaluation
 
 __all__ = ["CHECKPOINT", "RESULT", "TENSORBOARD", "RESERVED_TRAINER_ARGS", "ContinualRun", "run"]
 
@@ -77,6 +81,7 @@ class ContinualRun:
         from clbench.engine.columns import EvalColumns
         from clbench.engine.module import ContinualModule
         from clbench.data.streams import ordered_experiences, spec_of
+        from clbench.metrics.routing import RoutingRecording
 
         cfg, src = self.cfg, self.source
         seed = cfg["seed"]
@@ -109,9 +114,9 @@ class ContinualRun:
         self.frozen_base = checkpoint.FrozenBase(model)
         self.columns = EvalColumns(self.experiences, self.spec.global_test)
         self.module = ContinualModule(model, self.strategy, self.objective, optimizer=self.optimizer,
-                                      scheduler=self.scheduler, columns=self.columns.scored_as,
-                                      column_domains=self.columns.domains,
-                                      num_domains=max(exp.domain_id for exp in self.experiences) + 1)
+                                      scheduler=self.scheduler, columns=self.columns.scored_as)
+        self.routing = RoutingRecording.create(self.columns.domains,
+                                               max(exp.domain_id for exp in self.experiences) + 1)
         self.module.sharding_listeners.append(self.frozen_base)
         self.strategy.setup(self.module.context, self.experiences, seeding.derive(seed, "strategy"))
         self.strategy.adapt_model(self.module.context, 0)
@@ -124,20 +129,12 @@ class ContinualRun:
         return run_loader(self.cfg, dataset, shuffle=shuffle, seed=seed, batch_size=batch_size,
                           world_size=self.world_size, rank=self.rank, **kw)
 
-    def steps_per_stage(self, trainer, loader, epochs: int) -> int | None:
-        """Optimizer steps one experience takes: the length of its schedule (None without one,
-        or when the loader has no length)."""
-        from clbench.engine.trainer import optimizer_steps
-
-        return None if self.scheduler is None else optimizer_steps(trainer, loader, epochs)
-
     # -- evaluation -----------------------------------------------------------------------
-    def evaluate(self, trainer, loaders) -> dict[str, list]:
-        from clbench.engine.trainer import interruptible
+    def evaluate(self, trainer, loaders) -> "Evaluation":
+        """One pass of the run's module over ``loaders`` (one per test column)."""
+        from clbench.engine.stage import evaluate
 
-        interruptible(trainer, trainer.validate, self.module, loaders, verbose=False)
-        self.watch.check()
-        return self.module.last_eval
+        return evaluate(self, trainer, self.module, loaders)
 
     # -- the run --------------------------------------------------------------------------
     def execute(self) -> dict:
@@ -207,6 +204,7 @@ class ContinualRun:
             # a live bar draws nothing into a file or pipe: lines there, with elapsed and estimated time
             progress = (ContinualProgress if sys.stderr.isatty() else LineProgress)(len(stages))
             callbacks.append(progress)
+        callbacks.append(self.routing)
         callbacks.extend(faults.callbacks())  # CLBENCH_TEST_KILL_AT's crash points: none outside tests
         loggers = []
         if self.path is not None:
@@ -242,7 +240,7 @@ class ContinualRun:
             if self.pretraining is not None:
                 state.pretrain = self.pretraining.run(self, trainer, eval_loaders)
             t0 = time.perf_counter()
-            state.r_init, state.global_init = self.columns.split(self.evaluate(trainer, eval_loaders))
+            state.r_init, state.global_init = self.columns.split(self.evaluate(trainer, eval_loaders).values)
             state.eval_seconds += time.perf_counter() - t0
 
         start_process_group(trainer, self.module)  # resumed: no evaluation above made it
@@ -270,10 +268,11 @@ class ContinualRun:
         else:
             reference = None
         from clbench.engine import pretrain
+        from clbench.engine.summary import run_summary
         from clbench.results import assemble as results
 
-        result = results.assemble(self, asdict(state), reference, wall=wall_before + time.perf_counter() - start,
-                                  import_seconds=import_seconds)
+        result = results.assemble(run_summary(self), asdict(state), reference,
+                                  wall=wall_before + time.perf_counter() - start, import_seconds=import_seconds)
         pretrain.record(result, state)
         if loggers:
             from clbench.engine.loggers import log_result
@@ -290,7 +289,7 @@ class ContinualRun:
     def _train_stage(self, trainer, stage: int, stages: list, eval_loaders: list, state: RunState, progress) -> None:
         """Train experience ``stages[stage]``, evaluate every column, append R's row."""
         from clbench.engine import seeding
-        from clbench.engine.trainer import interruptible
+        from clbench.engine.stage import fit_stage
 
         cfg, seed = self.cfg, self.cfg["seed"]
         epochs = cfg["train"]["epochs"]
@@ -298,11 +297,12 @@ class ContinualRun:
         label = exp.name if not self.strategy.single_stage else "joint"
         seeding.seed_all(seeding.derive(seed, "train", stage))
         self.module.experience = stage
-        self.module.domain = None if self.strategy.single_stage else exp.domain_id  # routing records in training
-        # N_eff's "old" units: the test units of the experiences before this one (MH-MoE measures
-        # route collisions on old tasks' tokens), none at the first stage or in joint training
+        # routing records in training, per experience (none in joint training); N_eff's "old"
+        # units: the test units of the experiences before this one (MH-MoE measures route
+        # collisions on old tasks' tokens), none at the first stage or in joint training
+        self.routing.training_domain = None if self.strategy.single_stage else exp.domain_id
         earlier = [] if self.strategy.single_stage else stages[:stage]
-        self.module.seen_domains = {e.domain_id for e in earlier} - {exp.domain_id}
+        self.routing.old_domains = {e.domain_id for e in earlier} - {exp.domain_id}
         self.strategy.adapt_model(self.module.context, stage + 1)
         self.strategy.before_experience(self.module.context, exp)
         self.begin_experience(exp)
@@ -314,15 +314,11 @@ class ContinualRun:
         first_epoch = trainer.current_epoch
         if progress is not None:
             progress.start_stage(stage, label, epochs, first_epoch)
-        self.module.epoch_evals = []
-        self.module.stage_steps = self.steps_per_stage(trainer, loader, epochs)
         self.frozen_base.observe()
-        trainer.fit_loop.max_epochs = first_epoch + epochs
         t0 = time.perf_counter()
         try:
-            interruptible(trainer, trainer.fit, self.module, train_dataloaders=loader,
-                          val_dataloaders=eval_loaders if cfg["train"]["eval_every_epoch"] else None)
-            self.watch.check()
+            epoch_evals = fit_stage(self, trainer, self.module, loader, epochs,
+                                    val_loaders=eval_loaders if cfg["train"]["eval_every_epoch"] else None)
         except NonFiniteLoss as err:
             raise NonFiniteLoss(
                 f"training diverged on experience {stage + 1}/{len(stages)} '{label}': loss became "
@@ -330,28 +326,26 @@ class ContinualRun:
                 where=self.source, fix="lower train.optimizer.init_args.lr, or check the data, the model "
                                        "and the strategy's loss") from None
         state.train_seconds += time.perf_counter() - t0
-        if self.module.epoch_evals:
-            evaluation = self.module.epoch_evals[-1]
-            for epoch_eval in self.module.epoch_evals:
-                state.epoch_rows.append(self.columns.split(epoch_eval)[0])
+        state.train_routing.append(self.routing.take_training())
+        if epoch_evals:
+            evaluation = epoch_evals[-1]
+            for epoch_eval in epoch_evals:
+                state.epoch_rows.append(self.columns.split(epoch_eval.values)[0])
                 state.epoch_stage.append(stage)
         else:
             t0 = time.perf_counter()
             evaluation = self.evaluate(trainer, eval_loaders)
             state.eval_seconds += time.perf_counter() - t0
-        columns, global_ = self.columns.split(evaluation)
+        columns, global_ = self.columns.split(evaluation.values)
         self._check_finite(columns, stage, len(stages), label)
         state.rows.append(columns)
         state.global_rows.append(global_)
-        recalls = self.module.last_recalls
-        if any(r is not None for r in recalls):
-            state.recall = {"columns": self.columns.per_experience(recalls),
-                            "global": self.columns.global_value(recalls)}
-        if self.module.routing is not None:
-            state.routing.append(self.module.last_routing)
-            state.compositions.append(self.module.last_compositions)
-        state.train_routing.append(self.module.last_train_routing)
-        self.module.last_train_routing = {}
+        if any(r is not None for r in evaluation.recalls):
+            state.recall = {"columns": self.columns.per_experience(evaluation.recalls),
+                            "global": self.columns.global_value(evaluation.recalls)}
+        if self.routing.evaluation is not None:
+            state.routing.append(evaluation.routing)
+            state.compositions.append(evaluation.compositions)
         self.strategy.after_experience(self.module.context, exp)
         state.stage = stage + 1
 
@@ -382,7 +376,7 @@ class ContinualRun:
 
     def _check_finite(self, columns: dict[str, list], stage: int, total: int, label: str) -> None:
         if any(v is None or math.isnan(v) for v in columns["primary"]):
-            raise NonFiniteLoss(f"evaluation after experience {stage + 1}/{total} '{label}' produced NaN "
+            raise NonFiniteScore(f"evaluation after experience {stage + 1}/{total} '{label}' produced NaN "
                                 f"{'/'.join(dict.fromkeys(self.module.primary))}",
                                 where=self.source, fix="check the model's outputs and the test data")
 

@@ -79,9 +79,13 @@ def _field_of(message: str, args: dict) -> str | None:
 
 def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logger: Any = False,
                  root: str | None = None, max_epochs: int = 0) -> Any:
-    """A Trainer with the runner's fixed arguments and the config's; its refusals as one line."""
+    """A Trainer with the runner's fixed arguments and the config's; its refusals as one line.
+    Its callbacks always include an :class:`~clbench.engine.evaluation.EvaluationLog`, which
+    collects what each evaluation pass returns."""
     import lightning.pytorch as pl
     from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from clbench.engine.evaluation import EvaluationLog
 
     args = trainer_args(cfg, source)
     args.setdefault("log_every_n_steps", 1)  # the training loss per step (clbench.engine.loggers)
@@ -90,7 +94,8 @@ def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logge
 
         args["strategy"] = ModelParallelStrategy()
     try:
-        return pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=callbacks or [], enable_checkpointing=False,
+        return pl.Trainer(max_epochs=max_epochs, logger=logger, callbacks=[*(callbacks or []), EvaluationLog()],
+                          enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                           deterministic=cfg["train"]["deterministic"], check_val_every_n_epoch=1,
                           inference_mode=False, use_distributed_sampler=False, default_root_dir=root, **args)

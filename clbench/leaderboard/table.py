@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clbench.config.load import canonical_json
+from clbench.leaderboard.labels import disambiguate
 from clbench.errors import UserError
 from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta
 from clbench.results.record import Status
@@ -213,47 +214,6 @@ def summarize(values: list[float], stderr: list[float | None] | None = None) -> 
     return Stat(mean=mean, std=None, n=1, half=Z * se if _finite(se) else None, from_test_set=_finite(se))
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: canonical_json(node)}
-
-
-def _short(path: str) -> str:
-    return path.replace(".init_args", "").removesuffix(".class_path")
-
-
-def _plain(value: str) -> str:
-    """A flattened JSON value for a label: strings without quotes."""
-    return value[1:-1] if value.startswith('"') and value.endswith('"') else value
-
-
-def _disambiguate(labels: list[str], configs: list[dict], component: str) -> list[str]:
-    """Append ``field=value`` for the fields that differ between items sharing a label.
-
-    A field an item does not set is left out of its label rather than shown as missing (the
-    item runs with the component's default), and the fields of the labelled ``component`` drop
-    its name: ``ewc`` beside ``ewc (gamma=1.0, mode=online)``, not
-    ``ewc (strategy.gamma=—, strategy.mode=—)``. Labels stay distinct: two items that set the
-    same fields to the same values are one item."""
-    out = list(labels)
-    for label in set(labels):
-        idx = [i for i, lab in enumerate(labels) if lab == label]
-        if len(idx) < 2:
-            continue
-        flat = [_flatten(configs[i]) for i in idx]
-        keys = sorted(set().union(*flat))
-        varying = sorted((k for k in keys if len({f.get(k) for f in flat}) > 1),
-                         key=lambda k: (not k.startswith(component + "."), k))  # the component's own first
-        for i, f in zip(idx, flat):
-            parts = [f"{_short(k).removeprefix(component + '.')}={_plain(f[k])}" for k in varying if k in f]
-            out[i] = f"{label} ({', '.join(parts)})" if parts else label
-    return out
-
-
 def _rank(rows: list[Row], higher: bool = True) -> None:
     """Competition ranking ("1224") by mean ``acc`` in its direction; ties share a rank."""
     from scipy.stats import rankdata
@@ -332,7 +292,7 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         benches.setdefault(key, []).append(e)
         bench_cfg[key] = {"benchmark": e["config"]["benchmark"]}
     keys = list(benches)
-    bench_labels = _disambiguate([bench_cfg[k]["benchmark"]["class_path"] for k in keys], [bench_cfg[k] for k in keys],
+    bench_labels = disambiguate([bench_cfg[k]["benchmark"]["class_path"] for k in keys], [bench_cfg[k] for k in keys],
                                   "benchmark")
     tables = []
     for key, bench_label in zip(keys, bench_labels):
@@ -344,7 +304,7 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
             groups.setdefault(gkey, []).append(e)
             configs[gkey] = cfg
         gkeys = list(groups)
-        labels = _disambiguate([display_name(configs[g]["strategy"]["class_path"]) for g in gkeys],
+        labels = disambiguate([display_name(configs[g]["strategy"]["class_path"]) for g in gkeys],
                                [configs[g] for g in gkeys], "strategy")
         rows = [Row(key=g, label=label, strategy=configs[g]["strategy"]["class_path"],
                     model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]

@@ -319,9 +319,7 @@ def normalized_entropy(p: Tensor, dim: int = -1) -> Tensor:
     1 = uniform. ``0 log 0 = 0``; a single-outcome axis (log 1 = 0) gives 0."""
     p = p.double()
     size = p.shape[dim]
-    terms = torch.where(p > 0, -p * torch.log(torch.where(p > 0, p, torch.ones_like(p))),
-                        torch.zeros_like(p))
-    h = terms.sum(dim=dim)
+    h = torch.special.entr(p).sum(dim=dim)  # -p log p, 0 at p = 0
     return h / math.log(size) if size > 1 else torch.zeros_like(h)
 
 

@@ -1,22 +1,8 @@
-"""Routing records: how MoE layers report their routing decisions to metrics.
+"""Routing records: per-layer expert utilization and N_eff, fed by what MoE layers report.
 
-Any MoE layer in the harness reports each forward's routing with one call, and the call costs
-nothing unless an evaluation loop is recording::
-
-    from clbench.metrics import routing
-
-    class MoELayer(nn.Module):
-        records_routing = True          # lets RoutingRecorder.attach find the layer
-        def __init__(self, dim, num_experts, k):
-            ...
-            self.num_experts = num_experts
-        def forward(self, x):
-            gates = self.router(x).softmax(-1)             # (..., E)
-            top = gates.topk(self.k, dim=-1)               # indices (..., k)
-            routing.record(self, experts=top.indices, gates=gates)
-            ...
-
-The evaluation loop says which domain the following forward passes belong to::
+Layers report through :mod:`clbench.models.routing_channel` (``record``); a
+:class:`RoutingRecorder` listens. The evaluation loop says which domain the following forward
+passes belong to::
 
     recorder = RoutingRecorder(num_domains=D).attach(model)
     for d, loader in enumerate(test_loaders):
@@ -26,170 +12,39 @@ The evaluation loop says which domain the following forward passes belong to::
     figures = recorder.compute()   # {"blocks.8.mlp": {"utilization": (D, E), ...}, ...}
     recorder.reset()
 
+In a run, :class:`RoutingRecording` (a Lightning callback) does this for every evaluation and
+every experience's training.
+
 ``attach`` names every layer whose class sets ``records_routing = True`` by its qualified
 module name and creates its :class:`~clbench.metrics.ExpertUtilization` up front (its expert
 count read from ``layer.num_experts``). Creating them up front matters under DDP: every process
 then syncs the same metrics in the same order in ``compute``, even one that routed nothing.
 A layer may also be named by a string (``record("router0", ...)``); an unattached string name
 gets a metric on first use, its expert count from ``num_experts=`` or the gates' last
-dimension. Importing this module loads torch only; torchmetrics loads with the first metric.
-
-Arguments of :func:`record`: ``experts`` (integer top-k indices ``(..., k)``, also for k = 1),
-``gates`` (router probabilities ``(..., E)``; their argmax is the decision when ``experts`` is
-omitted), ``mask`` (bool over routing units, False to skip, e.g. padding tokens). Inputs are
-detached. The active recording is held in a :mod:`contextvars` variable, so it follows the
-code that runs the forward passes; nesting ``domain`` contexts restores the outer one on exit.
+dimension. Inputs are detached.
 
 With ``keep_routes=True`` the recorder also keeps each unit's route (its expert indices) and
 domain on the CPU, for route-wise statistics such as
-:func:`clbench.metrics.effective_compositions`; those kept routes are per process.
-
-What the units are: a layer sees hidden states, not the batch, so it cannot tell padding from
-text or a token's position. The code that runs the forward pass says so with :func:`units`
-(``token_mask``/``token_labels`` of shape ``(B, T[, m])``, ``sample_labels`` ``(B, m)``); a
-layer's ``record`` of ``B*T`` units (one per token, row-major) then drops masked tokens, and
-with ``compositions=True`` the recorder counts each unit's (route, composition) pair, the
-composition being ``(domain, *sample_labels, *token_labels)``, for the route-wise N_eff
-(:meth:`RoutingRecorder.compositions`). ``B*(P+T)`` units are tokens behind a learned prefix of
-``P`` positions (MoSEs' task prompt): the prefix is not counted. Any other multiple ``B*u``
-(an image routed per patch) gets the sample labels repeated per unit and no mask. :func:`paused` stops recording for forwards that are not the
-units to count (the decoding steps of a generation, whose tokens depend on the model itself).
+:func:`clbench.metrics.effective_compositions`; those kept routes are per process. With
+``compositions=True`` it counts each unit's (route, composition) pair for the route-wise N_eff
+(:meth:`RoutingRecorder.compositions`; compositions are described by the channel's ``units``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor, nn
 
-from clbench.models.protocol import records_routing
+from clbench.models.protocol import has_routing_layers, records_routing
+from clbench.models.routing_channel import current_units, recording_into
 
 if TYPE_CHECKING:
     from clbench.metrics.compositions import CompositionCounter
     from clbench.metrics.utilization import ExpertUtilization
-
-_ACTIVE: contextvars.ContextVar[tuple["RoutingRecorder", int] | None] = contextvars.ContextVar(
-    "clbench_routing_active", default=None)
-_UNITS: contextvars.ContextVar["UnitLayout | None"] = contextvars.ContextVar("clbench_routing_units", default=None)
-
-
-@dataclass(frozen=True)
-class UnitLayout:
-    """What the routing units of the forwards in a :func:`units` block are (see the module notes)."""
-
-    token_mask: Tensor | None = None     # (B, T) bool: False for padding
-    token_labels: Tensor | None = None   # (B, T, m) integer labels per token
-    sample_labels: Tensor | None = None  # (B, m) integer labels per sample
-
-    @property
-    def label_width(self) -> int:
-        """How many labels every unit of these forwards has (sample labels, then token labels)."""
-        return sum(t.shape[-1] for t in (self.sample_labels, self.token_labels) if t is not None)
-
-    def resolve(self, n: int) -> tuple[Tensor | None, Tensor | None]:
-        """(mask (n,), labels (n, m)) for a record of ``n`` units; None where they do not apply."""
-        tokens = self.token_mask if self.token_mask is not None else self.token_labels
-        samples = self.sample_labels
-        batch = tokens.shape[0] if tokens is not None else samples.shape[0] if samples is not None else 0
-        if not batch:
-            return None, None
-        per = n // batch if n % batch == 0 else 0
-        if tokens is not None and per >= tokens.shape[1]:
-            # ``per - T`` leading positions per sample are a learned prefix (prompt tuning): not counted
-            extra = per - tokens.shape[1]
-            mask = self.token_mask.bool() if self.token_mask is not None else None
-            if extra:
-                mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device) if mask is None else mask
-                mask = torch.cat([mask.new_zeros(batch, extra), mask], 1)
-            parts = [] if samples is None else [samples.long().repeat_interleave(per, 0)]
-            if self.token_labels is not None:
-                labels = self.token_labels.long().to(tokens.device)
-                labels = torch.cat([labels.new_zeros(batch, extra, labels.shape[-1]), labels], 1) if extra else labels
-                parts.append(labels.reshape(n, -1))
-            return (None if mask is None else mask.reshape(n)), (torch.cat(parts, 1) if parts else None)
-        if samples is not None and n % batch == 0:
-            return None, samples.long().repeat_interleave(n // batch, 0)
-        return None, None
-
-
-@contextlib.contextmanager
-def units(*, token_mask: Tensor | None = None, token_labels: Tensor | None = None,
-          sample_labels: Tensor | None = None) -> Iterator[None]:
-    """Describe the routing units of the forward passes inside the block (module notes)."""
-    def rows(t: Tensor | None, dims: int) -> Tensor | None:
-        if t is None:
-            return None
-        t = t.detach()
-        return t.unsqueeze(-1) if t.ndim == dims - 1 else t
-
-    if token_mask is not None and token_mask.ndim != 2:
-        raise ValueError(f"token_mask must have shape (B, T), got {tuple(token_mask.shape)}")
-    token = _UNITS.set(UnitLayout(token_mask=None if token_mask is None else token_mask.detach(),
-                                  token_labels=rows(token_labels, 3), sample_labels=rows(sample_labels, 2)))
-    try:
-        yield
-    finally:
-        _UNITS.reset(token)
-
-
-def token_mask(batch: int, length: int) -> Tensor | None:
-    """The active :func:`units` block's token mask when it describes ``batch`` samples of
-    ``length`` tokens (True for text, False for padding); None otherwise. For a layer's own
-    per-sample sums (LoRAMoE's balancing term), which should not count padding either."""
-    layout = _UNITS.get()
-    mask = None if layout is None else layout.token_mask
-    return mask.bool() if mask is not None and tuple(mask.shape) == (batch, length) else None
-
-
-@contextlib.contextmanager
-def paused() -> Iterator[None]:
-    """No routing is recorded inside the block, even within a recorder's ``domain``."""
-    token = _ACTIVE.set(None)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-
-
-class _Discard:
-    def log(self, layer: Any, **kwargs: Any) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def discarded() -> Iterator[None]:
-    """Inside a recorder's ``domain``: layers route as if recorded (the same work, the same
-    collectives under sharded parameters) and the records are dropped. Elsewhere: nothing."""
-    if _ACTIVE.get() is None:
-        yield
-        return
-    token = _ACTIVE.set((_Discard(), 0))
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-
-
-def record(layer: nn.Module | str, *, experts: Tensor | None = None,
-           gates: Tensor | None = None, mask: Tensor | None = None,
-           num_experts: int | None = None) -> None:
-    """Report one forward's routing decisions; a no-op unless a recorder's ``domain`` is active."""
-    active = _ACTIVE.get()
-    if active is None:
-        return
-    recorder, domain = active
-    recorder.log(layer, experts=experts, gates=gates, mask=mask, num_experts=num_experts,
-                 domain=domain)
-
-
-def is_recording() -> bool:
-    """True inside a ``RoutingRecorder.domain`` block: lets a layer skip work done only for metrics."""
-    return _ACTIVE.get() is not None
 
 
 class RoutingRecorder:
@@ -251,11 +106,8 @@ class RoutingRecorder:
         """Attribute the routing recorded inside the block to ``domain``."""
         if not 0 <= int(domain) < self.num_domains:
             raise ValueError(f"domain must lie in [0, {self.num_domains}), got {domain}")
-        token = _ACTIVE.set((self, int(domain)))
-        try:
+        with recording_into(self, domain):
             yield self
-        finally:
-            _ACTIVE.reset(token)
 
     # -- recording ---------------------------------------------------------------------------
     def _name_of(self, layer: nn.Module | str) -> str:
@@ -286,7 +138,7 @@ class RoutingRecorder:
             metric.to(device)
         chosen = experts if experts is not None else gates.argmax(-1, keepdim=True)
         chosen = chosen.detach().reshape(-1, chosen.shape[-1])
-        layout = _UNITS.get()
+        layout = current_units()
         unit_mask, labels = layout.resolve(chosen.shape[0]) if layout is not None else (None, None)
         if unit_mask is not None:
             unit_mask = unit_mask.to(device)
@@ -365,3 +217,115 @@ class RoutingRecorder:
         for metric in self.metrics.values():
             metric.to(device)
         return self
+
+
+def _figures(recorder: RoutingRecorder) -> dict[str, dict[str, Any]]:
+    """The recorder's figures as plain lists (for result.json), then cleared."""
+    figures = {layer: {k: v.tolist() for k, v in values.items()} for layer, values in recorder.compute().items()}
+    recorder.reset()
+    return figures
+
+
+def _lightning_callback():
+    """Lightning's ``Callback`` base, imported when a run builds the callback (this module stays
+    importable with torch alone)."""
+    from lightning.pytorch.callbacks import Callback
+
+    return Callback
+
+
+class RoutingRecording:
+    """Records a run's routing: per test column's domain in every evaluation, and per
+    experience in training. A Lightning callback (built by :meth:`create`).
+
+    ``column_domains[j]``: test column j's domain (None: not recorded); ``num_domains``: how many
+    domain ids records may name. Recorders are created when routing layers first appear
+    (possibly injected by a strategy after the run was built) and attach new layers at every
+    fit and evaluation. The run tells it ``training_domain`` (the experience being trained; None:
+    joint training, not recorded) and ``old_domains`` (the domains of the experiences before the
+    current one: N_eff's units) before each stage, and reads the figures after each pass.
+    A padding batch (:class:`clbench.data.datasets.Padding`) routes as usual and its records
+    are dropped.
+    """
+
+    @classmethod
+    def create(cls, column_domains: list[int | None], num_domains: int):
+        """An instance that is also a Lightning ``Callback``."""
+        kind = type("RoutingRecordingCallback", (cls, _lightning_callback()), {})
+        return kind(column_domains, num_domains)
+
+    def __init__(self, column_domains: list[int | None], num_domains: int):
+        self.column_domains = column_domains
+        self.num_domains = num_domains
+        self.evaluation: RoutingRecorder | None = None
+        self.training: RoutingRecorder | None = None
+        self.training_domain: int | None = None
+        self.old_domains: set[int] = set()
+        self._open: contextlib.ExitStack | None = None
+
+    def _attach(self, model: nn.Module, device: torch.device) -> None:
+        if not has_routing_layers(model):
+            return
+        if self.evaluation is None and any(d is not None for d in self.column_domains):
+            self.evaluation = RoutingRecorder(num_domains=self.num_domains, compositions=True)
+        if self.training is None:
+            self.training = RoutingRecorder(num_domains=self.num_domains)
+        for recorder in (self.evaluation, self.training):
+            if recorder is not None:
+                recorder.attach(model).to(device)
+
+    def _enter(self, recorder: RoutingRecorder | None, domain: int | None, discard: bool = False) -> None:
+        if recorder is None or domain is None:
+            return
+        from clbench.models.routing_channel import discarded
+
+        self._open = contextlib.ExitStack()
+        self._open.enter_context(recorder.domain(domain))
+        if discard:
+            self._open.enter_context(discarded())
+
+    def _leave(self) -> None:
+        if self._open is not None:
+            self._open.close()
+            self._open = None
+
+    # Lightning hooks -------------------------------------------------------------------------
+    def on_train_start(self, trainer, module) -> None:
+        self._attach(module.model, module.device)
+
+    def on_validation_epoch_start(self, trainer, module) -> None:
+        self._attach(module.model, module.device)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self._enter(self.training, self.training_domain)
+
+    def on_before_backward(self, trainer, module, loss) -> None:
+        self._leave()  # the forward is recorded; a backward that recomputes it (checkpointing) is not
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self._leave()
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0) -> None:
+        from clbench.data.datasets import Padding
+
+        domain = self.column_domains[dataloader_idx] if self.column_domains else None
+        self._enter(self.evaluation, domain, discard=isinstance(batch, Padding))
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._leave()
+
+    def on_exception(self, trainer, module, exception) -> None:
+        self._leave()
+
+    # figures ---------------------------------------------------------------------------------
+    def take_evaluation(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]]]:
+        """The pass just finished: (per-layer utilization figures, per-layer N_eff over the old
+        domains' units); cleared for the next pass. Every process calls it (figures are synced)."""
+        if self.evaluation is None:
+            return {}, {}
+        compositions = self.evaluation.compositions(sorted(self.old_domains)) if self.old_domains else {}
+        return _figures(self.evaluation), compositions
+
+    def take_training(self) -> dict[str, dict[str, Any]]:
+        """The routing of the training since the last call (per layer), cleared."""
+        return {} if self.training is None else _figures(self.training)

@@ -32,11 +32,11 @@ class ContinualModel(Protocol):
 
 @runtime_checkable
 class RoutingLayer(Protocol):
-    """A mixture-of-experts layer whose routing :mod:`clbench.metrics.routing` records.
+    """A mixture-of-experts layer whose routing it reports through :mod:`clbench.models.routing_channel`.
 
     Its class sets ``records_routing = True`` (the recorder attaches to every such submodule) and
     it has an int ``num_experts``; in its forward it reports each unit's choice with
-    ``clbench.metrics.routing.record(self, experts=..., gates=...)``.
+    ``clbench.models.routing_channel.record(self, experts=..., gates=...)``.
     """
 
     records_routing: bool

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 from torch import Tensor, nn
 
-from clbench.metrics import routing
+from clbench.models import routing_channel as routing
 
 if TYPE_CHECKING:
     from torchmetrics import Metric

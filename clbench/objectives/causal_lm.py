@@ -56,7 +56,7 @@ from pydantic import Field
 from torch import Tensor
 
 from clbench.errors import UserError
-from clbench.metrics import routing
+from clbench.models import routing_channel as routing
 from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
 from clbench.objectives.base import Objective

@@ -1,4 +1,4 @@
-"""``result.json``: what a finished run reports, and its TensorBoard summary.
+"""``result.json``: what a finished run reports.
 
 The R matrix holds each test column's primary score (the objective's first metric: accuracy
 for classification, an error for regression); ``r_metric`` names it and its direction, and the
@@ -18,47 +18,14 @@ takes them as unknown.
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from clbench.config.load import SCHEMA_VERSION, config_hash, order_label
 from clbench.metrics.derive import derive_scores, mean_or_none
 from clbench.metrics.stderr import N_KEY, SAMPLING_KEYS, STDERR_KEY, score_stderr
 from clbench.results.record import Status
-
-
-@dataclass
-class RunState:
-    """What the loop has produced so far; stored in every checkpoint as a plain dict.
-
-    A row is ``{metric: [value per column]}`` with ``"primary"`` the R-matrix entries.
-    """
-
-    stage: int = 0
-    rows: list[dict] = field(default_factory=list)
-    global_rows: list[dict] = field(default_factory=list)
-    epoch_rows: list[dict] = field(default_factory=list)
-    epoch_stage: list[int] = field(default_factory=list)
-    r_init: dict | None = None
-    global_init: dict | None = None
-    train_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    resumes: int = 0
-    routing: list[dict] = field(default_factory=list)
-    train_routing: list[dict] = field(default_factory=list)
-    pretrain: dict | None = None  # clbench.engine.pretrain's record, once the held-out subset has trained
-    compositions: list[dict] = field(default_factory=list)
-    # the last stage's per-class recall: {"columns": [per experience], "global": [...] or None}
-    recall: dict | None = None
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "RunState":
-        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
 
 
 def environment() -> dict[str, Any]:
@@ -167,86 +134,90 @@ def sampling(state: dict, r: list, r_init: list, *, single_stage: bool, higher_i
                                           higher_is_better=higher_is_better)}
 
 
-def n_eff_by_stage(compositions: list[dict], experiences: list) -> list[dict | None]:
+def n_eff_by_stage(compositions: list[dict], experiences: list[str], domains: list[int]) -> list[dict | None]:
     """Per stage: the old tasks N_eff was measured on (the experiences before the stage's, of
-    another domain), its per-layer values and their mean (the ``n_eff`` score at the final
-    stage); None where nothing was measured (the first stage)."""
+    another domain; ``experiences`` and their ``domains`` in run order), its per-layer values and
+    their mean (the ``n_eff`` score at the final stage); None where nothing was measured (the
+    first stage)."""
     out: list[dict | None] = []
     for stage, layers in enumerate(compositions):
         values = {name: figures["n_eff"] for name, figures in layers.items()}
-        old = [e.name for e in experiences[:stage] if e.domain_id != experiences[stage].domain_id]
+        old = [name for name, domain in zip(experiences[:stage], domains[:stage]) if domain != domains[stage]]
         out.append({"old_tasks": old, "mean": mean_or_none(list(values.values())), "layers": values}
                    if values else None)
     return out
 
 
-def adapter_scales(model) -> list[float]:
-    """The distinct scales α/r of the model's adapter layers (peft's LoRA, O-LoRA's task LoRAs,
-    LoRA experts, MoSEs' sub-experts: every module with ``lora_A`` and a ``scaling``), as they
-    ran: what suites keep equal across the methods they compare."""
-    found: set[float] = set()
-    for module in model.modules():
-        scaling = getattr(module, "scaling", None) if hasattr(module, "lora_A") else None
-        values = scaling.values() if isinstance(scaling, dict) else [scaling]
-        found.update(float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
-    return sorted(found)
+@dataclass(frozen=True)
+class RunSummary:
+    """What :func:`assemble` needs to know of a finished run besides its loop state: plain
+    values the engine reads off its objects (:meth:`clbench.engine.runner.ContinualRun.summary`),
+    so that this module never holds the run, its model or its strategy."""
+
+    cfg: dict
+    scenario_type: str
+    num_classes: int | None
+    objective: dict[str, Any]           # {"name": class name, **objective.summary()}
+    higher_is_better: bool              # the objective's direction: R's and the CL scores'
+    column_names: list[str]             # R's metric, per experience column
+    metrics: dict[str, dict[str, Any]]  # title, direction and unit of every metric computed
+    experiences: list[str]              # names, in run order
+    domains: list[int]                  # each experience's domain id
+    single_stage: bool
+    params_total: int
+    params_trainable: int
+    adapter_scales: list[float]
+    strategy_class: str                 # "module:QualName"
+    strategy_params: dict[str, Any]
+    strategy_diagnostics: dict[str, Any]
 
 
-def recorded_metrics(run) -> dict[str, dict[str, Any]]:
-    """``metrics`` of ``result.json`` (:func:`clbench.metrics.declared.recorded`) for the metrics
-    of the run's test columns, as the objective and the strategy declared them."""
-    from clbench.metrics.declared import contributed, recorded
-
-    specs = {**run.objective.metric_specs(), **contributed(run.objective, run.strategy)}
-    return recorded(run.module.eval_metrics, specs)
-
-
-def assemble(run, state: dict, reference: list[float] | None, wall: float, import_seconds: float) -> dict:
-    """The result dict of a finished :class:`clbench.engine.runner.ContinualRun`."""
+def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: float,
+             import_seconds: float) -> dict:
+    """The result dict of a finished run: its summary, its loop state (:class:`clbench.engine.state.RunState`
+    as a dict), the reference models' scores (or None) and its times."""
     from clbench.plugins.registry import plugin_source
 
     cfg = run.cfg
-    higher = run.objective.higher_is_better
+    higher = run.higher_is_better
     r = [row["primary"] for row in state["rows"]]
     r_init = state["r_init"]["primary"]
-    column_names = run.columns.per_experience(run.module.primary)  # R's metric, per experience column
+    column_names = run.column_names
     primary_names = set(column_names)
     matrices = {k: v for k, v in _column_matrices(state["rows"]).items() if k not in primary_names}
     global_test = {name: [row[name] for row in state["global_rows"]] for name in state["global_rows"][-1]
                    if name != "primary" and name not in SAMPLING_KEYS} \
         if state["global_rows"] and state["global_rows"][-1] else None
     compositions = state["compositions"] if any(state.get("compositions") or []) else None
-    scores = derive_scores(r, r_init, reference, single_stage=run.strategy.single_stage, higher_is_better=higher,
+    scores = derive_scores(r, r_init, reference, single_stage=run.single_stage, higher_is_better=higher,
                            matrices=matrices, global_test=global_test, compositions=compositions)
-    model = run.module.model
     result: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "status": Status.OK,
         "benchmark": {"name": cfg["benchmark"]["class_path"], "init_args": cfg["benchmark"]["init_args"],
-                      "scenario_type": run.spec.scenario_type, "num_classes": run.spec.num_classes},
-        "objective": {"name": type(run.objective).__name__, **run.objective.summary()},
+                      "scenario_type": run.scenario_type, "num_classes": run.num_classes},
+        "objective": run.objective,
         "model": {"name": cfg["model"]["class_path"], "init_args": cfg["model"]["init_args"],
-                  "params_total": sum(p.numel() for p in model.parameters()),
-                  "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                  **({"adapter_scales": scales} if (scales := adapter_scales(model)) else {})},
+                  "params_total": run.params_total, "params_trainable": run.params_trainable,
+                  **({"adapter_scales": run.adapter_scales} if run.adapter_scales else {})},
         "strategy": {"name": cfg["strategy"]["class_path"],
-                     "class": f"{type(run.strategy).__module__}:{type(run.strategy).__qualname__}",
-                     "params": run.strategy.hparams(),
+                     "class": run.strategy_class,
+                     "params": run.strategy_params,
                      "source": plugin_source(cfg["strategy"]["class_path"]),
-                     **({"diagnostics": diagnostics} if (diagnostics := run.strategy.diagnostics()) else {})},
+                     **({"diagnostics": run.strategy_diagnostics} if run.strategy_diagnostics else {})},
         "seed": cfg["seed"],
         "order": cfg["order"],
         "order_label": order_label(cfg["order"]),
-        "experiences": [exp.name for exp in run.experiences],
-        "single_stage": run.strategy.single_stage,  # joint training: one row of R (clbench.results.record.single_stage)
+        "experiences": list(run.experiences),
+        "single_stage": run.single_stage,  # joint training: one row of R (clbench.results.record.single_stage)
         "r_metric": {"names": column_names, "higher_is_better": higher},
         "r_matrix": r,
         "r_init": r_init,
-        **sampling(state, r, r_init, single_stage=run.strategy.single_stage, higher_is_better=higher),
+        **sampling(state, r, r_init, single_stage=run.single_stage, higher_is_better=higher),
         "matrices": matrices,
         # title, direction and unit of every metric the columns computed, read from its class or
         # declaration (clbench.metrics.declared): what tables rank and head its scores by
-        "metrics": recorded_metrics(run),
+        "metrics": run.metrics,
         "scores": scores,
     }
     if global_test is not None:
@@ -268,13 +239,13 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
         # that stage's (clbench.metrics.compositions; empty at the first stage, where there are
         # none); the score is the final stage's mean over layers
         result["route_compositions"] = compositions
-        result["n_eff"] = n_eff_by_stage(compositions, run.experiences)
+        result["n_eff"] = n_eff_by_stage(compositions, run.experiences, run.domains)
     if any(state.get("train_routing") or []):
         result["train_expert_utilization"] = state["train_routing"]  # the same, while each experience trained
     if state["epoch_rows"]:
         result["r_epochs"] = [row["primary"] for row in state["epoch_rows"]]
         result["epoch_stage"] = state["epoch_stage"]
-        result["epoch_scores"] = [] if run.strategy.single_stage else epoch_scores(
+        result["epoch_scores"] = [] if run.single_stage else epoch_scores(
             result["r_epochs"], state["epoch_stage"], r_init, reference, higher_is_better=higher)
     result.update({
         "config": cfg,
@@ -285,85 +256,3 @@ def assemble(run, state: dict, reference: list[float] | None, wall: float, impor
                     "resumes": state["resumes"], **peak_memory_mb()},
     })
     return finite_or_none(result)
-
-
-@functools.lru_cache(maxsize=None)
-def tensorboard_class():
-    """The TensorBoard logger class a run uses (Lightning's, finalized once per run)."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    class RunLogger(TensorBoardLogger):
-        def finalize(self, status: str) -> None:
-            if self._experiment is not None:
-                self._experiment.flush()
-
-        def close(self) -> None:
-            # Lightning saves hparams.yaml whenever it saves the logger and never overwrites it;
-            # the one written before the hyper-parameters were known is replaced.
-            Path(self.log_dir, self.NAME_HPARAMS_FILE).unlink(missing_ok=True)
-            super().finalize("success")
-
-    return RunLogger
-
-
-def tensorboard_logger(folder: Path, name: str, purge_step: int | None = None, **options: Any):
-    """A Lightning TensorBoard logger that keeps one event stream for the whole run.
-
-    Lightning finalizes its logger after every ``fit``, which closes the writer, so each
-    experience used to open a new event file, and saved an empty ``hparams.yaml``. Here
-    ``finalize`` only flushes; :func:`log_tensorboard` closes the stream once, after writing the
-    hyper-parameters with the final scores as TensorBoard hparams.
-    """
-    extra = {"purge_step": purge_step} if purge_step is not None else {}
-    settings = {"save_dir": str(folder), "name": name, "version": "", "default_hp_metric": False, **extra, **options}
-    return tensorboard_class()(**settings)
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as ``{"a.b.c": leaf}``; a leaf keeps its type (None, a list, ...), an
-    empty mapping is a leaf ``{}``."""
-    if isinstance(value, dict) and value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value}
-
-
-def hyperparameters(result: dict) -> dict[str, Any]:
-    """Every leaf of the resolved config under its dotted path (``model.init_args.hidden``) with
-    its own type, plus the components' display names, the order's label and the strategy's
-    full ``__init__`` arguments (defaults included): one flat mapping for every logger."""
-    out = flatten(result["config"])
-    out.update({"benchmark.name": result["benchmark"]["name"], "model.name": result["model"]["name"],
-                "strategy.name": result["strategy"]["name"], "order_label": result["order_label"]})
-    out.update({f"strategy.params.{k}": v for k, v in flatten(result["strategy"]["params"] or {}).items()})
-    return out
-
-
-def log_tensorboard(logger, result: dict) -> None:
-    """The R matrix per test experience, the final scores, the heatmap and the hparams, then close."""
-    from clbench.results.plots import r_matrix_figure, routing_layers, utilization_figure
-
-    writer = logger.experiment
-    metric = "/".join(dict.fromkeys(result["r_metric"]["names"]))
-    for i, row in enumerate(result["r_matrix"]):
-        for name, value in zip(result["experiences"], row):
-            if value is not None:
-                writer.add_scalar(f"eval/{metric}/{name}", value, i)
-    for k, scores in enumerate(result.get("epoch_scores", [])):
-        for key, value in scores.items():
-            if isinstance(value, (int, float)) and key not in ("epoch", "stage"):
-                writer.add_scalar(f"epoch_scores/{key}", value, k)
-    for name, value in zip(result["experiences"], result.get("r_init") or []):
-        if value is not None:
-            writer.add_scalar(f"eval_untrained/{metric}/{name}", value, 0)
-    writer.add_figure("r_matrix", r_matrix_figure(result), 0)
-    # one heatmap per MoE layer and stage (at most 12 evenly spaced layers: an LLM has hundreds)
-    for stage, _ in enumerate(result.get("expert_utilization") or []):
-        for layer in routing_layers(result, 12):
-            writer.add_figure(f"routing/{layer}", utilization_figure(result, [layer], stage), stage)
-    # The scores are written once, as scalars under scores/ that the hparams view also reads.
-    scores = {f"scores/{k}": v for k, v in result["scores"].items() if isinstance(v, (int, float))}
-    logger.log_hyperparams(hyperparameters(result), metrics=scores)  # hparams.yaml keeps the types
-    logger.close()

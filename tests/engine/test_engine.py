@@ -156,7 +156,7 @@ def test_an_auxiliary_loss_from_inside_the_model_reaches_the_gradient_and_the_lo
 
 ROUTED_MODEL = '''
 import torch
-from clbench.metrics import routing
+from clbench.models import routing_channel as routing
 
 
 class Routed(torch.nn.Module):

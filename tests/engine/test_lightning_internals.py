@@ -105,6 +105,15 @@ def test_launch_processes_connects_the_module_and_the_launcher_takes_a_function_
     assert list(params)[:2] == ["self", "function"] and "trainer" in params
 
 
+def test_open_writer_reads_the_cached_tensorboard_writer_without_opening_one(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="tb", version="")
+    assert internals.open_writer(logger) is None and not any(tmp_path.rglob("events.*"))
+    writer = logger.experiment
+    assert internals.open_writer(logger) is writer
+
+
 def _private_lightning_touches(path: Path) -> list[str]:
     """Private names imported from Lightning, and ``._name`` read on anything, in one file."""
     tree = ast.parse(path.read_text())
@@ -112,7 +121,8 @@ def _private_lightning_touches(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("lightning", "pytorch_lightning"):
             found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
-        elif isinstance(node, ast.Attribute) and node.attr in ("_trainer", "_mode", "_Loop", "_MultiProcessingLauncher"):
+        elif isinstance(node, ast.Attribute) and node.attr in ("_trainer", "_mode", "_Loop", "_MultiProcessingLauncher",
+                                                                     "_experiment"):
             found.append(node.attr)
     return found
 

@@ -165,7 +165,7 @@ def test_moe_layers_report_per_domain_expert_utilization(tmp_path):
     plugin.write_text(textwrap.dedent('''
         import torch
         from torch import nn
-        from clbench.metrics import routing
+        from clbench.models import routing_channel as routing
 
         class TopOneMoE(nn.Module):
             records_routing = True

@@ -44,7 +44,9 @@ def test_padding_batches_change_no_score_routing_record_or_generation():
     from lm_helpers import lm, stream
 
     from clbench.data.datasets import LockstepLoader, make_loader
+    from clbench.engine.evaluation import EvaluationLog
     from clbench.engine.module import ContinualModule
+    from clbench.metrics.routing import RoutingRecording
     from clbench.objectives.causal_lm import CausalLanguageModeling
     from clbench.data.streams import StreamSpec
     from clbench.strategies.moe_lora import LoRAMoE
@@ -56,21 +58,25 @@ def test_padding_batches_change_no_score_routing_record_or_generation():
     objective.attach(model)
     strategy = LoRAMoE(r=2)
     module = ContinualModule(model, strategy, objective, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                             columns=experiences, column_domains=[0, 1])
+                             columns=experiences)
     strategy.setup(module.context, experiences, 0)
     strategy.adapt_model(module.context, 0)
-    module.seen_domains = {0, 1}
     with torch.no_grad():  # experts that route differently from the start
         for name, p in model.named_parameters():
             if "lora_B" in name or "router" in name:
                 p.normal_(0, 0.5)
     collate = objective.collate(train=False)
     loaders = [make_loader(exp.test, 3, shuffle=False, collate_fn=collate) for exp in experiences]
-    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    recording = RoutingRecording.create(column_domains=[0, 1], num_domains=2)
+    recording.old_domains = {0, 1}
+    log = EvaluationLog()
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[recording, log])
 
     def evaluate(loaders) -> tuple:
         trainer.validate(module, loaders, verbose=False)
-        return module.last_eval, module.last_routing, module.last_compositions, dict(objective._generations)
+        evaluation = log.take()[-1]
+        return evaluation.values, evaluation.routing, evaluation.compositions, dict(objective._generations)
 
     plain = evaluate(loaders)
     padded = evaluate([LockstepLoader(loader, len(loader) + 2, lambda: next(iter(loader))) for loader in loaders])

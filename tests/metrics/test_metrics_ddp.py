@@ -31,7 +31,8 @@ def _data():
 
 def _evaluate(indices):
     """Evaluate the metrics on the given sample indices (this process's shard)."""
-    from clbench.metrics import RoutingRecorder, make_eval_metrics, routing
+    from clbench.metrics import RoutingRecorder, make_eval_metrics
+    from clbench.models import routing_channel as routing
 
     logits, target, gates, domains = _data()
     metrics = make_eval_metrics(K, imbalance=True)

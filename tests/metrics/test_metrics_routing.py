@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from clbench.metrics import ExpertUtilization, RoutingRecorder, routing
+from clbench.metrics import ExpertUtilization, RoutingRecorder
+from clbench.models import routing_channel as routing
 from clbench.metrics.functional import (coefficient_of_variation, mutual_information,
                                         normalized_entropy)
 
@@ -253,7 +254,7 @@ def test_sample_labels_repeat_over_a_samples_units_and_paused_records_nothing():
 
 
 def test_a_layout_that_does_not_match_the_units_is_not_applied():
-    from clbench.metrics.routing import UnitLayout
+    from clbench.models.routing_channel import UnitLayout
 
     layout = UnitLayout(token_mask=torch.ones(2, 3, dtype=torch.bool))
     assert layout.resolve(6)[0].tolist() == [True] * 6

@@ -123,7 +123,7 @@ def test_strategy_freezes_the_base_matches_the_budget_and_trains(cls, kw, rank):
 
 @pytest.mark.parametrize("cls,kw,rank", [(LoRAMoE, {}, 6), (MHMoE, {"heads": 4}, 2)], ids=["loramoe", "mh_moe"])
 def test_scale_sets_alpha_from_the_matched_rank_and_results_record_it(cls, kw, rank):
-    from clbench.results.assemble import adapter_scales
+    from clbench.models.layers.adapted import adapter_scales
 
     model = lm()
     strategy = cls(match_lora_rank=8, scale=2.0, **kw)
@@ -187,7 +187,7 @@ def two_expert_layer(**kw) -> MoELoRALinear:
 
 
 def balance_of(m: MoELoRALinear, x: torch.Tensor, **units) -> float:
-    from clbench.metrics import routing
+    from clbench.models import routing_channel as routing
     from clbench.models import auxiliary
 
     with auxiliary.collect() as terms, routing.units(**units):

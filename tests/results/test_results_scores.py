@@ -2,38 +2,32 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from clbench.api import RunResult
 from clbench.config.load import resolve_config
 from clbench.errors import UserError
-from clbench.engine.columns import EvalColumns
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.rescore import expected_scores
 from clbench.metrics.derive import derive_scores
 from clbench.results.record import Status, single_stage
-from clbench.results.assemble import assemble
+from clbench.results.assemble import RunSummary, assemble
 
 
-def fake_run(strategy: str, *, single_stage: bool, columns: int = 2):
-    """The parts of a ContinualRun that :func:`assemble` reads."""
-    import torch
-
+def fake_run(strategy: str, *, single_stage: bool, columns: int = 2) -> RunSummary:
+    """What :func:`assemble` knows of a run: two digits domains scored by classification metrics."""
     from clbench.metrics.collection import CLASSIFICATION_METRICS, make_eval_metrics
+    from clbench.metrics.declared import recorded
 
     cfg = resolve_config({"seed": 0, "strategy": strategy, "benchmark": "digits-domains",
                           "logging": {"tensorboard": False}})
-    return SimpleNamespace(
-        cfg=cfg,
-        objective=SimpleNamespace(higher_is_better=True, summary=lambda: {}, metric_specs=lambda: CLASSIFICATION_METRICS),
-        strategy=SimpleNamespace(single_stage=single_stage, hparams=lambda: {}, diagnostics=lambda: None),
-        module=SimpleNamespace(primary=["acc"] * columns, model=torch.nn.Linear(2, 2),
-                               eval_metrics=[make_eval_metrics(10, imbalance=True) for _ in range(columns)]),
-        columns=EvalColumns([SimpleNamespace(test=object(), domain_id=i) for i in range(columns)]),
-        spec=SimpleNamespace(scenario_type="domain-il", num_classes=10),
-        experiences=[SimpleNamespace(name=f"d{i}") for i in range(columns)])
+    return RunSummary(
+        cfg=cfg, scenario_type="domain-il", num_classes=10, objective={"name": "Classification"},
+        higher_is_better=True, column_names=["acc"] * columns,
+        metrics=recorded([make_eval_metrics(10, imbalance=True) for _ in range(columns)], CLASSIFICATION_METRICS),
+        experiences=[f"d{i}" for i in range(columns)], domains=list(range(columns)), single_stage=single_stage,
+        params_total=6, params_trainable=6, adapter_scales=[], strategy_class="clbench.strategies.naive:Naive",
+        strategy_params={}, strategy_diagnostics={})
 
 
 def state(rows: list[dict]) -> dict:

@@ -16,7 +16,7 @@ from clbench.models.layers.moses import (
     mose_layers,
     straight_through_mask,
 )
-from clbench.metrics import routing
+from clbench.models import routing_channel as routing
 from clbench.metrics.routing import RoutingRecorder
 from clbench.data.streams import Experience
 from clbench.strategies.lora import base_state

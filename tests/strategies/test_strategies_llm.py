@@ -56,7 +56,7 @@ def test_seq_lora_options_reach_peft_and_bad_ones_are_refused():
     layers = lora_layers(module.model)
     assert len(layers) == 1 and layers[0] is module.model.hf.model.layers[1].self_attn.k_proj
     assert layers[0].scaling["default"] == 3.0 and layers[0].r["default"] == 2
-    from clbench.results.assemble import adapter_scales
+    from clbench.models.layers.adapted import adapter_scales
 
     assert adapter_scales(module.model) == [3.0]  # what results record as model.adapter_scales
     from clbench.plugins.build import check_init_args

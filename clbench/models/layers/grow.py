@@ -147,8 +147,3 @@ def grow_mlp(model: nn.Module, mlp: MLP, k: int) -> int:
     if owner is not None and isinstance(getattr(owner, "intermediate_size", None), int):
         owner.intermediate_size = p * k  # transformers' MLPs keep their width as an attribute
     return p
-
-
-def mlp_weights(model: nn.Module, mlp: MLP) -> list[torch.Tensor]:
-    """The weight matrices of ``mlp`` (up/gate and down), as in the model now."""
-    return [model.get_submodule(q).weight for q in mlp.linears]

@@ -49,12 +49,12 @@ adapted module adds its own term through :func:`clbench.models.auxiliary.add` (n
 ``"balance"``), summed over modules and layers as LoRAMoE adds them to the loss. δ = 0
 (``balance_delta``, LoRAMoE's ``blc_alpha``) needs no types; δ > 0 reads the samples' type from
 ``sample_type`` (set by the strategy per experience). Padding tokens, which the objective names
-through :func:`clbench.metrics.routing.units`, are left out of the sums (LoRAMoE's script trains
+through :func:`clbench.models.routing_channel.units`, are left out of the sums (LoRAMoE's script trains
 one sample per batch, so it has none). With H heads every head's experts are split in halves.
 
 Routing records: every layer sets ``records_routing`` and reports its top-k choices. A unit is a
 token; the layer does not see the attention mask, so the objective names the padding through
-:func:`clbench.metrics.routing.units` and it is left out. For MH-MoE the experts are
+:func:`clbench.models.routing_channel.units` and it is left out. For MH-MoE the experts are
 numbered ``m·K + j`` (``num_experts = H·K``) and a unit's ``experts`` row is the tuple
 (S_1, …, S_H), the route of MH-MoE's N_eff; gates are each router's softmax over its K
 experts, divided by H so that a unit's gates sum to 1.
@@ -63,14 +63,14 @@ experts, divided by H so that a unit's gates sum to 1.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
 
 from clbench.models import auxiliary
-from clbench.metrics import routing
+from clbench.models.layers.adapted import AdaptedLinear, replace_linears
+from clbench.models import routing_channel as routing
 
 KINDS = ("loramoe", "mh_moe")
 TOP1_GATES = ("probability", "renormalized")
@@ -108,29 +108,6 @@ def localized_balance(importance: Tensor, types: Tensor | int | None = None, del
         weights = type_weights(types, q.shape[-1], delta)
         q = q * (weights if q.dim() == 2 else weights.unsqueeze(1))
     return cv_squared(q.flatten())
-
-
-class AdaptedLinear(nn.Module):
-    """A frozen ``nn.Linear`` (``base_layer``) that an adapter wraps by module replacement; it
-    still answers ``in_features``, ``out_features`` and ``weight`` like the layer it replaced."""
-
-    def __init__(self, base: nn.Linear):
-        super().__init__()
-        self.base_layer = base
-        for p in base.parameters():
-            p.requires_grad_(False)
-
-    @property
-    def in_features(self) -> int:
-        return self.base_layer.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base_layer.out_features
-
-    @property
-    def weight(self) -> Tensor:  # code that reads ``linear.weight`` (tied checks, dtype probes)
-        return self.base_layer.weight
 
 
 class MoELoRALinear(AdaptedLinear):
@@ -277,39 +254,8 @@ def rank_for_budget(budget: int, shapes: Iterable[tuple[int, int]], **layer) -> 
 
 
 # -- injection --------------------------------------------------------------------------------
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def matching_linears(model: nn.Module, target_modules: list[str], layers: list[int] | None = None
-                     ) -> list[tuple[str, nn.Linear]]:
-    """``(name, module)`` of every ``nn.Linear`` whose last name part is in ``target_modules`` and,
-    when ``layers`` is given, that lies in a transformer layer ``layers.<i>.`` with i in it."""
-    found = []
-    for name, module in model.named_modules():
-        if type(module) is not nn.Linear or name.rsplit(".", 1)[-1] not in target_modules:
-            continue
-        if layers is not None:
-            match = _LAYER.search(name)
-            if match is None or int(match.group(1)) not in layers:
-                continue
-        found.append((name, module))
-    return found
-
-
 def moe_layers(model: nn.Module) -> list[MoELoRALinear]:
     return [m for m in model.modules() if isinstance(m, MoELoRALinear)]
-
-
-def replace_linears(model: nn.Module, target_modules: list[str], layers: list[int] | None,
-                    wrap) -> list[str]:
-    """Replace each matching ``nn.Linear`` by ``wrap(linear)``; returns the replaced names."""
-    names = []
-    for name, linear in matching_linears(model, target_modules, layers):
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, wrap(linear))
-        names.append(name)
-    return names
 
 
 def inject(model: nn.Module, target_modules: list[str], layers: list[int] | None = None,

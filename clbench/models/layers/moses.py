@@ -43,8 +43,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from clbench.models.layers.moe_lora import AdaptedLinear, replace_linears
-from clbench.metrics import routing
+from clbench.models.layers.adapted import AdaptedLinear, replace_linears
+from clbench.models import routing_channel as routing
 
 NAMES = ("A", "B", "router")
 
@@ -174,7 +174,7 @@ class MoSELinear(AdaptedLinear):
             return out
         # Samples of different tasks go through their own masks, group by group; the routing is
         # put back in batch order and recorded once, so its units line up with the batch's
-        # (padding and labels, clbench.metrics.routing.units).
+        # (padding and labels, clbench.models.routing_channel.units).
         lead = x.shape[:-1]
         delta = torch.zeros(*lead, self.out_features, dtype=self.lora_A.dtype, device=x.device)
         chosen = torch.zeros(*lead, self.top_k, dtype=torch.long, device=x.device)

@@ -307,7 +307,7 @@ def _pretrained_config(location: str, overrides: dict) -> Any:
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(location, local_files_only=True)
-    known = _known_keys(type(cfg))
+    known = known_config_keys(type(cfg))
     for key, value in overrides.items():  # from_pretrained would drop an unknown key silently
         if key not in known:
             raise _unknown_key(type(cfg), key, known)
@@ -346,7 +346,7 @@ def _random_config(architecture: str, overrides: dict, tok: Any) -> Any:
     return cfg
 
 
-def _known_keys(cls: type) -> set[str]:
+def known_config_keys(cls: type) -> set[str]:
     """Fields a configuration class takes, stores or maps (``attribute_map``)."""
     import inspect
 
@@ -365,7 +365,7 @@ def _check_keys(cls: type, cfg: Any, overrides: dict) -> None:
     Legacy names the class converts (``rope_theta`` into ``rope_parameters``) leave no
     attribute behind and pass; an unknown key is kept as a stray attribute and is refused.
     """
-    known = _known_keys(cls)
+    known = known_config_keys(cls)
     for key in overrides:
         if key not in known and hasattr(cfg, key):
             raise _unknown_key(cls, key, known)

@@ -22,9 +22,9 @@ def tiny_config(architecture: str = "qwen3", *, layers: int = 2, hidden: int = 6
     """
     from transformers import CONFIG_MAPPING
 
-    from clbench.models.lm.causal_lm import _known_keys
+    from clbench.models.lm.causal_lm import known_config_keys
 
-    known = _known_keys(CONFIG_MAPPING[architecture])
+    known = known_config_keys(CONFIG_MAPPING[architecture])
     wanted = {"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
               "num_key_value_heads": kv_heads or max(1, heads // 2), "head_dim": hidden // heads,
               "intermediate_size": intermediate or 2 * hidden, "max_position_embeddings": max_positions}

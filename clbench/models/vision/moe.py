@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from clbench.metrics import routing
+from clbench.models import routing_channel as routing
 from clbench.models.vision.routers import make_router
 
 
