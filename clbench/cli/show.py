@@ -23,11 +23,11 @@ def register(sub) -> None:
 
 def _find(name: str, kind: str | None) -> list[tuple[str, str]]:
     """``[(kind, target)]`` for every kind that knows ``name``."""
-    from clbench.plugins.registry import _looks_like_path, available
+    from clbench.plugins.registry import looks_like_path, available
 
     kinds = [kind] if kind else list(KINDS)
     found = [(k, available(k)[name]) for k in kinds if name in available(k)]
-    if not found and _looks_like_path(name):
+    if not found and looks_like_path(name):
         found = [(kind or "strategies", name)]
     if not found:
         known = {n for k in kinds for n in available(k)}

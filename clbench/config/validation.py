@@ -81,7 +81,7 @@ class ArgumentError(UserError):
     the data or the model it meets (``min_size`` x experiences above the samples, a layer index
     beyond the depth). ``component`` is the config section, ``field`` the argument, with a path
     below it where the value is a mapping (``config.vocab_size``), or empty for the arguments as a
-    whole. The builder prefixes the config file (:func:`clbench.plugins.build._locate`).
+    whole. The builder prefixes the config file (:func:`clbench.plugins.build.locate_error`).
     """
 
     def __init__(self, component: Component, field: str, what: str, fix: str | None = None):

@@ -71,7 +71,7 @@ def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: i
 
     from clbench.config.schema import LOGGER_SHORT_NAMES
     from clbench.plugins import registry
-    from clbench.plugins.build import _call
+    from clbench.plugins.build import call_plugin
     from clbench.engine.outputs import TENSORBOARD
 
     loggers = []
@@ -83,11 +83,11 @@ def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: i
         args = {**_defaults(name, folder), **spec["init_args"]}
         if name == "mlflow" and str(args.get("tracking_uri", "")).startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        target = registry._load_import_path(LOGGER_SHORT_NAMES.get(name, name), f"{where}.class_path")
+        target = registry.load_import_path(LOGGER_SHORT_NAMES.get(name, name), f"{where}.class_path")
         if not (isinstance(target, type) and issubclass(target, Logger)):
             raise UserError(f"'{name}' is not a Lightning Logger", where=f"{where}.class_path",
                             fix="name a subclass of lightning.pytorch.loggers.Logger")
-        loggers.append(_call(target, args, f"{where}.init_args", source))
+        loggers.append(call_plugin(target, args, f"{where}.init_args", source))
     return loggers
 
 

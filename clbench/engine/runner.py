@@ -103,7 +103,7 @@ class ContinualRun:
         try:
             self.objective.setup(self.spec, self.experiences)
         except UserError as err:  # about one of its init_args: name the config file too
-            raise build._locate(err, src) from None
+            raise build.locate_error(err, src) from None
         self.optimizer = build.optimizer_factory(cfg, src)
         self.scheduler = build.scheduler_factory(cfg, src)
         seeding.seed_all(seeding.derive(seed, "model"))

@@ -59,7 +59,7 @@ def check_init_args(target: Callable, init_args: dict, where: str, provided: tup
                         fix=f"add {', '.join(missing)} under init_args")
 
 
-def _locate(err: UserError, source: str) -> UserError:
+def locate_error(err: UserError, source: str) -> UserError:
     """Prefix the config file to an error a component raised about one of its own fields.
 
     Builders only know their field (``benchmark.init_args.min_size``); the user needs the file
@@ -71,14 +71,14 @@ def _locate(err: UserError, source: str) -> UserError:
     return err
 
 
-def _call(target: Callable, args: dict, where: str, source: str, **provided: Any) -> Any:
+def call_plugin(target: Callable, args: dict, where: str, source: str, **provided: Any) -> Any:
     """``target(**provided, **args)``; an exception raised by a plugin's own code (not the
     harness's: that is a bug and keeps its traceback) becomes a one-line error at its line."""
     check_init_args(target, args, where, provided=tuple(provided))
     try:
         return target(**provided, **args)
     except UserError as err:
-        raise _locate(err, source) from None
+        raise locate_error(err, source) from None
     except (Exception, SystemExit) as err:
         if not registry.is_plugin(target):
             raise
@@ -171,7 +171,7 @@ def build_benchmark(cfg: dict, source: str):
     spec = cfg["benchmark"]
     where = f"{source}: benchmark.class_path"
     target = registry.resolve("benchmarks", spec["class_path"], where=where)
-    scenario = _call(target, spec["init_args"], f"{source}: {argument_path('benchmark')}", source)
+    scenario = call_plugin(target, spec["init_args"], f"{source}: {argument_path('benchmark')}", source)
     _check_stream(scenario, spec["class_path"], where)
     return scenario
 
@@ -208,7 +208,7 @@ def build_objective(cfg: dict, stream_spec, source: str):
     args = dict(spec.get("init_args") or {})
     if spec["class_path"] == stream_spec.objective:  # the stream's own arguments, the config's on top
         args = {**stream_spec.objective_args, **args}
-    return _call(target, args, f"{where}.init_args", source)
+    return call_plugin(target, args, f"{where}.init_args", source)
 
 
 def build_model(cfg: dict, stream_spec, source: str, objective=None):
@@ -220,12 +220,12 @@ def build_model(cfg: dict, stream_spec, source: str, objective=None):
         objective = Classification()
     spec = cfg["model"]
     target = registry.resolve("models", spec["class_path"], where=f"{source}: model.class_path")
-    return _call(target, spec["init_args"], f"{source}: {argument_path('model')}", source,
+    return call_plugin(target, spec["init_args"], f"{source}: {argument_path('model')}", source,
                  **objective.model_kwargs(stream_spec))
 
 
 def build_strategy(cfg: dict, source: str):
-    return _call(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: {argument_path('strategy')}",
+    return call_plugin(_strategy_class(cfg, source), cfg["strategy"]["init_args"], f"{source}: {argument_path('strategy')}",
                  source)
 
 
@@ -246,7 +246,7 @@ def _optimizer_path(cfg: dict, source: str) -> str:
 def optimizer_factory(cfg: dict, source: str) -> Callable:
     spec = cfg["train"]["optimizer"]
     where = f"{source}: train.optimizer"
-    target = registry._load_import_path(_optimizer_path(cfg, source), f"{where}.class_path")
+    target = registry.load_import_path(_optimizer_path(cfg, source), f"{where}.class_path")
     args = dict(spec["init_args"])
     check_init_args(target, args, f"{where}.init_args", provided=("params",))
     lr = args.get("lr")
@@ -292,7 +292,7 @@ def scheduler_factory(cfg: dict, source: str) -> Callable | None:
             raise UserError(f"unknown scheduler '{name}'", where=f"{where}.class_path",
                             fix=did_you_mean(name, SCHEDULERS) + ", or an import path such as "
                                 "torch.optim.lr_scheduler.StepLR")
-        target = registry._load_import_path(name, f"{where}.class_path")
+        target = registry.load_import_path(name, f"{where}.class_path")
         check_init_args(target, args, f"{where}.init_args", provided=("optimizer",))
         return lambda optimizer, total_steps: target(optimizer, **args)
     check_init_args(_warmup_schedule, args, f"{where}.init_args", provided=("optimizer", "total_steps", "kind"))

@@ -61,14 +61,14 @@ def available(kind: str) -> dict[str, str]:
     return dict(sorted(names.items()))
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     return ":" in name or "." in name or "/" in name
 
 
 def display_name(class_path: Any) -> Any:
     """How tables name a component: a short name as it is, an import path or a file by the class
     or function it names (``my_pkg.methods:SI`` and ``path/to/si.py:SI`` both show as ``SI``)."""
-    if not isinstance(class_path, str) or not _looks_like_path(class_path):
+    if not isinstance(class_path, str) or not looks_like_path(class_path):
         return class_path
     return class_path.rsplit(":", 1)[1] if ":" in class_path else class_path.rpartition(".")[2]
 
@@ -165,7 +165,7 @@ def _load_from_file(path: Path, attr: str, where: str) -> Any:
     return getattr(module, attr)
 
 
-def _load_import_path(name: str, where: str) -> Any:
+def load_import_path(name: str, where: str) -> Any:
     if ":" in name:
         module_part, attr = name.rsplit(":", 1)
     else:
@@ -204,7 +204,7 @@ def check_name(kind: str, name: Any, *, where: str | None = None) -> None:
                         fix=f"run 'clbench list {kind}' for the names")
     if name in _registered[kind] or name in _entry_points(kind):
         return
-    if not _looks_like_path(name):
+    if not looks_like_path(name):
         raise UserError(f"unknown {SINGULAR[kind]} '{name}'", where=where, fix=did_you_mean(name, available(kind)))
     file = name.rsplit(":", 1)[0]
     if file.endswith(".py") and not Path(file).is_file():
@@ -228,7 +228,7 @@ def resolve(kind: str, name: str, *, where: str | None = None) -> Any:
                 raise
             raise plugin_failure(err, where=where, doing=f"importing {module_part}",
                                  path=_origin(module_part)) from None
-    return _load_import_path(name, where)  # an import path: check_name refused anything else
+    return load_import_path(name, where)  # an import path: check_name refused anything else
 
 
 def _origin(module_name: str) -> str | None:
@@ -262,7 +262,7 @@ def plugin_source(class_path: str) -> dict | None:
             module_name = _entry_points(kind)[class_path].value.split(":")[0]
             break
     if module_name is None:
-        if not _looks_like_path(class_path):
+        if not looks_like_path(class_path):
             return None
         module_part = class_path.rsplit(":", 1)[0] if ":" in class_path else class_path.rpartition(".")[0]
         if module_part.endswith(".py"):

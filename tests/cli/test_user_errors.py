@@ -187,7 +187,7 @@ def test_harness_bug_keeps_its_traceback(monkeypatch):
 
     broken.__module__ = build.__name__  # as if defined in the harness's own code
     with pytest.raises(RuntimeError, match="a bug"):
-        build._call(broken, {}, "cfg.yaml: strategy.init_args", "cfg.yaml")
+        build.call_plugin(broken, {}, "cfg.yaml: strategy.init_args", "cfg.yaml")
 
 
 def test_plugin_init_raising_through_the_cli_is_one_line(tmp_path):

@@ -437,7 +437,7 @@ def test_truncated_vit_weights_are_one_line(tmp_path, capsys):
 
 
 def test_truncated_pretrained_language_model_is_one_line(tmp_path):
-    from clbench.plugins.build import _call
+    from clbench.plugins.build import call_plugin
     from clbench.errors import UserError
     from clbench.models.lm.fixtures import sample_texts, write_tiny_model
     from clbench.models.lm.causal_lm import hf_causal_lm
@@ -449,7 +449,7 @@ def test_truncated_pretrained_language_model_is_one_line(tmp_path):
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(UserError) as info:
-        _call(hf_causal_lm, {"path": str(folder)}, "cfg.yaml: model.init_args", "cfg.yaml")
+        call_plugin(hf_causal_lm, {"path": str(folder)}, "cfg.yaml: model.init_args", "cfg.yaml")
     assert info.value.one_line().startswith(f"cfg.yaml: model.init_args.path: cannot load from {folder}: ")
 
 

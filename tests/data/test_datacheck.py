@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clbench.data.check import check, main
+from clbench.cli.data import main
+from clbench.data.check import check
 from clbench.errors import UserError
 from clbench.data.fixtures import write_cifar10, write_core50, write_office_home
 
