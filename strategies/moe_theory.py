@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from clbench import ArgumentError, Strategy
 from clbench.errors import UserError
-from clbench.models import routing_channel as routing
+from clbench.models.routing_channel import record as record_routing
 
 
 NOISE_SALT = 2 ** 40  # routing noise is drawn from seed + salt, apart from the data's seed
@@ -208,7 +208,7 @@ class MoETheoryModel(nn.Module):
         unseen = expert < 0
         if unseen.any():
             expert = torch.where(unseen, (xbar @ self.theta.T).argmax(-1), expert)
-        routing.record(self, experts=expert[:, None])
+        record_routing(self, experts=expert[:, None])
         return (x * self.experts[expert]).sum(-1)
 
 
@@ -267,7 +267,7 @@ class MoETheory(Strategy):
                          self.noise[self.state.t][None], eta=self.eta, alpha=self.alpha, gamma=self.gamma,
                          terminate=self.terminate, explore=self.t1)
         model.routed[rounds[0]] = info.expert[0]
-        routing.record(model, experts=info.expert[:, None])
+        record_routing(model, experts=info.expert[:, None])
         self.done = True
         return info.loss[0]
 

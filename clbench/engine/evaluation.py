@@ -2,7 +2,7 @@
 
 An evaluation pass is Lightning validation over the test columns. Its figures come back as an
 :class:`Evaluation`: the columns' metrics (R's cells among them), the per-class recalls where a
-metric keeps them, and the routing recorded on the way (:class:`clbench.metrics.routing.RoutingRecording`).
+metric keeps them, and the routing recorded on the way (:class:`clbench.metrics.routing_recording.RoutingRecording`).
 :class:`EvaluationLog`, a callback every Trainer of a run has (:func:`clbench.engine.trainer.make_trainer`),
 collects one per pass, so the runner reads return values rather than attributes the module
 left behind; passes run inside ``fit`` (``train.eval_every_epoch``) are collected the same way.
@@ -42,7 +42,7 @@ class EvaluationLog(Callback):
         self.records: list[Evaluation] = []
 
     def on_validation_epoch_end(self, trainer, module) -> None:
-        from clbench.metrics.routing import RoutingRecording
+        from clbench.metrics.routing_recording import RoutingRecording
 
         values, recalls = module.compute_columns()
         recording = next((c for c in trainer.callbacks if isinstance(c, RoutingRecording)), None)

@@ -22,7 +22,7 @@ is the R-matrix column, and each column accumulates into its own torchmetrics co
 scores are exact under DDP (states are summed/gathered across ranks, never averaged per rank).
 :meth:`compute_columns` turns them into values at the end of a pass; the run's
 :class:`~clbench.engine.evaluation.EvaluationLog` callback collects them, and routing is recorded
-by the :class:`~clbench.metrics.routing.RoutingRecording` callback, so this module keeps no
+by the :class:`~clbench.metrics.routing_recording.RoutingRecording` callback, so this module keeps no
 record of past passes.
 
 Under data parallelism every rank evaluates as many batches (:class:`clbench.data.datasets.LockstepLoader`):

@@ -81,7 +81,7 @@ class ContinualRun:
         from clbench.engine.columns import EvalColumns
         from clbench.engine.module import ContinualModule
         from clbench.data.streams import ordered_experiences, spec_of
-        from clbench.metrics.routing import RoutingRecording
+        from clbench.metrics.routing_recording import RoutingRecording
 
         cfg, src = self.cfg, self.source
         seed = cfg["seed"]
@@ -115,7 +115,7 @@ class ContinualRun:
         self.columns = EvalColumns(self.experiences, self.spec.global_test)
         self.module = ContinualModule(model, self.strategy, self.objective, optimizer=self.optimizer,
                                       scheduler=self.scheduler, columns=self.columns.scored_as)
-        self.routing = RoutingRecording.create(self.columns.domains,
+        self.routing = RoutingRecording(self.columns.domains,
                                                max(exp.domain_id for exp in self.experiences) + 1)
         self.module.sharding_listeners.append(self.frozen_base)
         self.strategy.setup(self.module.context, self.experiences, seeding.derive(seed, "strategy"))

@@ -8,8 +8,8 @@
   an objective or a strategy adds metrics to every test column (``extra_metrics``).
 - :func:`cl_scores`: every CL score of an R matrix (NumPy only); :func:`trace_task_scores`:
   OP and BWT with their per-task terms, as TRACE papers report them.
-- :class:`ExpertUtilization` and :mod:`clbench.metrics.routing` (:class:`RoutingRecorder`, the
-  :class:`RoutingRecording` callback): per-domain expert utilization fed by what MoE layers
+- :class:`ExpertUtilization`, :mod:`clbench.metrics.routing` (:class:`RoutingRecorder`) and the
+  :class:`RoutingRecording` callback: per-domain expert utilization fed by what MoE layers
   report through :mod:`clbench.models.routing_channel`.
 - :func:`effective_compositions`: MH-MoE's route-wise N_eff.
 - :class:`ExactMatch`, :class:`AnswerLetterAccuracy`, :class:`RougeL`, :class:`EditSimilarity`,
@@ -31,7 +31,7 @@ _EXPORTS = {
     "MulticlassMAUC": "clbench.metrics.mauc",
     "ExpertUtilization": "clbench.metrics.utilization",
     "RoutingRecorder": "clbench.metrics.routing",
-    "RoutingRecording": "clbench.metrics.routing",
+    "RoutingRecording": "clbench.metrics.routing_recording",
     "make_eval_metrics": "clbench.metrics.collection",
     "declare": "clbench.metrics.declared",
     "MetricSpec": "clbench.metrics.declared",

@@ -2,7 +2,7 @@
 
 A layer reports each forward's routing decisions; a recorder (what listens:
 :class:`clbench.metrics.routing.RoutingRecorder`, driven in a run by the
-:class:`clbench.metrics.routing.RoutingRecording` callback) says which domain the forwards
+:class:`clbench.metrics.routing_recording.RoutingRecording` callback) says which domain the forwards
 belong to. Models import this module and nothing of :mod:`clbench.metrics`::
 
     from clbench.models import routing_channel as routing

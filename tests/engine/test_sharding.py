@@ -46,7 +46,7 @@ def test_padding_batches_change_no_score_routing_record_or_generation():
     from clbench.data.datasets import LockstepLoader, make_loader
     from clbench.engine.evaluation import EvaluationLog
     from clbench.engine.module import ContinualModule
-    from clbench.metrics.routing import RoutingRecording
+    from clbench.metrics.routing_recording import RoutingRecording
     from clbench.objectives.causal_lm import CausalLanguageModeling
     from clbench.data.streams import StreamSpec
     from clbench.strategies.moe_lora import LoRAMoE
@@ -67,7 +67,7 @@ def test_padding_batches_change_no_score_routing_record_or_generation():
                 p.normal_(0, 0.5)
     collate = objective.collate(train=False)
     loaders = [make_loader(exp.test, 3, shuffle=False, collate_fn=collate) for exp in experiences]
-    recording = RoutingRecording.create(column_domains=[0, 1], num_domains=2)
+    recording = RoutingRecording(column_domains=[0, 1], num_domains=2)
     recording.old_domains = {0, 1}
     log = EvaluationLog()
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
