@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from typing import Any, Sequence
@@ -169,25 +170,16 @@ class EditSimilarity(MeanTextScore):
         return (round(ratio) if self.round_percent else ratio) / 100.0
 
 
-# mteval-v13a tokenisation (as sacreBLEU's "13a"): punctuation split off, except '.' and ','
-# between digits, and '-' split after a digit.
-_13A_RULES = (
-    (re.compile(r"([\{-\~\[-\` -\&\(-\+\:-\@\/])"), r" \1 "),
-    (re.compile(r"([^0-9])([\.,])"), r"\1 \2 "),
-    (re.compile(r"([\.,])([^0-9])"), r" \1 \2"),
-    (re.compile(r"([0-9])(-)"), r"\1 \2 "),
-)
-
-
 def tokenize_13a(text: str) -> str:
-    """``text`` tokenised as mteval-v13a does, tokens joined by single spaces."""
-    text = text.replace("<skipped>", "").replace("-\n", "").replace("\n", " ")
-    if "&" in text:
-        text = text.replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
-    text = f" {text} "
-    for pattern, replacement in _13A_RULES:
-        text = pattern.sub(replacement, text)
-    return " ".join(text.split())
+    """``text`` tokenised as mteval-v13a does (sacreBLEU's "13a"), tokens joined by single spaces."""
+    return _tokenizer_13a()(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_13a():
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+    return Tokenizer13a()
 
 
 def _f1(p: float, r: float) -> float:
