@@ -73,6 +73,7 @@ class ContinualRun:
         self.show_progress = cfg["logging"]["progress"] if progress is None else progress
         self.world_size, self.rank = 1, 0
         self.sharded = False  # parameters sharded (trainer.strategy: fsdp)
+        self.precision = "32-true"  # the Trainer's, once built
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -221,6 +222,7 @@ class ContinualRun:
                                root=str(self.path) if self.path else None)
         check_parallel_support(trainer, self.strategy, self.module.model, cfg["strategy"]["class_path"], self.source)
         self.world_size, self.rank = trainer.world_size, trainer.global_rank
+        self.precision = trainer.precision  # "32-true", or bf16-mixed (clbench.engine.precision)
         self.sharded = shards_parameters(trainer)
         writes = self.path is not None and trainer.is_global_zero
         if writes:

@@ -20,7 +20,7 @@ def run_summary(run) -> RunSummary:
         column_names=run.columns.per_experience(run.module.primary),
         metrics=recorded(run.module.eval_metrics, specs),
         experiences=[exp.name for exp in run.experiences], domains=[exp.domain_id for exp in run.experiences],
-        single_stage=strategy.single_stage,
+        single_stage=strategy.single_stage, precision=run.precision,
         params_total=sum(p.numel() for p in model.parameters()),
         params_trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
         adapter_scales=adapter_scales(model),

@@ -86,9 +86,13 @@ def make_trainer(cfg: dict, source: str, *, callbacks: list | None = None, logge
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from clbench.engine.evaluation import EvaluationLog
+    from clbench.engine.precision import default_precision
 
     args = trainer_args(cfg, source)
     args.setdefault("log_every_n_steps", 1)  # the training loss per step (clbench.engine.loggers)
+    precision = default_precision(cfg, source)
+    if precision is not None:
+        args["precision"] = precision
     if args.get("strategy") == "fsdp":
         from lightning.pytorch.strategies import ModelParallelStrategy
 

@@ -184,8 +184,11 @@ def _machine(env: dict) -> str:
 
 
 def _cpu(env: dict) -> str | None:
+    """The CPU and, where it is not fp32 (``env.precision``, absent before it was recorded), the precision."""
     cpu = env.get("cpu")
-    return f"{cpu.get('model')} ({cpu.get('isa')})" if isinstance(cpu, dict) else None
+    precision = env.get("precision") or "32-true"
+    tail = "" if precision == "32-true" else f", {precision}"
+    return f"{cpu.get('model')} ({cpu.get('isa')}{tail})" if isinstance(cpu, dict) else None
 
 
 def _cpu_change(old: dict, new: dict) -> tuple[str | None, str | None]:

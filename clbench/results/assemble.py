@@ -164,6 +164,7 @@ class RunSummary:
     experiences: list[str]              # names, in run order
     domains: list[int]                  # each experience's domain id
     single_stage: bool
+    precision: str                      # the Trainer's: "32-true", "bf16-mixed" (clbench.engine.precision)
     params_total: int
     params_trainable: int
     adapter_scales: list[float]
@@ -250,7 +251,7 @@ def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: 
     result.update({
         "config": cfg,
         "config_hash": config_hash(cfg),
-        "env": environment(),
+        "env": {**environment(), "precision": run.precision},
         "compute": {"wall_seconds": round(wall, 3), "train_seconds": round(state["train_seconds"], 3),
                     "eval_seconds": round(state["eval_seconds"], 3), "import_seconds": round(import_seconds, 3),
                     "resumes": state["resumes"], **peak_memory_mb()},

@@ -79,7 +79,8 @@ def test_a_forged_entry_is_named_and_the_others_are_ok(clean_smoke_board, tmp_pa
 
 def test_a_difference_names_the_cpus(clean_smoke_board, tmp_path, capsys):
     """CPU rounding is a cause of a difference: the verdict names both CPUs where the entry records
-    its own, and says that it does not where it was made before env.cpu existed."""
+    its own (with its precision where that was not fp32), and says that it does not where it was
+    made before env.cpu existed."""
     import torch
 
     here = cpu_identity()
@@ -92,12 +93,12 @@ def test_a_difference_names_the_cpus(clean_smoke_board, tmp_path, capsys):
         entry = json.loads(path.read_text())
         entry["env"].pop("cpu", None)
         if cpu:
-            entry["env"]["cpu"] = cpu
+            entry["env"].update(cpu=cpu, precision="bf16-mixed")
         path.write_text(json.dumps(entry))
         _forge(path, 0.01)
     assert main(["leaderboard", "verify", str(out), recorded.stem, unrecorded.stem]) == 1
     lines = dict(line.split(" ", 1) for line in capsys.readouterr().out.splitlines()[:2])
-    assert f"made on Elsewhere CPU (AVX2), rerun on {here['model']} ({here['isa']})" in lines[recorded.stem[:12]]
+    assert f"made on Elsewhere CPU (AVX2, bf16-mixed), rerun on {here['model']} ({here['isa']})" in lines[recorded.stem[:12]]
     assert ("the entry does not record its CPU, and float rounding differs between CPU types (this one: "
             f"{here['model']} ({here['isa']}))") in lines[unrecorded.stem[:12]]
     # what the committed-leaderboard test reads: which verdicts may be rounding on another CPU

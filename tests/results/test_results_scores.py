@@ -25,7 +25,7 @@ def fake_run(strategy: str, *, single_stage: bool, columns: int = 2) -> RunSumma
         cfg=cfg, scenario_type="domain-il", num_classes=10, objective={"name": "Classification"},
         higher_is_better=True, column_names=["acc"] * columns,
         metrics=recorded([make_eval_metrics(10, imbalance=True) for _ in range(columns)], CLASSIFICATION_METRICS),
-        experiences=[f"d{i}" for i in range(columns)], domains=list(range(columns)), single_stage=single_stage,
+        experiences=[f"d{i}" for i in range(columns)], domains=list(range(columns)), single_stage=single_stage, precision="32-true",
         params_total=6, params_trainable=6, adapter_scales=[], strategy_class="clbench.strategies.naive:Naive",
         strategy_params={}, strategy_diagnostics={})
 

@@ -1,0 +1,52 @@
+"""The numeric precision a run computes in, when its config does not say.
+
+A language model on a CPU with bf16 matrix units (AVX-512 BF16 or AMX: ``avx512_bf16`` /
+``amx_bf16`` in ``/proc/cpuinfo``) trains and generates under Lightning's ``bf16-mixed``: fp32
+weights, optimizer states and loss, matmuls in bf16 through ``torch.autocast("cpu")``. Where
+the CPU lacks those units a bf16 matmul is emulated and slower than fp32, so the default stays
+``32-true``. ``trainer.precision`` in a config always wins; the precision a run used is
+recorded in its result (``env.precision``).
+
+Why autocast and not a frozen bf16 base with fp32 adapters: autocast is correct for every
+method the harness has, full fine-tuning and replay included (their weights stay fp32, so an
+update smaller than bf16's resolution is not lost), and it is Lightning's own path, so the
+reference models and pre-training stages get it too. A bf16 base would save the per-step cast
+of the frozen weights, which ``perf/cpu_bf16.py`` measures, but only for adapter methods.
+
+Only language-model runs (an objective that ``provides`` ``language_model``) get the bf16
+default (our choice): their matmuls are large enough for the units to pay; the vision suites'
+models are small and their committed numbers are fp32.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+FP32 = "32-true"
+BF16_MIXED = "bf16-mixed"
+
+
+@lru_cache(maxsize=1)
+def cpu_bf16_units() -> bool:
+    """Whether this CPU has bf16 matrix units (Linux: its ``/proc/cpuinfo`` flags)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return any(flag in flags for flag in BF16_FLAGS)
+
+
+def default_precision(cfg: dict, source: str) -> str | None:
+    """The Trainer precision for ``cfg`` when ``trainer.precision`` is unset: ``bf16-mixed``
+    for a language-model run on a CPU with bf16 units, otherwise None (Lightning's default, fp32)."""
+    from clbench.plugins.build import known_objective
+
+    trainer = cfg.get("trainer") or {}
+    if "precision" in trainer or trainer.get("accelerator") != "cpu" or not cpu_bf16_units():
+        return None
+    objective, _ = known_objective(cfg, source)
+    if objective is None or "language_model" not in objective.provides:
+        return None
+    return BF16_MIXED

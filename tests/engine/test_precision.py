@@ -1,0 +1,77 @@
+"""The precision a run computes in when its config does not say: bf16-mixed for a language
+model on a CPU with bf16 units, fp32 otherwise; recorded in the result."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import tiny_config
+
+from clbench.engine import precision
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
+
+
+def _lm(**overrides) -> dict:
+    from clbench.config.load import resolve_config
+
+    raw = tiny_config(benchmark={"class_path": "trace-mini",
+                                 "init_args": {"tasks": ["FOMC", "NumGLUE-cm"], "n_train": 16, "n_test": 4}},
+                      model={"class_path": "hf_causal_lm",
+                             "init_args": {"architecture": "qwen3", "tokenizer": "trace-mini", "config": TINY}},
+                      train={"epochs": 1, "batch_size": 8})
+    raw["model"]["init_args"].pop("hidden", None)
+    return resolve_config({**raw, **overrides})
+
+
+@pytest.mark.parametrize("units", [True, False])
+def test_a_language_model_defaults_to_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, units):
+    from clbench.config.load import resolve_config
+
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: units)
+    lm = _lm()  # its objective is the stream's (trace-mini declares causal_lm)
+    assert precision.default_precision(lm, "x.yaml") == ("bf16-mixed" if units else None)
+    # the config's own setting wins, and other objectives keep fp32
+    assert precision.default_precision(_lm(trainer={"accelerator": "cpu", "devices": 1, "precision": "32-true"}),
+                                       "x.yaml") is None
+    assert precision.default_precision(resolve_config(tiny_config()), "x.yaml") is None
+    assert precision.default_precision(_lm(trainer={"accelerator": "gpu", "devices": 1}), "x.yaml") is None
+
+
+def test_the_cpu_flags_decide_bf16_units(monkeypatch, tmp_path):
+    import builtins
+
+    real_open = builtins.open
+    for flags, expected in (("fpu sse avx2 avx512f", False), ("fpu avx512f avx512_bf16", True),
+                            ("fpu amx_tile amx_bf16", True)):
+        info = tmp_path / "cpuinfo"
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(builtins, "open",
+                            lambda path, *a, **k: real_open(info if path == "/proc/cpuinfo" else path, *a, **k))
+        precision.cpu_bf16_units.cache_clear()
+        assert precision.cpu_bf16_units() is expected
+    monkeypatch.setattr(builtins, "open", real_open)
+    precision.cpu_bf16_units.cache_clear()
+
+
+def test_the_run_trains_in_the_chosen_precision_and_records_it(tmp_path, monkeypatch):
+    import torch
+
+    from clbench.engine.runner import run
+
+    seen = []
+    original = torch.nn.functional.cross_entropy
+
+    def spy(logits, *args, **kwargs):  # the objective upcasts the logits it was given
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return original(logits, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", spy)
+    plain = run(_lm(), tmp_path / "fp32")
+    assert plain["env"]["precision"] == "32-true" or precision.cpu_bf16_units()
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: True)
+    seen.clear()
+    mixed = run(_lm(), tmp_path / "bf16")
+    assert mixed["env"]["precision"] == "bf16-mixed"
+    assert seen and all(seen)  # every training loss was computed under bf16 autocast
+    assert all(v is not None for row in mixed["r_matrix"] for v in row)
