@@ -32,6 +32,13 @@ evaluation is deterministic up to the hardware's arithmetic. The final stage's g
 The loss is the mean over the batch's answer tokens (as transformers computes it), so a
 batch's long answers weigh more than short ones; TRACE's training code does the same.
 
+``answer_logits_only: true`` computes the training logits only over the positions that
+predict an answer token of some row of the batch (:func:`answer_window`, passed to the model
+as transformers' ``logits_to_keep``): the same loss and gradients, without the LM head's
+matmul and softmax over every prompt position, a fifth of a small model's training FLOPs
+when answers are short. Off by default: a different matmul shape rounds differently, and the
+committed leaderboards were made without it.
+
 Routing records (models with MoE layers): padding tokens are never counted. In evaluation the
 counted units are the tokens of each test sample's prompt + reference answer in one
 teacher-forced forward pass (the "old-task tokens" of MH-MoE's N_eff; test batches carry those
@@ -70,12 +77,29 @@ FREQUENCY_BUCKETS = 3
 FREQUENCY_SAMPLES = 2000
 
 
+def answer_window(labels: Tensor) -> tuple[int, int]:
+    """``(start, end)``: the positions ``start <= t < end`` whose next token is an answer token
+    (label != -100) in some row; at least one position."""
+    rows = (labels[:, 1:] != IGNORE).any(0).nonzero()
+    if rows.numel() == 0:
+        return 0, 1
+    return int(rows[0]), int(rows[-1]) + 1
+
+
 def _record(item: Any) -> tuple[str, str]:
     """(prompt, answer) of a dataset item: a ``{"prompt", "answer"}`` dict (Avalanche may wrap
     it in a tuple with its task label)."""
     if isinstance(item, (tuple, list)):
         item = item[0]
     return item["prompt"], item["answer"]
+
+
+def _keeps_logits(model) -> bool:
+    """Whether the transformers model inside ``model`` takes ``logits_to_keep``."""
+    import inspect
+
+    hf = getattr(model, "hf", model)
+    return "logits_to_keep" in inspect.signature(hf.forward).parameters
 
 
 class TextCollator:
@@ -173,6 +197,7 @@ class CausalLanguageModeling(Objective):
     ``max_new_tokens``: one number, or one per experience name. ``max_length``: tokens of
     prompt + answer in training, of prompt + generation in evaluation. ``chat_template``: wrap
     each prompt in the tokenizer's chat template (instruct models); off by default, as in TRACE.
+    ``answer_logits_only``: training logits only where the loss reads them (module notes).
     """
 
     model_args: ClassVar[tuple[str, ...]] = ()
@@ -180,8 +205,10 @@ class CausalLanguageModeling(Objective):
 
     def __init__(self, task_metrics: dict[str, str] | None = None, default_metric: str = "exact_match",
                  max_length: Annotated[int, Field(ge=2)] = 512,
-                 max_new_tokens: Tokens | dict[str, Tokens] = 32, chat_template: bool = False):
+                 max_new_tokens: Tokens | dict[str, Tokens] = 32, chat_template: bool = False,
+                 answer_logits_only: bool = False):
         self.chat_template = chat_template
+        self.answer_logits_only = answer_logits_only
         self.task_metrics = dict(task_metrics or {})
         self.default_metric = default_metric
         self.max_length = max_length
@@ -208,6 +235,10 @@ class CausalLanguageModeling(Objective):
             raise ArgumentError("objective", "chat_template", "chat_template is true but the model's tokenizer has no "
                                 "chat template",
                                 fix="set chat_template: false (plain prompts), or use an instruct model's tokenizer")
+        if self.answer_logits_only and not _keeps_logits(model):
+            raise ArgumentError("objective", "answer_logits_only", f"{type(getattr(model, 'hf', model)).__name__} "
+                                "has no logits_to_keep argument",
+                                fix="set answer_logits_only: false for this model")
         self.tokenizer = tokenizer
         self.model = model  # whether it has routing layers (perhaps injected later) decides the test batches
 
@@ -233,7 +264,15 @@ class CausalLanguageModeling(Objective):
 
     def split(self, batch: dict) -> tuple[dict, Tensor]:
         self._count("train", batch)
-        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, batch["labels"]
+        return self._windowed({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]},
+                              batch["labels"]), batch["labels"]
+
+    def _windowed(self, inputs: dict, labels: Tensor) -> dict:
+        """``inputs`` asking for the logits of the answer window only, when that is on."""
+        if not self.answer_logits_only:
+            return inputs
+        start, end = answer_window(labels)
+        return {**inputs, "logits_to_keep": torch.arange(start, end, device=labels.device)}
 
     def join(self, parts: list[tuple[dict, Tensor]]) -> tuple[dict, Tensor]:
         """Right-pad every part to the longest and stack (a replay batch with the current one)."""
@@ -245,7 +284,8 @@ class CausalLanguageModeling(Objective):
 
         inputs = {"input_ids": torch.cat([widen(i["input_ids"], pad_id) for i, _ in parts]),
                   "attention_mask": torch.cat([widen(i["attention_mask"], 0) for i, _ in parts])}
-        return inputs, torch.cat([widen(labels, IGNORE) for _, labels in parts])
+        labels = torch.cat([widen(labels, IGNORE) for _, labels in parts])
+        return self._windowed(inputs, labels), labels
 
     def forward(self, model, inputs: dict) -> Tensor:
         # padding tokens are not routing units, nor tokens of a layer's auxiliary loss
@@ -255,7 +295,12 @@ class CausalLanguageModeling(Objective):
         return model(**inputs).logits
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """Mean next-token cross-entropy over the answer tokens (labels != -100)."""
+        """Mean next-token cross-entropy over the answer tokens (labels != -100); ``logits``
+        of every position, or of the answer window only (``answer_logits_only``)."""
+        if logits.shape[1] != labels.shape[1]:
+            start, end = answer_window(labels)
+            return F.cross_entropy(logits.flatten(0, 1).float(), labels[:, start + 1: end + 1].flatten(),
+                                   ignore_index=IGNORE)
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=IGNORE)
 
     # -- evaluation -----------------------------------------------------------------------

@@ -60,6 +60,37 @@ def test_the_loss_is_on_answer_tokens_only_and_truncation_cuts_the_prompts_left(
     assert joined_inputs["input_ids"].shape == (3, 12) and joined_targets[2].ne(-100).sum() == 2
 
 
+def test_answer_logits_only_gives_the_same_loss_and_gradients_from_fewer_logits(model):
+    """The LM head runs over the answer window only; loss and gradients equal the full path's,
+    for a batch and for a replay-style join of two batches."""
+    full, window = _objective(model, max_length=40), _objective(model, max_length=40, answer_logits_only=True)
+    records = [{"prompt": "one two three four five six seven eight nine", "answer": "ten"},
+               {"prompt": "a b", "answer": "c d e"}, {"prompt": "x y z w", "answer": "q"}]
+    other = [{"prompt": "a much longer prompt than the others in this test by far", "answer": "r s"}]
+    batch = full.collate(train=True)(records)
+    cases = [(full.split(batch), window.split(batch))]
+    part = full.collate(train=True)(other)
+    cases.append((full.join([full.split(batch), full.split(part)]),
+                  window.join([window.split(batch), window.split(part)])))
+    for (inputs, labels), (w_inputs, w_labels) in cases:
+        start, end = w_inputs["logits_to_keep"][0].item(), w_inputs["logits_to_keep"][-1].item() + 1
+        assert (labels[:, 1:] != -100).any(0).nonzero().flatten().tolist()[0] == start
+        assert end - start < labels.shape[1] - 1  # fewer positions than the full path's
+        grads = []
+        for objective, x, y in ((full, inputs, labels), (window, w_inputs, w_labels)):
+            model.zero_grad()
+            logits = objective.forward(model, x)
+            loss = objective.loss(logits, y)
+            loss.backward()
+            grads.append((loss.item(), logits.shape[1],
+                          [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        (ref, n_full, g_full), (ours, n_window, g_window) = grads
+        assert n_window == end - start < n_full
+        assert ours == pytest.approx(ref, rel=1e-5)
+        assert len(g_full) == len(g_window) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_full, g_window))
+    model.zero_grad()
+
+
 def test_batched_generation_from_left_padded_prompts_equals_one_prompt_at_a_time(model):
     from torchmetrics import MetricCollection
 
