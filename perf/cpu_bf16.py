@@ -134,7 +134,10 @@ def main() -> None:
     parser.add_argument("--gen-batch-size", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS),
+                        help="which to time (fp32, the baseline, always is)")
     args = parser.parse_args()
+    contenders = ("fp32", *[c for c in CONTENDERS if c in args.contenders and c != "fp32"])
     warnings.filterwarnings("ignore")
 
     import torch
@@ -145,9 +148,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     fp32, tokenizer = load(args.preset)
-    models = {"fp32": fp32, "bf16-mixed": copy.deepcopy(fp32), "bf16-base": bf16_base(fp32),
-              "fp32-answer-logits": copy.deepcopy(fp32)}
-    gen_models = {name: copy.deepcopy(models[name]) for name in CONTENDERS[:3]}  # untrained: comparable
+    models = {name: fp32 if name == "fp32" else bf16_base(fp32) if name == "bf16-base" else copy.deepcopy(fp32)
+              for name in contenders}
+    gen_models = {name: copy.deepcopy(models[name]) for name in contenders
+                  if name != "fp32-answer-logits"}  # untrained, so their outputs are comparable
     optimizers = {name: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3)
                   for name, m in models.items()}
     train_loader = batches(tokenizer, args.batch_size, args.train_batches, train=True)
@@ -159,9 +163,9 @@ def main() -> None:
           f"{args.threads} thread(s); {samples} training samples and {tokens} generated tokens per round")
 
     first_loss, outputs = {}, {}
-    times = {name: {"train": [], "gen": []} for name in CONTENDERS}
+    times = {name: {"train": [], "gen": []} for name in contenders}
     for r in range(args.rounds):
-        order = CONTENDERS[r % len(CONTENDERS):] + CONTENDERS[: r % len(CONTENDERS)]
+        order = contenders[r % len(contenders):] + contenders[: r % len(contenders)]
         for name in order:
             start = time.perf_counter()
             losses = train(models[name], name, train_loader, optimizers[name])
@@ -172,13 +176,13 @@ def main() -> None:
             start = time.perf_counter()
             outputs[name] = generate(gen_models[name], name, gen_loader, args.new_tokens, tokenizer)
             times[name]["gen"].append(time.perf_counter() - start)
-        print(f"round {r + 1}: " + ", ".join(f"{n} train {times[n]['train'][-1]:.1f}s" for n in CONTENDERS), flush=True)
+        print(f"round {r + 1}: " + ", ".join(f"{n} train {times[n]['train'][-1]:.1f}s" for n in contenders), flush=True)
 
     base = {k: statistics.median(times["fp32"][k]) for k in ("train", "gen")}
     print("\n| contender | training samples/s | x fp32 | generated tokens/s | x fp32 | greedy rows = fp32 "
           "| first loss - fp32 |")
     print("|---|---|---|---|---|---|---|")
-    for name in CONTENDERS:
+    for name in contenders:
         train_s = statistics.median(times[name]["train"])
         row = f"| {name} | {samples / train_s:.2f} | {base['train'] / train_s:.2f} | "
         if times[name]["gen"]:
