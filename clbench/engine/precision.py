@@ -23,7 +23,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-FP32 = "32-true"
 BF16_MIXED = "bf16-mixed"
 
 
