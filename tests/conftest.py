@@ -11,9 +11,15 @@ entries) and ``lm_helpers.py`` (a tiny causal LM and two text tasks); this folde
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Language-model runs keep fp32 on a CPU with bf16 units too (clbench.engine.precision), here and
+# in every process a test starts: the suite's numbers must not depend on the machine it runs on.
+# tests/engine/test_precision.py checks the bf16 default itself.
+os.environ["CLBENCH_CPU_BF16"] = "0"
 
 
 @pytest.fixture

@@ -5,7 +5,10 @@ A language model on a CPU with bf16 matrix units (AVX-512 BF16 or AMX: ``avx512_
 weights, optimizer states and loss, matmuls in bf16 through ``torch.autocast("cpu")``. Where
 the CPU lacks those units a bf16 matmul is emulated and slower than fp32, so the default stays
 ``32-true``. ``trainer.precision`` in a config always wins; the precision a run used is
-recorded in its result (``env.precision``).
+recorded in its result (``env.precision``), and ``clbench leaderboard verify`` reruns an entry
+in the precision it records (:func:`pinned`), whatever this CPU would pick. The environment
+variable ``CLBENCH_CPU_BF16=0`` keeps fp32 on any CPU (the test suite sets it, so that its
+numbers do not depend on the machine).
 
 Why autocast and not a frozen bf16 base with fp32 adapters: autocast is correct for every
 method the harness has, full fine-tuning and replay included (their weights stay fp32, so an
@@ -20,10 +23,16 @@ models are small and their committed numbers are fp32.
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
+from typing import Iterator
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 BF16_MIXED = "bf16-mixed"
+ENV_SWITCH = "CLBENCH_CPU_BF16"  # "0": never default to bf16
+_PINNED: ContextVar[str | None] = ContextVar("clbench_pinned_precision", default=None)
 
 
 @lru_cache(maxsize=1)
@@ -37,13 +46,28 @@ def cpu_bf16_units() -> bool:
     return any(flag in flags for flag in BF16_FLAGS)
 
 
+@contextmanager
+def pinned(precision: str) -> Iterator[None]:
+    """Runs started inside default to ``precision`` on the CPU (a recorded entry's, when it is rerun)."""
+    token = _PINNED.set(precision)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
 def default_precision(cfg: dict, source: str) -> str | None:
-    """The Trainer precision for ``cfg`` when ``trainer.precision`` is unset: ``bf16-mixed``
-    for a language-model run on a CPU with bf16 units, otherwise None (Lightning's default, fp32)."""
+    """The Trainer precision for ``cfg`` when ``trainer.precision`` is unset: the pinned one, else
+    ``bf16-mixed`` for a language-model run on a CPU with bf16 units, otherwise None (Lightning's
+    default, fp32)."""
     from clbench.plugins.build import known_objective
 
     trainer = cfg.get("trainer") or {}
-    if "precision" in trainer or trainer.get("accelerator") != "cpu" or not cpu_bf16_units():
+    if "precision" in trainer or trainer.get("accelerator") != "cpu":
+        return None
+    if _PINNED.get() is not None:
+        return _PINNED.get()
+    if os.environ.get(ENV_SWITCH) == "0" or not cpu_bf16_units():
         return None
     objective, _ = known_objective(cfg, source)
     if objective is None or "language_model" not in objective.provides:

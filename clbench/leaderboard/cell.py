@@ -204,11 +204,13 @@ def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
 
     The same steps as a suite's cell (:func:`run_point`: runner, entry, a failure recorded as a
     failed entry) under the entry's own torch thread count; what ``clbench leaderboard verify``
-    compares with the committed entry (an entry that records none: the suite's rule, auto).
+    compares with the committed entry (an entry that records none: the suite's rule, auto), and in
+    the precision it records (one made before precision was recorded: fp32, the default then).
     Nothing outside ``scratch`` is written.
     """
     from rich.console import Console
 
+    from clbench.engine.precision import pinned
     from clbench.results.assemble import environment
 
     config = entry["config"]
@@ -217,8 +219,10 @@ def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
                    seed=entry["seed"])
     suite = Suite(name=entry.get("suite"), description="", path=Path(source), runs=[spec])
     threads = (entry.get("execution") or {}).get("torch_threads")  # as recorded: not bounded by this machine
-    run_point(spec, suite, Path(scratch), force=True, env=environment(), outcome=SuiteOutcome(total=1),
-              console=Console(stderr=True), threads=threads)
+    recorded = (entry.get("env") or {}).get("precision") or "32-true"  # entries before it was recorded: fp32
+    with pinned(recorded):
+        run_point(spec, suite, Path(scratch), force=True, env=environment(), outcome=SuiteOutcome(total=1),
+                  console=Console(stderr=True), threads=threads)
     return read_entry(entry_path(scratch, spec.hash))
 
 

@@ -24,6 +24,12 @@ def _lm(**overrides) -> dict:
     return resolve_config({**raw, **overrides})
 
 
+@pytest.fixture(autouse=True)
+def machine_default(monkeypatch):
+    """The machine's own default, which the rest of the test suite switches off (conftest.py)."""
+    monkeypatch.delenv(precision.ENV_SWITCH, raising=False)
+
+
 @pytest.mark.parametrize("units", [True, False])
 def test_a_language_model_defaults_to_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, units):
     from clbench.config.load import resolve_config
@@ -36,6 +42,12 @@ def test_a_language_model_defaults_to_bf16_only_where_the_cpu_has_bf16_units(mon
                                        "x.yaml") is None
     assert precision.default_precision(resolve_config(tiny_config()), "x.yaml") is None
     assert precision.default_precision(_lm(trainer={"accelerator": "gpu", "devices": 1}), "x.yaml") is None
+    # the switch keeps fp32; a pinned precision (an entry's, rerun by verify) wins over the CPU
+    monkeypatch.setenv(precision.ENV_SWITCH, "0")
+    assert precision.default_precision(lm, "x.yaml") is None
+    for recorded in ("32-true", "bf16-mixed"):
+        with precision.pinned(recorded):
+            assert precision.default_precision(lm, "x.yaml") == recorded
 
 
 def test_the_cpu_flags_decide_bf16_units(monkeypatch, tmp_path):
@@ -75,3 +87,19 @@ def test_the_run_trains_in_the_chosen_precision_and_records_it(tmp_path, monkeyp
     assert mixed["env"]["precision"] == "bf16-mixed"
     assert seen and all(seen)  # every training loss was computed under bf16 autocast
     assert all(v is not None for row in mixed["r_matrix"] for v in row)
+
+
+def test_verify_reruns_an_entry_in_the_precision_it_records(tmp_path, monkeypatch):
+    """Whatever this CPU would pick: an entry recording bf16-mixed reruns in bf16-mixed, one made
+    before precision was recorded reruns in fp32, the default then."""
+    from clbench.config.load import config_hash
+    from clbench.leaderboard.cell import rerun
+
+    cfg = _lm()
+    entry = {"config": cfg, "config_hash": config_hash(cfg), "benchmark": {"name": "trace-mini"},
+             "model": {"name": "hf_causal_lm"}, "strategy": {"name": "naive"}, "order_label": "default",
+             "seed": 0, "suite": "t", "execution": {"torch_threads": 1}}
+    for units, recorded, expected in ((False, "bf16-mixed", "bf16-mixed"), (True, None, "32-true")):
+        monkeypatch.setattr(precision, "cpu_bf16_units", lambda: units)
+        new = rerun({**entry, "env": {"precision": recorded} if recorded else {}}, tmp_path / str(units), source="t")
+        assert new["status"] == "ok" and new["env"]["precision"] == expected

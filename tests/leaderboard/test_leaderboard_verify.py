@@ -98,7 +98,9 @@ def test_a_difference_names_the_cpus(clean_smoke_board, tmp_path, capsys):
         _forge(path, 0.01)
     assert main(["leaderboard", "verify", str(out), recorded.stem, unrecorded.stem]) == 1
     lines = dict(line.split(" ", 1) for line in capsys.readouterr().out.splitlines()[:2])
-    assert f"made on Elsewhere CPU (AVX2, bf16-mixed), rerun on {here['model']} ({here['isa']})" in lines[recorded.stem[:12]]
+    # the rerun computes in the precision the entry records (clbench.engine.precision.pinned)
+    assert f"made on Elsewhere CPU (AVX2, bf16-mixed), rerun on {here['model']} ({here['isa']}, bf16-mixed)" \
+        in lines[recorded.stem[:12]]
     assert ("the entry does not record its CPU, and float rounding differs between CPU types (this one: "
             f"{here['model']} ({here['isa']}))") in lines[unrecorded.stem[:12]]
     # what the committed-leaderboard test reads: which verdicts may be rounding on another CPU
