@@ -359,8 +359,10 @@ class CausalLanguageModeling(Objective):
         buckets = self._frequency_buckets()
         labels = torch.stack([position * POSITION_BUCKETS // length,
                               buckets[ids.cpu().clamp(max=len(buckets) - 1)].to(ids.device)], -1)
+        # the records come from the layers; of the logits one position is enough (no LM head over all)
+        keep = {"logits_to_keep": 1} if _keeps_logits(model) else {}
         with routing.units(token_mask=mask.bool(), token_labels=labels):
-            model(input_ids=ids, attention_mask=mask)
+            model(input_ids=ids, attention_mask=mask, **keep)
 
     @torch.no_grad()
     def evaluate(self, model, batch: dict, metrics, column=None) -> None:

@@ -252,6 +252,13 @@ def test_routing_units_are_the_unpadded_teacher_forced_tokens_with_their_composi
     assert all(1 <= c["compositions"] <= POSITION_BUCKETS * FREQUENCY_BUCKETS for c in comps.values())
     buckets = objective._frequency_buckets()
     assert buckets.shape[0] == len(objective.tokenizer) and int(buckets.max()) == FREQUENCY_BUCKETS - 1
+    # the teacher-forced pass asks for one position's logits; with all of them the records are the same
+    from unittest import mock
+
+    full = RoutingRecorder(num_domains=2, compositions=True).attach(model)
+    with mock.patch("clbench.objectives.causal_lm._keeps_logits", return_value=False), full.domain(1):
+        objective.evaluate(model, batch, MetricCollection(objective.metrics(experiences[1])), experiences[1])
+    assert str(full.compute()) == str(figures) and str(full.compositions([1])) == str(comps)
 
 
 @pytest.mark.slow
