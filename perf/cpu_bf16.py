@@ -66,7 +66,7 @@ def bf16_base(hf):
 
 def batches(tokenizer, batch_size: int, count: int, train: bool) -> list[dict]:
     from clbench.benchmarks.trace_mini import trace_mini
-    from clbench.objectives.causal_lm import TextCollator
+    from clbench.objectives.text_batches import TextCollator
 
     scenario = trace_mini(tasks=TASKS, n_train=max(8, batch_size * count), n_test=max(8, batch_size * count))
     records = []
@@ -87,7 +87,7 @@ def train(hf, name: str, loader: list[dict], optimizer) -> list[float]:
     import torch
     import torch.nn.functional as F
 
-    from clbench.objectives.causal_lm import answer_window
+    from clbench.objectives.text_batches import answer_window
 
     hf.train()
     losses = []

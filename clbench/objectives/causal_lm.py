@@ -67,31 +67,14 @@ from clbench.models import routing_channel as routing
 from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
 from clbench.objectives.base import Objective
+from clbench.objectives.text_batches import IGNORE, TextCollator, answer_window, prompt_and_answer
 from clbench.config.validation import ArgumentError
 
 Tokens = Annotated[int, Field(ge=1)]  # a number of generated tokens
 
-IGNORE = -100
 POSITION_BUCKETS = 4
 FREQUENCY_BUCKETS = 3
 FREQUENCY_SAMPLES = 2000
-
-
-def answer_window(labels: Tensor) -> tuple[int, int]:
-    """``(start, end)``: the positions ``start <= t < end`` whose next token is an answer token
-    (label != -100) in some row; at least one position."""
-    rows = (labels[:, 1:] != IGNORE).any(0).nonzero()
-    if rows.numel() == 0:
-        return 0, 1
-    return int(rows[0]), int(rows[-1]) + 1
-
-
-def _record(item: Any) -> tuple[str, str]:
-    """(prompt, answer) of a dataset item: a ``{"prompt", "answer"}`` dict (Avalanche may wrap
-    it in a tuple with its task label)."""
-    if isinstance(item, (tuple, list)):
-        item = item[0]
-    return item["prompt"], item["answer"]
 
 
 def _keeps_logits(model) -> bool:
@@ -100,93 +83,6 @@ def _keeps_logits(model) -> bool:
 
     hf = getattr(model, "hf", model)
     return "logits_to_keep" in inspect.signature(hf.forward).parameters
-
-
-class TextCollator:
-    """Tokenises and pads a list of records; a plain class, so loader workers can pickle it."""
-
-    def __init__(self, tokenizer: Any, max_length: int, train: bool, max_new_tokens: int = 0,
-                 forced: bool = False, chat_template: bool = False):
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template
-        self.forced = forced  # test batches also carry teacher-forced prompt + answer (routing records)
-        self.max_length = max_length
-        self.train = train
-        self.max_new_tokens = max_new_tokens
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_id = tokenizer.eos_token_id
-
-    def _ids(self, texts: list[str]) -> list[list[int]]:
-        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-
-    def _chat(self, prompts: list[str], answers: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-        """Prompt ids up to the assistant's turn, and the answer's ids through its end-of-turn."""
-        tok = self.tokenizer
-        prompt_ids, answer_ids = [], []
-        for prompt, answer in zip(prompts, answers):
-            user = [{"role": "user", "content": prompt}]
-            head = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
-            whole = tok.apply_chat_template(user + [{"role": "assistant", "content": answer}], tokenize=False)
-            tail = whole[len(head):] if whole.startswith(head) else answer
-            ids = self._ids([tail])[0]
-            if self.eos_id in ids:
-                ids = ids[: ids.index(self.eos_id) + 1]
-            elif self.eos_id is not None:
-                ids = ids + [self.eos_id]
-            prompt_ids.append(self._ids([head])[0])
-            answer_ids.append(ids)
-        return prompt_ids, answer_ids
-
-    def __call__(self, items: list[Any]) -> dict[str, Any]:
-        prompts, answers = zip(*(_record(item) for item in items))
-        if self.chat_template:
-            prompt_ids, answer_ids = self._chat(list(prompts), list(answers))
-        else:
-            prompt_ids, answer_ids = self._ids(list(prompts)), None
-        if self.train:
-            return self._train(prompt_ids, answer_ids if answer_ids is not None else self._ids(list(answers)))
-        batch = self._test(prompt_ids, list(prompts), list(answers))
-        if self.forced:
-            forced = self._train(prompt_ids, answer_ids if answer_ids is not None else self._ids(list(answers)))
-            batch.update(forced_ids=forced["input_ids"], forced_mask=forced["attention_mask"])
-        return batch
-
-    def _train(self, prompt_ids: list[list[int]], answer_ids: list[list[int]]) -> dict[str, Any]:
-        rows, labels, truncated = [], [], 0
-        for p, a in zip(prompt_ids, answer_ids):
-            if not self.chat_template:  # the chat answer already ends with its end-of-turn
-                a = a + ([self.eos_id] if self.eos_id is not None else [])
-            a = a[: self.max_length]
-            keep = self.max_length - len(a)
-            if len(p) > keep:
-                truncated += 1
-                p = p[len(p) - keep:] if keep > 0 else []
-            rows.append(p + a)
-            labels.append([IGNORE] * len(p) + a)
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        label_t = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (r, lab) in enumerate(zip(rows, labels)):  # right padding
-            input_ids[i, : len(r)] = torch.tensor(r)
-            label_t[i, : len(lab)] = torch.tensor(lab)
-            mask[i, : len(r)] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "labels": label_t,
-                "truncated": torch.tensor(truncated)}
-
-    def _test(self, prompt_ids: list[list[int]], prompts: list[str], answers: list[str]) -> dict[str, Any]:
-        room = max(1, self.max_length - self.max_new_tokens)
-        truncated = sum(len(p) > room for p in prompt_ids)
-        rows = [p[-room:] for p in prompt_ids]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding: every prompt ends at the last position
-            if r:
-                input_ids[i, width - len(r):] = torch.tensor(r)
-                mask[i, width - len(r):] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "prompts": prompts, "answers": answers,
-                "truncated": torch.tensor(truncated)}
 
 
 class CausalLanguageModeling(Objective):
@@ -340,7 +236,7 @@ class CausalLanguageModeling(Objective):
             for exp in self.experiences:
                 data = exp.train
                 for i in range(min(len(data), FREQUENCY_SAMPLES)):
-                    prompt, answer = _record(data[i])
+                    prompt, answer = prompt_and_answer(data[i])
                     ids = self.tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
                     counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=len(counts))[: len(counts)]
             order = np.argsort(-counts, kind="stable")
