@@ -181,12 +181,13 @@ class FrozenBase:
         return self._digests[key]
 
 
-def run_settings() -> dict:
-    """What the command line sets outside the config that changes a CPU run's numbers: the torch
-    thread count (``--threads``; the order of floating-point reductions depends on it)."""
+def run_settings(precision: str | None = None) -> dict:
+    """What is set outside the config that changes a CPU run's numbers: the torch thread count
+    (``--threads``; the order of floating-point reductions depends on it), and the Trainer's
+    precision where the machine chose it (:mod:`clbench.engine.precision`; a resume keeps it)."""
     import torch
 
-    return {"torch_threads": torch.get_num_threads()}
+    return {"torch_threads": torch.get_num_threads(), **({"precision": precision} if precision else {})}
 
 
 def check_settings(ckpt: dict, path: Path) -> None:
@@ -217,7 +218,7 @@ def payload(cfg: dict, module, strategy, trainer, state: dict, source: str, base
                       "trained": [n for n, p in module.model.named_parameters() if id(p) in base.trained]}
             weights = {k: v for k, v in weights.items() if k not in set(names)}
     out = {"schema": SCHEMA, "config_json": canonical_json(cfg), "config_hash": config_hash(cfg),
-           "settings": run_settings(),
+           "settings": run_settings(trainer.precision),
            "model": weights, "frozen_base": frozen, "strategy": strategy.state_dict(), "rng": rng_states(),
            "loop": trainer.fit_loop.state_dict(), "epoch": trainer.current_epoch, "state": state}
     unsafe = unsafe_path(out["strategy"])

@@ -5,8 +5,9 @@ A language model on a CPU with bf16 matrix units (AVX-512 BF16 or AMX: ``avx512_
 weights, optimizer states and loss, matmuls in bf16 through ``torch.autocast("cpu")``. Where
 the CPU lacks those units a bf16 matmul is emulated and slower than fp32, so the default stays
 ``32-true``. ``trainer.precision`` in a config always wins; the precision a run used is
-recorded in its result (``env.precision``), and ``clbench leaderboard verify`` reruns an entry
-in the precision it records (:func:`pinned`), whatever this CPU would pick. The environment
+recorded in its result (``env.precision``) and its checkpoints; a resumed run goes on in its
+checkpoint's precision and ``clbench leaderboard verify`` reruns an entry in the precision it
+records (:func:`pinned`), whatever this CPU would pick. The environment
 variable ``CLBENCH_CPU_BF16=0`` keeps fp32 on any CPU (the test suite sets it, so that its
 numbers do not depend on the machine).
 
@@ -27,7 +28,7 @@ import os
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
-from typing import Iterator
+from typing import Callable, Iterator
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 BF16_MIXED = "bf16-mixed"
@@ -54,6 +55,23 @@ def pinned(precision: str) -> Iterator[None]:
         yield
     finally:
         _PINNED.reset(token)
+
+
+@contextmanager
+def pinning() -> Iterator[Callable[[str], None]]:
+    """A scope in which a precision can be pinned once it is known: a resumed run's, read from its
+    checkpoint (:func:`saved_precision`), so that its later stages compute as its first did."""
+    tokens = []
+    try:
+        yield lambda precision: tokens.append(_PINNED.set(precision))
+    finally:
+        for token in reversed(tokens):
+            _PINNED.reset(token)
+
+
+def saved_precision(ckpt: dict) -> str:
+    """The precision a checkpointed run computed in (one saved before it was recorded: fp32)."""
+    return (ckpt.get("settings") or {}).get("precision") or "32-true"
 
 
 def default_precision(cfg: dict, source: str) -> str | None:

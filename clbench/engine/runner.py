@@ -141,6 +141,7 @@ class ContinualRun:
     def execute(self) -> dict:
         """Run in the output directory (or its staging folder under ``--overwrite``), which is
         made the directory's run only once this one has succeeded."""
+        from clbench.engine.precision import pinning
         from clbench.engine.trainer import SigintWatch
 
         directory = None
@@ -148,7 +149,7 @@ class ContinualRun:
             directory = OutputDir(self.output, resume=self.resume, overwrite=self.overwrite)
             self.path = directory.open()
         try:
-            with SigintWatch() as self.watch:
+            with SigintWatch() as self.watch, pinning() as self.pin_precision:
                 result = self._execute()
         except BaseException as err:
             if directory is not None:
@@ -188,6 +189,10 @@ class ContinualRun:
         preflight(self.cfg, self.source)  # imports the components only; fails fast on a typo
         check_reserved(self.cfg, self.source)
         ckpt = checkpoint.read(self.path / CHECKPOINT, self.cfg, self.source) if self.resume else None
+        if ckpt is not None:  # the later stages compute as the first ones did, on any machine
+            from clbench.engine.precision import saved_precision
+
+            self.pin_precision(saved_precision(ckpt))
         quiet_lightning()
         trainer_args(self.cfg, self.source)
         self._build()

@@ -103,3 +103,22 @@ def test_verify_reruns_an_entry_in_the_precision_it_records(tmp_path, monkeypatc
         monkeypatch.setattr(precision, "cpu_bf16_units", lambda: units)
         new = rerun({**entry, "env": {"precision": recorded} if recorded else {}}, tmp_path / str(units), source="t")
         assert new["status"] == "ok" and new["env"]["precision"] == expected
+
+
+def test_a_resumed_run_goes_on_in_its_checkpoints_precision(tmp_path, monkeypatch):
+    """Started where fp32 was the default and resumed where bf16 would be: the later stages stay
+    fp32, and the checkpoint says so; a checkpoint from before precision was saved means fp32."""
+    import torch
+    from helpers import crash_at
+
+    from clbench.engine.runner import run
+
+    cfg = _lm()
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: False)
+    crash_at(monkeypatch, "stage:1:step:1", cfg, tmp_path / "run")
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert saved["settings"]["precision"] == "32-true" and precision.saved_precision({"settings": {}}) == "32-true"
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: True)
+    resumed = run(cfg, tmp_path / "run", resume=True)
+    assert resumed["compute"]["resumes"] == 1 and resumed["env"]["precision"] == "32-true"
+    assert precision.default_precision(cfg, "x.yaml") == "bf16-mixed"  # the pin ended with the run
