@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from clbench.engine.checkpoint import CHECKPOINT
 from clbench.errors import NonFiniteLoss, NonFiniteScore, Unwritable, UserError, unwritable
 from clbench.engine.outputs import RESULT, TENSORBOARD, OutputDir, check_output, remove_leftovers
+from clbench.engine.precision import pinning, saved_precision
 from clbench.engine.state import RunState
 from clbench.engine.trainer import RESERVED_TRAINER_ARGS, end_process_group
 from clbench.plugins.hooks import check_json, failure as hook_failure
@@ -141,7 +142,6 @@ class ContinualRun:
     def execute(self) -> dict:
         """Run in the output directory (or its staging folder under ``--overwrite``), which is
         made the directory's run only once this one has succeeded."""
-        from clbench.engine.precision import pinning
         from clbench.engine.trainer import SigintWatch
 
         directory = None
@@ -190,8 +190,6 @@ class ContinualRun:
         check_reserved(self.cfg, self.source)
         ckpt = checkpoint.read(self.path / CHECKPOINT, self.cfg, self.source) if self.resume else None
         if ckpt is not None:  # the later stages compute as the first ones did, on any machine
-            from clbench.engine.precision import saved_precision
-
             self.pin_precision(saved_precision(ckpt))
         quiet_lightning()
         trainer_args(self.cfg, self.source)
