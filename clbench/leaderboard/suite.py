@@ -20,7 +20,9 @@ in a suite is exactly the run ``clbench run`` would make from the same config an
 same hash. A benchmark item may carry its own ``orders`` (orders given as experience names
 only make sense for one stream). A strategy item may carry ``model_args``, laid over every
 model's ``init_args`` for that strategy's points: a method defined on adapters (EWC or GEM on
-LoRA) beside one that trains the whole model, in one grid. Every mistake is reported before any run starts, as one
+LoRA) beside one that trains the whole model, in one grid. It may carry ``train_args`` too,
+laid over ``base.train`` for its points: full fine-tuning wants a learning rate orders of
+magnitude below an adapter's (TRACE trains the whole model at 1e-5, LoRA at 1e-4). Every mistake is reported before any run starts, as one
 line naming the suite file and the field (``suite.yaml: strategies[2].init_args.mem_size``).
 The pre-flight check also refuses adapters compared at unequal scales α/r
 (:func:`clbench.config.scales.check_adapter_scales`).
@@ -112,9 +114,11 @@ class BenchmarkItem(Named):
 
 
 class StrategyItem(Named):
-    """A strategy of the grid; ``model_args`` laid over every model's ``init_args`` for it."""
+    """A strategy of the grid; ``model_args`` laid over every model's ``init_args`` for it,
+    ``train_args`` over ``base.train``."""
 
     model_args: dict[str, Any] = None  # type: ignore[assignment]
+    train_args: dict[str, Any] = None  # type: ignore[assignment]
 
 
 class LocalLauncher(Section):
@@ -241,9 +245,12 @@ def load_suite(path: str | Path) -> Suite:
     resolve_config(base, source=f"{source}: base")  # type-check the shared settings once
     components: dict[str, list[tuple[str, dict]]] = {}
     for key in ("benchmarks", "models", "strategies"):
-        extra = {"benchmarks": ("orders",), "strategies": ("model_args",)}.get(key, ())
+        extra = {"benchmarks": ("orders",), "strategies": ("model_args", "train_args")}.get(key, ())
         components[key] = [(f"{key}[{i}]", _component(item, f"{source}: {key}[{i}]", _KIND[key], extra))
                            for i, item in enumerate(raw[key])]
+    for where, strat in components["strategies"]:
+        if "train_args" in strat:  # checked as a run config's train section, named by its suite field
+            resolve_config({"train": strat["train_args"]}, source=f"{source}: {where}.train_args")
     orders, seeds, threads = raw["orders"], raw["seeds"], raw.get("threads")
     launcher = {name: dict(section or {}) for name, section in (raw.get("launcher") or {}).items()}
 
@@ -264,6 +271,8 @@ def load_suite(path: str | Path) -> Suite:
                     for seed in seeds:
                         point = {"seed": seed, "benchmark": bench_component, "model": model_here,
                                  "strategy": strategy, "order": order}
+                        if "train_args" in strat:
+                            point["train"] = strat["train_args"]
                         cfg = resolve_config(deep_merge(run_base, point), source=source)
                         digest = config_hash(cfg)
                         here = f"{b_where} x {m_where} x {s_where} x order {order_label(order)} x seed {seed}"

@@ -106,6 +106,22 @@ def test_a_strategys_model_args_apply_to_its_points_only(tmp_path):
         load_suite(write_suite(tmp_path, data))
 
 
+def test_a_strategys_train_args_apply_to_its_points_only(tmp_path):
+    data = yaml.safe_load(SMOKE.read_text())
+    data.setdefault("base", {}).setdefault("train", {})["optimizer"] = {"class_path": "adamw", "init_args": {"lr": 3e-3}}
+    data["strategies"] = ["naive", {"class_path": "replay", "init_args": {"mem_size": 50},
+                                    "train_args": {"optimizer": {"init_args": {"lr": 1e-5}}}}]
+    suite = load_suite(write_suite(tmp_path, data))
+    lr = {r.strategy: r.config["train"]["optimizer"]["init_args"]["lr"] for r in suite.runs}
+    assert lr == {"naive": 3e-3, "replay": 1e-5}
+    # the rest of base.train is kept for both, and the override is in no strategy's arguments
+    epochs = {r.config["train"]["epochs"] for r in suite.runs}
+    assert len(epochs) == 1 and all("train_args" not in r.config["strategy"] for r in suite.runs)
+    data["strategies"][1]["train_args"] = {"epochs": -1}
+    with pytest.raises(UserError, match=r"strategies\[1\]\.train_args.*epochs"):
+        load_suite(write_suite(tmp_path, data))
+
+
 def test_quickstart_is_the_default_suite():
     path = default_suite_path()
     assert Path(path).resolve() == (REPO / "configs" / "suites" / "quickstart.yaml").resolve()
