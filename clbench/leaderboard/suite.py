@@ -21,9 +21,10 @@ same hash. A benchmark item may carry its own ``orders`` (orders given as experi
 only make sense for one stream). A strategy item may carry ``model_args``, laid over every
 model's ``init_args`` for that strategy's points: a method defined on adapters (EWC or GEM on
 LoRA) beside one that trains the whole model, in one grid. It may carry ``train_args`` too,
-laid over ``base.train`` for its points: full fine-tuning wants a learning rate orders of
-magnitude below an adapter's (TRACE trains the whole model at 1e-5, LoRA at 1e-4). Every mistake is reported before any run starts, as one
-line naming the suite file and the field (``suite.yaml: strategies[2].init_args.mem_size``).
+laid over ``base.train`` for its points: full fine-tuning wants a learning rate far below an
+adapter's (TRACE trains the whole model at 1e-5, LoRA at 1e-4). Every mistake is reported
+before any run starts, as one line naming the suite file and the field
+(``suite.yaml: strategies[2].init_args.mem_size``).
 The pre-flight check also refuses adapters compared at unequal scales α/r
 (:func:`clbench.config.scales.check_adapter_scales`).
 
