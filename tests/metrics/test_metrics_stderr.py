@@ -71,6 +71,27 @@ def test_errors_propagate_to_the_linear_scores_with_independent_cells():
     assert partial["acc"] is None and partial["bwt"] is None and partial["fwt"] == pytest.approx(out["fwt"])
 
 
+def test_a_run_without_cell_errors_is_read_in_a_few_moves_not_one_per_cell(monkeypatch):
+    """A regression benchmark records no cell error; a 100-task R must not be moved 10,100 times."""
+    import clbench.metrics.derive as derive
+
+    calls = []
+    real = derive.derive_scores
+    monkeypatch.setattr(derive, "derive_scores", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rng = random.Random(0)
+    tasks = 30
+    r = [[rng.random() for _ in range(tasks)] for _ in range(tasks)]
+    none = [[None] * tasks for _ in range(tasks)]
+    out = score_stderr(r, none, [0.1] * tasks, None, single_stage=False)
+    assert out == {"acc": None, "aia": None, "bwt": None, "fwt": None}
+    assert len(calls) < 10
+    one_known = copy.deepcopy(none)
+    one_known[0][0] = 0.02  # read by AIA, BWT and FWT, not by ACC: still unknown, each reads unknown cells
+    calls.clear()
+    assert score_stderr(r, one_known, [0.1] * tasks, None, single_stage=False) == out
+    assert len(calls) < 10
+
+
 def test_an_entry_written_before_errors_were_recorded_reads_as_unknown():
     old = {"r_matrix": [[0.5, 0.6], [0.4, 0.7]], "r_init": [0.1, 0.1], "scores": {}}
     assert entry_score_stderr(old) == {"acc": None, "aia": None, "bwt": None, "fwt": None}
