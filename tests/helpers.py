@@ -275,12 +275,13 @@ def tiny_model(dim: int = 4, classes: int = 4, seed: int = 0):
 
 
 def fake_entry(strategy: str, order, seed: int, acc: float, benchmark: str = "digits-domains",
-               higher_is_better: bool = True) -> dict:
+               higher_is_better: bool = True, percent: bool | None = None) -> dict:
     """An entry as the runner would write it, whose R gives final mean ``acc``.
 
     R = [[best, 0.5], [acc, acc]] with best = 1 (0 for errors), so ``forgetting`` is ``1 - acc``
     for accuracies and ``acc`` for errors; every score is the one ``cl_scores`` gives, so the
-    entry verifies when it is read back.
+    entry verifies when it is read back. ``percent`` (errors only): record R's metric ``err``
+    and whether it is a percentage, as a run does; None records no unit (older entries).
     """
     from clbench.config.load import SCHEMA_VERSION, config_hash, order_label, resolve_config
     from clbench.leaderboard import entries as E
@@ -300,4 +301,7 @@ def fake_entry(strategy: str, order, seed: int, acc: float, benchmark: str = "di
               "env": {"git_commit": None, "device": "cpu"}, "compute": {"wall_seconds": 1.0}}
     if not higher_is_better:
         result["r_metric"] = {"names": ["err", "err"], "higher_is_better": False}
+        if percent is not None:
+            result["metrics"] = {"err": {"title": "Err", "higher_is_better": False, "percent": percent,
+                                         "class": "clbench.metrics.regression:SquaredError"}}
     return E.entry_from_result(result)

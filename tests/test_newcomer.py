@@ -83,6 +83,22 @@ def test_result_tables_keep_the_terminal_width_when_asked(monkeypatch, capsys):
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 100
 
 
+def test_a_result_whose_r_is_an_error_prints_it_in_its_own_unit(capsys, monkeypatch):
+    """A squared error recorded as no percentage is printed as measured (2.34), not as 234.0 %."""
+    from clbench.results.report import print_result
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = long_result(3)
+    result["r_matrix"] = [[2.34, 5.0, 5.0], [3.1, 1.2, 5.0], [3.3, 2.2, 0.75]]
+    result["scores"] = {"acc": 2.0833, "aia": 2.1, "bwt": -2.68, "fwt": 0.0, "forgetting": 2.68}
+    result["r_metric"] = {"names": ["mse"] * 3, "higher_is_better": False}
+    result["metrics"] = {"mse": {"title": "MSE", "higher_is_better": False, "percent": False}}
+    print_result(result)
+    out = capsys.readouterr().out
+    assert "R matrix (mse)" in out and "scores (mse," in out and "(%" not in out
+    assert "2.34" in out and "2.08" in out and "-2.68" in out and "234" not in out and "208" not in out
+
+
 def progress_description(bar) -> str:
     return bar.progress.tasks[0].description
 

@@ -30,7 +30,7 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.stats import ALPHA, design_text, groups_line
+from clbench.leaderboard.stats import ALPHA, design_text, groups_line, scale_and_unit
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, number, table_groups
 from clbench.metrics.score_registry import TABLE_SCORES, Score
 from clbench.results.record import Status
@@ -187,10 +187,10 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
             if s["label"] in ranks:
                 s.setdefault("rank_by_order", {})[order] = ranks[s["label"]]
     meta = table.score(metric)  # title, unit and direction as the entries recorded them
-    title = metric if not meta.percent else table.title(metric).removesuffix(" ↓").removesuffix(" ↑")
-    scale = (lambda v: f"{100 * v:.1f}") if meta.percent else (lambda v: f"{v:.2f}")
-    unit = " points" if meta.percent else ""
+    title = metric if meta.direction == "none" else table.title(metric).removesuffix(" ↓").removesuffix(" ↑")
+    scale, unit = scale_and_unit(meta.percent)
     out: dict[str, Any] = {"benchmark": table.label, "higher_is_better": higher, "percent": meta.percent,
+                           "directed": meta.direction != "none",
                            "orders": orders,
                            "strategies": strategies, "rank_stability": rank_stability(per_order_means, orders),
                            "groups": {**groups.as_dict(), "design": design_text(groups, title, scale, unit),
@@ -233,7 +233,9 @@ def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None =
     # one direction for all benchmarks, or None where they differ (each benchmark says its own)
     higher = directions.pop() if len(directions) == 1 else (None if directions else True)
     percent = all(bench["percent"] for bench in benchmarks)  # one unit: the metric's, as its entries recorded it
-    return {"metric": metric, "higher_is_better": higher, "percent": percent, "min_pairs": MIN_PAIRS,
+    directed = all(bench["directed"] for bench in benchmarks)  # False: a diagnostic such as N_eff
+    return {"metric": metric, "higher_is_better": higher, "percent": percent, "directed": directed,
+            "min_pairs": MIN_PAIRS,
             "benchmarks": benchmarks}
 
 
@@ -245,7 +247,8 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
 
     console = console or console_for_tables()
     metric = report["metric"]
-    plain = not report["percent"]  # a diagnostic such as N_eff: not a percentage, no better direction
+    plain = not report["directed"]  # a diagnostic such as N_eff: no better direction
+    unit = " (%)" if report["percent"] else ""
 
     def fmt(value: float | None) -> str:
         return number(value, None if report["percent"] else PLAIN)
@@ -256,7 +259,7 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
         better = "higher" if higher else "lower"
         title = (f"{bench['benchmark']}: {metric} per task order (a plain number with no better direction; ranked "
                  "high to low)") if plain else \
-            f"{bench['benchmark']}: {metric} {arrow(higher)} (%) per task order ({better} is better)"
+            f"{bench['benchmark']}: {metric} {arrow(higher)}{unit} per task order ({better} is better)"
         table = Table(title=title, title_justify="left")
         table.add_column("group", justify="center")
         table.add_column("strategy", style="bold")
@@ -290,8 +293,10 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
             if "mean_difference" not in pt:
                 console.print(f"{head}: {pt['note']}", highlight=False)
             else:
-                difference = (f"mean difference {pt['mean_difference']:+.2f} (no better direction); " if plain else
-                              f"mean difference {100 * pt['mean_difference']:+.2f} points ({better} is better); ")
+                shown = (f"{100 * pt['mean_difference']:+.2f} points" if report["percent"] else
+                         f"{pt['mean_difference']:+.2f}")
+                difference = f"mean difference {shown} " + ("(no better direction); " if plain else
+                                                              f"({better} is better); ")
                 word = "higher" if plain else "better"
                 parts = [difference +
                          f"{pt['a']} {word} in {pt['a_better']}, {pt['b']} in {pt['b_better']} of {pt['n_pairs']}"]

@@ -48,15 +48,17 @@ def order_bar_figure(comparison: dict, metric: str = BAR_METRIC, title: str | No
     orders = comparison["orders"]
     x = np.arange(len(strategies))
     width = 0.8 / max(1, len(orders))
+    percent = comparison.get("percent", True)
+    factor = 100.0 if percent else 1.0  # a percentage is drawn x 100, an error in its own unit
     fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(strategies), 3.2), dpi=100)
     for k, order in enumerate(orders):
-        heights = [100 * s["per_order"].get(order, np.nan) for s in strategies]
+        heights = [factor * s["per_order"].get(order, np.nan) for s in strategies]
         ax.bar(x - 0.4 + width * (k + 0.5), heights, width, label=order)
     ax.set_xticks(x, [s["label"] for s in strategies], rotation=20, ha="right", fontsize=8)
     higher = comparison.get("higher_is_better", True)
     title = title or score_title(metric) + ("" if higher else f" {arrow(higher)}")
-    ax.set_ylabel(f"{title} (%)")
-    if higher:
+    ax.set_ylabel(f"{title} (%)" if percent else title)
+    if higher and percent:
         ax.set_ylim(0, 100)
     else:  # an error need not stay below 100 %
         ax.set_ylim(bottom=0)

@@ -7,7 +7,7 @@ The terminal (:mod:`clbench.leaderboard.terminal`), ``README.md`` and the HTML p
 
 from __future__ import annotations
 
-from clbench.leaderboard.stats import design_text, groups_line
+from clbench.leaderboard.stats import design_text, groups_line, scale_and_unit
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, scoring
 from clbench.results.record import Status
 
@@ -53,13 +53,17 @@ def meta_line(meta: dict) -> str:
 
 
 def direction_note(table: BenchmarkTable) -> str | None:
-    """What the scores of a lower-is-better R mean (None for accuracy tables, whose notes are the page's)."""
+    """What the scores of a lower-is-better R mean, and their unit where R is not a percentage
+    (None for accuracy tables, whose notes are the page's)."""
+    unit = None if table.percent else (
+        f"R is not a percentage ({', '.join(dict.fromkeys(table.r_names))}): its scores are plain numbers in R's "
+        "own unit, and so are the intervals and critical differences.")
     if table.r_higher:
-        return None
+        return unit
     return ("R holds errors (lower is better): ACC and AIA are mean final and incremental errors (↓); BWT < 0 "
             "still means forgetting and FWT > 0 helpful transfer (↑); Forgetting is the mean rise of each "
             "experience's error above its best (↓). Rows are ranked by lowest mean ACC; ↑/↓ mark each column's "
-            "better direction.")
+            "better direction." + (f" {unit}" if unit else ""))
 
 
 NOTES = ("Scores are percentages: mean ± the half-width of its 95% interval over task orders and seeds "
@@ -70,6 +74,14 @@ NOTES = ("Scores are percentages: mean ± the half-width of its 95% interval ove
          "untrained model; Forgetting is the mean drop from each experience's best accuracy to its final one "
          "(lower is better). Rows are ranked by mean ACC. Joint training has a single stage, so its BWT, FWT and "
          "Forgetting are undefined (—).")
+
+
+def page_notes(tables: list[BenchmarkTable]) -> str:
+    """:data:`NOTES`, saying where a table's R is not a percentage (its :func:`direction_note` gives the unit)."""
+    if all(table.percent for table in tables):
+        return NOTES
+    return NOTES.replace("Scores are percentages:", "Scores are percentages, except in a table whose R is not one "
+                         "(its note gives the unit):", 1)
 
 
 def trace_note(table: BenchmarkTable) -> str | None:
@@ -141,10 +153,10 @@ def groups_note(table: BenchmarkTable) -> str | None:
     difference the design can detect (:mod:`clbench.leaderboard.stats`)."""
     if table.groups is None:
         return None
-    return design_text(table.groups, _rank_title(table))
+    return design_text(table.groups, _rank_title(table), *scale_and_unit(table.percent))
 
 
 def groups_text(table: BenchmarkTable) -> str | None:
     """Below a table: the rank groups as text (a critical-difference diagram in words), best first."""
-    line = None if table.groups is None else groups_line(table.groups)
+    line = None if table.groups is None else groups_line(table.groups, scale_and_unit(table.percent)[0])
     return None if line is None else f"Rank groups on {_rank_title(table)}, best first: {line}."

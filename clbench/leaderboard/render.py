@@ -32,9 +32,9 @@ from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.figures import BAR_METRIC, order_bar_figure, png_uri
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
-from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, NOTES, RECALL_MISSING, RECALL_NOTE, bench_meta,
+from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, RECALL_MISSING, RECALL_NOTE, bench_meta,
                                       direction_note, dirty_note, gmean_note, groups_note, groups_text, meta_line,
-                                      routing_note, trace_note)
+                                      page_notes, routing_note, trace_note)
 from clbench.leaderboard.stats import groups_figure
 from clbench.leaderboard.table import (RANK_BY, TEST_SET_MARK, BenchmarkTable, build_tables, fmt, made_dirty,
                                       number, runs_cell)
@@ -123,8 +123,8 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
                          "titles": [table.title(s) for s in table.scores], "rows": rows,
                          "after": [n for n in (groups_text(table), dirty_note(table), gmean_note(table)) if n]})
     text = _templates().get_template("readme.md.j2").render(
-        suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest), notes=NOTES, index=INDEX,
-        tables=contexts, failed=_failed(entries))
+        suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest), notes=page_notes(tables),
+        index=INDEX, tables=contexts, failed=_failed(entries))
     return text.removesuffix("\n")  # every block ends with a blank line; the file, with one newline
 
 
@@ -202,7 +202,7 @@ def _table_context(table: BenchmarkTable) -> dict:
     if table.groups is not None and table.groups.method is not None:
         title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
         groups = {"text": groups_text(table), "title": title,
-                  "png": png_uri(groups_figure(table.groups, title, table.label))}
+                  "png": png_uri(groups_figure(table.groups, title, table.label, table.percent))}
     after = [(note, "dirty") for note in [dirty_note(table)] if note]
     after += [(note, "") for note in [gmean_note(table, page=True)] if note]
     return {"label": table.label, "meta": meta_line(bench_meta(table)), "columns": columns, "rows": rows,
@@ -233,18 +233,19 @@ def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, r
     suite = None if not manifest else {"name": manifest["name"], "source": manifest.get("source", ""),
                                        "description": manifest.get("description")}
     return _templates().get_template("index.html.j2").render(
-        csp=CSP, suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest), notes=NOTES,
-        tables=[_table_context(t) for t in tables], failed=_failed(entries), dirty_mark=DIRTY_MARK)
+        csp=CSP, suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest),
+        notes=page_notes(tables), tables=[_table_context(t) for t in tables], failed=_failed(entries),
+        dirty_mark=DIRTY_MARK)
 
 
 def _runs(table: BenchmarkTable, row) -> list[dict]:
     return sorted(row.ok, key=lambda e: (table.orders.index(e["order_label"]), e["seed"]))
 
 
-def _run_caption(e: dict, title: str) -> str:
+def _run_caption(e: dict, table: BenchmarkTable, title: str) -> str:
     acc = e["scores"].get(RANK_BY)
     return (f"order {e['order_label']} · seed {e['seed']}"
-            + (f" · {title} {100 * acc:.1f}" if isinstance(acc, (int, float)) else "")
+            + (f" · {title} {number(acc, table.score(RANK_BY))}" if isinstance(acc, (int, float)) else "")
             + (f" · {DIRTY_MARK} uncommitted code" if made_dirty(e) else ""))
 
 
@@ -275,14 +276,14 @@ def render_run_page(table: BenchmarkTable, row) -> str:
 
     title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
     runs = _runs(table, row)
-    heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": png_uri(r_matrix_figure(e))}
+    heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, table, title), "png": png_uri(r_matrix_figure(e))}
                 for e in runs]
     fixed = _fixed_order(table, runs, title)
     recalls = []
     for e in runs:
         lines = _recall_lines(e)
         if lines:
-            recalls.append({"hash": e["config_hash"], "caption": _run_caption(e, title), **lines})
+            recalls.append({"hash": e["config_hash"], "caption": _run_caption(e, table, title), **lines})
     imbalance = any("gmean_final" in e["scores"] or "global_gmean" in e["scores"] for e in runs)
     recall_note = RECALL_NOTE if recalls else RECALL_MISSING if imbalance else None
     routing = []
@@ -315,13 +316,13 @@ def _fixed_order(table: BenchmarkTable, runs: list[dict], title: str) -> dict:
         names = canonical_names(runs)
     heatmaps, mean = [], None
     if names is not None:
-        heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": png_uri(fixed_order_figure(e, names))}
+        heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, table, title), "png": png_uri(fixed_order_figure(e, names))}
                     for e in runs]
         orders = len({e["order_label"] for e in runs})
         mean = {"png": png_uri(mean_over_orders_figure(runs, names)),
                 "caption": f"mean over {orders} order{'s' if orders != 1 else ''} ({len(runs)} run"
                            f"{'s' if len(runs) != 1 else ''}, each order's averaged first)"}
-    curves = [{"hash": e["config_hash"], "caption": _run_caption(e, title), "png": png_uri(curves_figure(e, names))}
+    curves = [{"hash": e["config_hash"], "caption": _run_caption(e, table, title), "png": png_uri(curves_figure(e, names))}
               for e in runs if not single_stage(e) and len(e["experiences"]) <= MAX_LINES]
     return {"names": names or [], "mean": mean, "heatmaps": heatmaps, "curves": curves}
 

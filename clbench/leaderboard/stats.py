@@ -211,6 +211,16 @@ def percent_points(value: float) -> str:
     return f"{100 * value:.1f}"
 
 
+def plain_number(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def scale_and_unit(percent: bool):
+    """How a score's values and differences are written: ``(percent_points, " points")`` for a
+    percentage, ``(plain_number, "")`` for a score in a unit of its own (an error, N_eff)."""
+    return (percent_points, " points") if percent else (plain_number, "")
+
+
 def critical_text(groups: Groups, scale=percent_points, unit: str = " points") -> str:
     """``6.3 points`` or ``6.3–6.8 points``."""
     low, high = groups.critical
@@ -244,22 +254,24 @@ def groups_line(groups: Groups, scale=percent_points) -> str | None:
     return " · ".join(parts)
 
 
-def groups_figure(groups: Groups, title: str, benchmark: str):
+def groups_figure(groups: Groups, title: str, benchmark: str, percent: bool = True):
     """A critical-difference diagram (Demšar 2006's picture, on the score instead of mean ranks):
     each method hangs from its mean on the score axis (better to the right), a thick bar joins
-    methods of one group, and the bar at the top is the critical difference."""
+    methods of one group, and the bar at the top is the critical difference. ``percent``: the
+    score is a percentage (drawn x 100), else drawn in its own unit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     order = sorted(groups.means, key=lambda m: (-groups.means[m] if groups.higher else groups.means[m], m))
-    x = {m: 100 * groups.means[m] for m in order}
+    factor = 100.0 if percent else 1.0
+    x = {m: factor * groups.means[m] for m in order}
     k = len(order)
     members = [g for g in groups.groups if len(g) > 1]
     low, high = min(x.values()), max(x.values())
-    cd = 100 * groups.critical[1] if groups.critical else 0.0
-    span = max(high - low, cd, 1.0)
+    cd = factor * groups.critical[1] if groups.critical else 0.0
+    span = max(high - low, cd, 1.0 if percent else 0.01)
     left, right = low - 0.08 * span, high + 0.08 * span
     half = (k + 1) // 2
     bar_y = [-0.8 - 0.3 * i for i in range(len(members))]
@@ -274,7 +286,7 @@ def groups_figure(groups: Groups, title: str, benchmark: str):
             side = left if i < half else right
         ax.plot([x[m], x[m], side], [0, y, y], color="0.35", lw=0.8)
         ax.plot([x[m]], [0], "o", color="black", ms=3)
-        ax.text(side, y, f" {m} {x[m]:.1f} ({groups.letters.get(m, '')}) ", va="center", fontsize=8,
+        ax.text(side, y, f" {m} {x[m]:.{1 if percent else 2}f} ({groups.letters.get(m, '')}) ", va="center", fontsize=8,
                 ha="left" if side == right else "right")
     for y, group in zip(bar_y, members):
         xs = [x[m] for m in group]
@@ -283,7 +295,7 @@ def groups_figure(groups: Groups, title: str, benchmark: str):
     if groups.critical:
         start = low if groups.higher else high
         ax.plot([start, start + (cd if groups.higher else -cd)], [0.45, 0.45], color="black", lw=1.5)
-        ax.text(start, 0.6, f"critical difference {cd:.1f}", fontsize=8, va="bottom", ha="left")
+        ax.text(start, 0.6, f"critical difference {cd:.{1 if percent else 2}f}", fontsize=8, va="bottom", ha="left")
     ax.set_xlim(left, right) if groups.higher else ax.set_xlim(right, left)
     ax.set_ylim(rows_top - 0.38 * max(half, k - half), 1.1)
     ax.set_yticks([])

@@ -156,6 +156,11 @@ class BenchmarkTable:
         return self.higher.get(RANK_BY, True)
 
     @property
+    def percent(self) -> bool:
+        """Whether R's scores are percentages (else plain numbers in R's own unit, e.g. a squared error)."""
+        return self.score(RANK_BY).percent
+
+    @property
     def marked(self) -> bool:
         """Whether columns carry direction arrows: for a lower-is-better R (accuracy tables stay as they were)."""
         return not self.r_higher
@@ -178,7 +183,8 @@ class BenchmarkTable:
         meta = self.score(score)
         shown = self.op_title if score == RANK_BY and self.op_title else meta.title
         added = score not in SCORES  # a metric a strategy or objective added: its direction is not folklore
-        return f"{shown} {arrow(self.higher.get(score, True))}" if (self.marked and meta.percent) or added else shown
+        return f"{shown} {arrow(self.higher.get(score, True))}" if (self.marked and meta.direction != "none") or added \
+            else shown
 
     def ranked_by(self) -> str:
         return f"ranked by {self.title(RANK_BY).removesuffix(' ↓').removesuffix(' ↑')}" + ("" if self.r_higher else " (lower is better)")

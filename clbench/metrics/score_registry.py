@@ -14,6 +14,10 @@ read titles, directions and units through :func:`score`, never from lists of the
   built-in metrics they can hold (a test checks each against its class).
 * ``n_eff`` is a diagnostic of routing: a plain number, not a percentage, with no better side.
 
+A CL score is in R's unit: a percentage where R's metrics are (accuracy, exact match), a plain
+number where a metric of R recorded that it is not one (the squared error of the MoE-theory
+benchmark), so an error of 2.34 is never shown as "234 %".
+
 A score whose direction none of these gives (a key of no CL score, a metric the entry did not
 record, not a built-in, not R's own) is refused with :class:`~clbench.errors.UserError`, never
 taken as higher-is-better: ranked the wrong way round it would reverse a table silently.
@@ -23,7 +27,7 @@ Only the standard library is imported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping
 
 from clbench.errors import UserError
@@ -106,7 +110,7 @@ def score(key: str, r_names: list[str] | None = None, recorded: Recorded | None 
     direction of a ``<metric>_final`` whose metric is R's own (it follows R). Any other key
     is refused: its direction is unknown."""
     if key in CL_SCORES:
-        return CL_SCORES[key]
+        return CL_SCORES[key] if r_percent(r_names, recorded) else replace(CL_SCORES[key], percent=False)
     if key == N_EFF.key:
         return N_EFF
     metric = _metric_of(key)
@@ -127,6 +131,12 @@ def score(key: str, r_names: list[str] | None = None, recorded: Recorded | None 
     if key.startswith("global_"):
         title = f"Global {title}"
     return Score(key, title, "higher" if higher else "lower", source, percent=bool(percent_))
+
+
+def r_percent(r_names: list[str] | None, recorded: Recorded | None) -> bool:
+    """Whether R, and so every CL score, is a percentage: unless one of R's metrics (``r_names``)
+    recorded in ``recorded`` that it is not (entries from before units were recorded: a percentage)."""
+    return not any((recorded or {}).get(name, {}).get("percent", True) is False for name in r_names or ())
 
 
 def title(key: str, recorded: Recorded | None = None) -> str:

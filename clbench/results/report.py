@@ -9,36 +9,42 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clbench.metrics.score_registry import REPORT_SCORES
+from clbench.metrics.score_registry import REPORT_SCORES, r_percent, score
 from clbench.results.record import single_stage
 
 
-def _pct(value) -> str:
-    return "—" if value is None else f"{100 * value:.1f}"
+def _shown(value, percent: bool = True) -> str:
+    """A percentage as ``85.1``; a value in a unit of its own (a squared error) as ``2.34``."""
+    if value is None:
+        return "—"
+    return f"{100 * value:.1f}" if percent else f"{value:.3g}"
 
 
 def print_result(result: dict, output: Path | None = None, console=None) -> None:
     from rich.table import Table
 
     names = result["experiences"]
+    r_names, recorded = (result.get("r_metric") or {}).get("names"), result.get("metrics")
+    percent = r_percent(r_names, recorded)
+    unit = "%" if percent else ", ".join(dict.fromkeys(r_names or []))
     title = (f"{result['strategy']['name']} on {result['benchmark']['name']} · order {result['order_label']} · "
              f"seed {result['seed']}")
-    table = Table(title=f"R matrix (%), {title}", title_justify="left")
+    table = Table(title=f"R matrix ({unit}), {title}", title_justify="left")
     table.add_column("after \\ test")
     for name in names:
         table.add_column(name, justify="right")
-    table.add_row("init", *map(_pct, result["r_init"]), style="dim")
+    table.add_row("init", *[_shown(v, percent) for v in result["r_init"]], style="dim")
     stage_names = ["joint"] if single_stage(result) else names
     for stage, row in zip(stage_names, result["r_matrix"]):
-        table.add_row(stage, *map(_pct, row))
+        table.add_row(stage, *[_shown(v, percent) for v in row])
     scores = result["scores"]
     # undefined scores (IM and FWT (ref) without reference models) are left out; the rest are in result.json
     keys = [k for k in REPORT_SCORES if scores.get(k) is not None]
-    summary = Table(title="scores (%, BWT < 0 means forgetting)", title_justify="left", show_edge=False)
+    summary = Table(title=f"scores ({unit}, BWT < 0 means forgetting)", title_justify="left", show_edge=False)
     trace = (result.get("objective") or {}).get("scoring") == "trace"
     for key in keys:
         summary.add_column("OP (TRACE)" if key == "acc" and trace else key, justify="right")
-    summary.add_row(*[_pct(scores[k]) for k in keys])
+    summary.add_row(*[_shown(scores[k], score(k, r_names, recorded).percent) for k in keys])
     console = console or _console_for(table, summary)
     console.print(table)
     console.print(summary)

@@ -81,6 +81,35 @@ def test_compare_of_errors_takes_the_highest_error_as_the_worst_order(tmp_path, 
     assert json.loads(out.read_text())["benchmarks"][0]["strategies"][0]["label"] == "replay"
 
 
+def test_an_error_that_is_no_percentage_is_shown_in_its_own_unit(tmp_path, capsys):
+    """A squared error of 2.34 is not "234 %": an R whose metric recorded ``percent: false`` shows
+    its scores, intervals, critical difference and comparison as plain numbers (the MoE-theory
+    benchmark's MSE); one that recorded no unit keeps the percentages (the test above)."""
+    entries = [fake_entry(s, order, seed, 4 * ERR[s][k] + 0.04 * seed, higher_is_better=False, percent=False)
+               for s in ERR for k, order in enumerate(ORDERS) for seed in (0, 1)]
+    root = tmp_path / "lb"
+    write_board(root, entries)
+    assert main(["leaderboard", "render", str(root)]) == 0
+    readme = (root / "README.md").read_text()
+    assert _header(readme)[4:9] == ["ACC ↓", "AIA ↓", "BWT ↑", "FWT ↑", "Forgetting ↓"]
+    replay = next(line for line in readme.splitlines() if line.startswith("| 1 "))
+    assert "| 1.02 ± " in replay  # replay's mean final error: (0.80 + 1.20 + 0.84 + 1.24) / 4
+    assert "102.0" not in readme
+    assert "R is not a percentage (err)" in readme
+    assert "Scores are percentages, except in a table whose R is not one" in readme
+    design = next(line for line in readme.splitlines() if line.startswith("Rank groups on ACC:"))
+    assert "Critical difference" in design and "points" not in design
+    page = (root / "index.html").read_text()
+    assert "95% interval [0.65, 1.39]" in page  # the ACC cell's tooltip: 1.02 ± 0.37, not in percent
+
+    report = compare(entries, a="replay", b="naive")
+    assert (report["percent"], report["directed"]) == (False, True)
+    print_comparison(report, console_for_tables())
+    printed = capsys.readouterr().out
+    assert "acc ↓ per task order (lower is better)" in printed and "(%)" not in printed
+    assert "mean difference -0.80 (lower is better)" in printed and "points" not in printed
+
+
 def test_accuracy_tables_carry_no_arrows(tmp_path):
     root = tmp_path / "lb"
     write_board(root, [fake_entry(s, o, 0, 1 - ERR[s][k]) for s in ERR for k, o in enumerate(ORDERS)])
