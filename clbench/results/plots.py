@@ -27,16 +27,27 @@ def r_matrix_figure(result: dict):
         r = np.vstack([np.asarray(result["r_init"], dtype=float)[None, :], r])
         rows = ["untrained", *rows]
     title = f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')})"
-    return heatmap_figure(r, rows, names, title, higher=_higher(result))
+    return heatmap_figure(r, rows, names, title, higher=_higher(result), percent=_percent(result))
 
 
 def _higher(result: dict) -> bool:
     return (result.get("r_metric") or {}).get("higher_is_better", True)
 
 
-def _unit(r) -> bool:
-    """Whether every finite value lies in [0, 1]: a score drawn as a percentage."""
+def _percent(result: dict) -> bool:
+    """False where a metric of the result's R recorded that it is no percentage (a squared error)."""
+    from clbench.metrics.score_registry import r_percent
+
+    return r_percent((result.get("r_metric") or {}).get("names"), result.get("metrics"))
+
+
+def _unit(r, percent: bool = True) -> bool:
+    """Whether R is drawn as a percentage: its metric may be one (``percent``) and every finite
+    value lies in [0, 1] (a squared error below 1 is still drawn as measured)."""
     import numpy as np
+
+    if not percent:
+        return False
 
     finite = np.asarray(r, dtype=float)
     finite = finite[np.isfinite(finite)]
@@ -55,9 +66,11 @@ def text_colour(rgba) -> str:
     return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
 
 
-def heatmap_figure(r, rows: list[str], columns: list[str], title: str, *, higher: bool = True):
+def heatmap_figure(r, rows: list[str], columns: list[str], title: str, *, higher: bool = True,
+                   percent: bool = True):
     """An R heatmap: rows and columns as labelled. Scores in [0, 1] are drawn as percentages on a
-    fixed scale; errors (lower is better) on their own scale, the colour map reversed so that
+    fixed scale unless ``percent`` is False (R's metric recorded that it is none); errors (lower
+    is better) on their own scale, the colour map reversed so that
     better is always brighter. Each cell's value is written in black or white, whichever
     contrasts more with the cell's colour; an unmeasured cell (NaN) is left blank."""
     import matplotlib
@@ -68,7 +81,7 @@ def heatmap_figure(r, rows: list[str], columns: list[str], title: str, *, higher
 
     r = np.asarray(r, dtype=float)
     finite = r[np.isfinite(r)]
-    unit = _unit(r)
+    unit = _unit(r, percent)
     low, high = (0.0, 1.0) if unit else (float(finite.min()), float(finite.max()) or 1.0)
     # A long stream (the theory benchmark's 100 rounds) keeps the size of a 24-experience map:
     # its cells are not numbered and every k-th experience is named.
@@ -105,7 +118,7 @@ def fixed_order_figure(result: dict, names: list[str]):
     r, rows = fixed_order(result, names)
     title = (f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')}, "
              "stream order)")
-    return heatmap_figure(r, rows, list(names), title, higher=_higher(result))
+    return heatmap_figure(r, rows, list(names), title, higher=_higher(result), percent=_percent(result))
 
 
 def mean_over_orders_figure(results: list[dict], names: list[str]):
@@ -116,7 +129,7 @@ def mean_over_orders_figure(results: list[dict], names: list[str]):
     first = results[0]
     title = (f"{first['strategy']['name']} on {first['benchmark']['name']}: mean over {orders} "
              f"order{'s' if orders != 1 else ''}")
-    return heatmap_figure(r, rows, list(names), title, higher=_higher(first))
+    return heatmap_figure(r, rows, list(names), title, higher=_higher(first), percent=_percent(first))
 
 
 MAX_LINES = 20  # experiences a curves figure draws, one line and colour each
@@ -140,7 +153,7 @@ def curves_figure(result: dict, names: list[str] | None = None):
     if result.get("r_init") is not None:
         r = np.vstack([np.asarray(result["r_init"], dtype=float)[None, :], r])
         stages = ["untrained", *stages]
-    unit = _unit(r)
+    unit = _unit(r, _percent(result))
     scale = 100.0 if unit else 1.0
     fig, ax = plt.subplots(figsize=(2.4 + 0.45 * len(stages), 3.2), dpi=100)
     colours = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")

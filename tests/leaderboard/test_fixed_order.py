@@ -121,3 +121,22 @@ def test_cell_text_is_a_percentage_in_the_colour_that_contrasts_more_with_its_ce
             assert _contrast(text.get_color(), cell) >= _contrast(other, cell) and _contrast(text.get_color(), cell) > 4
         assert {t.get_color() for t in texts} == {"black", "white"}
         plt.close(fig)
+
+
+def test_an_error_below_one_is_drawn_as_measured_not_as_a_percentage():
+    """A squared error whose values happen to lie in [0, 1] (recorded as no percentage) keeps its
+    unit in the heatmap and the curves; an R without a recorded unit is still read from its range."""
+    from clbench.results.plots import r_matrix_figure
+
+    run = _entry("default", 0, 0.0)
+    run.update(r_metric={"names": ["mse"] * 5, "higher_is_better": False},
+               metrics={"mse": {"title": "MSE", "higher_is_better": False, "percent": False}})
+    fig = r_matrix_figure(run)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts[:2] == ["0", "0.01"]  # r_init 0.0 and 0.01 as measured; as a percentage: "0" and "1"
+    assert fig.axes[1].get_ylabel() != "%"
+    plt.close(fig)
+    curves = curves_figure(run, NAMES)
+    assert curves.axes[0].get_ylabel() == "R"
+    np.testing.assert_allclose(curves.axes[0].get_lines()[0].get_ydata()[1:], [r[0] for r in run["r_matrix"]])
+    plt.close(curves)
