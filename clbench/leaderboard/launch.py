@@ -189,7 +189,8 @@ class _Local:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot % len(self.gpus)]
         report = reports / f"{spec.hash}.json"
         command = [sys.executable, "-m", "clbench.leaderboard.worker", "--suite", str(self.suite.path),
-                   "--output", str(self.output), "--hash", spec.hash, "--report", str(report)]
+                   "--output", str(self.output), "--hash", spec.hash, "--report", str(report),
+                   "--parent", str(os.getpid())]
         if spec.hash in self.seen:
             command += ["--seen", self.seen[spec.hash]]
         if self.force:

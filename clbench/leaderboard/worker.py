@@ -3,6 +3,7 @@
 ::
 
     python -m clbench.leaderboard.worker --suite S --output DIR --hash H [--seen C] [--force] --report FILE
+                                         [--parent PID]
 
 It calls :func:`~clbench.leaderboard.cell.run_cell` (the serial run's own steps: lock,
 recover, resume or run, entry) and writes what happened as JSON to ``--report``. A process of
@@ -27,15 +28,17 @@ def _interrupt(signum, frame):  # SIGTERM stops a cell the way Ctrl-C does: chec
     raise KeyboardInterrupt
 
 
-def watch_parent(interval: float = PARENT_POLL_SECONDS) -> threading.Thread:
+def watch_parent(interval: float = PARENT_POLL_SECONDS, parent: int | None = None) -> threading.Thread:
     """Interrupt this process (as Ctrl-C does) once the launcher that started it is gone.
 
     The launcher stops its workers on Ctrl-C and SIGTERM, but a launcher killed with SIGKILL
     (the OOM killer, ``kill -9``) runs nothing: its workers, in sessions of their own, would go
     on unattended. When the parent dies the worker is re-parented, so a changed parent pid is
     the sign; checked once a second by a daemon thread, portable where ``PR_SET_PDEATHSIG`` is not.
+    ``parent``: the launcher's pid as it passed it, so a launcher killed while this process was
+    still starting is noticed too (the current parent's pid otherwise).
     """
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -55,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seen", default=None, help="content hash of the entry the launcher saw")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--report", required=True)
+    parser.add_argument("--parent", type=int, default=None, help="the launcher's pid (default: the parent's)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    watch_parent()
 
     from clbench.errors import UserError, unwritable
     from clbench.io import write_json
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     route_dependency_warnings()
     try:
+        watch_parent(parent=args.parent)  # inside: a launcher already gone interrupts at once
         from clbench.leaderboard.cell import run_cell
 
         summary = run_cell(args.suite, args.output, args.hash, seen=args.seen, force=args.force)

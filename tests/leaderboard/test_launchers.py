@@ -299,6 +299,21 @@ def test_slurm_without_slurm_is_a_user_error(tmp_path, capsys, monkeypatch):
     assert "no SLURM here (srun is not on PATH)" in capsys.readouterr().err
 
 
+def test_a_worker_whose_launcher_died_while_it_was_starting_stops_at_once(tmp_path):
+    """The launcher passes its pid: a worker that finds another parent when it starts to watch
+    (its launcher was killed during the worker's imports) interrupts itself straight away."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a launcher pid that is no parent of the worker any more
+    child = ("import time; from clbench.leaderboard.worker import watch_parent\n"
+             f"try:\n    watch_parent(0.05, parent={gone.pid})\n    time.sleep(60)\n"
+             "except KeyboardInterrupt:\n    print('interrupted')\n")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "interrupted", done.stderr
+
+
 def test_a_worker_whose_launcher_was_killed_stops_as_if_interrupted(tmp_path):
     """A launcher killed with SIGKILL cannot stop its workers (each in a session of its own):
     the worker sees its parent gone and interrupts itself (its cell's checkpoint kept)."""
@@ -306,14 +321,18 @@ def test_a_worker_whose_launcher_was_killed_stops_as_if_interrupted(tmp_path):
     import sys
     import time
 
-    marker = tmp_path / "interrupted"
+    marker, watching = tmp_path / "interrupted", tmp_path / "watching"
     child = (f"import time; from clbench.leaderboard.worker import watch_parent; watch_parent(0.05)\n"
+             f"open({str(watching)!r}, 'w').close()\n"
              f"try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    open({str(marker)!r}, 'w').write('yes')\n")
     parent = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {child!r}], "
               f"start_new_session=True); print(p.pid, flush=True); time.sleep(60)")
     launcher = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
     worker = int(launcher.stdout.readline())
-    time.sleep(1.5)  # the worker has imported clbench and is watching
+    deadline = time.monotonic() + 50
+    while not watching.exists() and time.monotonic() < deadline:  # imported clbench and watching, however busy
+        time.sleep(0.05)
+    assert watching.exists()
     launcher.kill()
     launcher.wait()
     deadline = time.monotonic() + 20
