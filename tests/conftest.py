@@ -20,6 +20,10 @@ import pytest
 # in every process a test starts: the suite's numbers must not depend on the machine it runs on.
 # tests/engine/test_precision.py checks the bf16 default itself.
 os.environ["CLBENCH_CPU_BF16"] = "0"
+# Under pytest-xdist (the README's test command) every core already runs a worker: one torch
+# thread per worker, and per process it starts, keeps the machine from being oversubscribed.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
