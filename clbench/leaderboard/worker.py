@@ -39,6 +39,10 @@ def watch_parent(interval: float = PARENT_POLL_SECONDS, parent: int | None = Non
     still starting is noticed too (the current parent's pid otherwise).
     """
     parent = os.getppid() if parent is None else parent
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        # A launcher started with SIGINT ignored (``nohup ... &``) passes that on to its workers,
+        # and an ignored SIGINT would stop neither this watch nor the launcher's own Ctrl-C.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -301,7 +301,8 @@ def test_slurm_without_slurm_is_a_user_error(tmp_path, capsys, monkeypatch):
 
 def test_a_worker_whose_launcher_died_while_it_was_starting_stops_at_once(tmp_path):
     """The launcher passes its pid: a worker that finds another parent when it starts to watch
-    (its launcher was killed during the worker's imports) interrupts itself straight away."""
+    (its launcher was killed during the worker's imports) interrupts itself straight away, even
+    started with SIGINT ignored as ``nohup ... &`` starts it."""
     import subprocess
     import sys
 
@@ -310,13 +311,16 @@ def test_a_worker_whose_launcher_died_while_it_was_starting_stops_at_once(tmp_pa
     child = ("import time; from clbench.leaderboard.worker import watch_parent\n"
              f"try:\n    watch_parent(0.05, parent={gone.pid})\n    time.sleep(60)\n"
              "except KeyboardInterrupt:\n    print('interrupted')\n")
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert done.stdout.strip() == "interrupted", done.stderr
 
 
 def test_a_worker_whose_launcher_was_killed_stops_as_if_interrupted(tmp_path):
     """A launcher killed with SIGKILL cannot stop its workers (each in a session of its own):
-    the worker sees its parent gone and interrupts itself (its cell's checkpoint kept)."""
+    the worker sees its parent gone and interrupts itself (its cell's checkpoint kept). The
+    launcher here ignores SIGINT, as one started with ``nohup ... &`` does, and its worker
+    inherits that."""
     import subprocess
     import sys
     import time
@@ -325,7 +329,8 @@ def test_a_worker_whose_launcher_was_killed_stops_as_if_interrupted(tmp_path):
     child = (f"import time; from clbench.leaderboard.worker import watch_parent; watch_parent(0.05)\n"
              f"open({str(watching)!r}, 'w').close()\n"
              f"try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    open({str(marker)!r}, 'w').write('yes')\n")
-    parent = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {child!r}], "
+    parent = (f"import signal, subprocess, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}], "
               f"start_new_session=True); print(p.pid, flush=True); time.sleep(60)")
     launcher = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
     worker = int(launcher.stdout.readline())
