@@ -29,7 +29,7 @@ from clbench.errors import Unwritable, UserError, unwritable
 from clbench.leaderboard.entries import entry_from_result, entry_path, failed_entry, read_entry, write_entry
 from clbench.leaderboard.lock import CellLock
 from clbench.leaderboard.suite import RunSpec, Suite
-from clbench.metrics.score_registry import r_percent
+from clbench.metrics.score_registry import result_percent
 from clbench.results.record import Status
 
 RUNS_DIR = "runs"
@@ -148,7 +148,7 @@ def _run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: d
             entry = entry_from_result(result, suite=suite.name)
             (outcome.resumed if resumed else outcome.ran).append(spec.hash)
             acc = entry["scores"].get("acc")
-            percent = r_percent((entry.get("r_metric") or {}).get("names"), entry.get("metrics"))
+            percent = result_percent(entry)
             note = ((f"acc {100 * acc:.1f}%" if percent else f"acc {acc:.3g}") if isinstance(acc, (int, float))
                     else "done") + \
                 f" in {time.perf_counter() - start:.1f}s" + (" (resumed)" if resumed else "")

@@ -139,6 +139,11 @@ def r_percent(r_names: list[str] | None, recorded: Recorded | None) -> bool:
     return not any((recorded or {}).get(name, {}).get("percent", True) is False for name in r_names or ())
 
 
+def result_percent(result: Mapping[str, Any]) -> bool:
+    """:func:`r_percent` of a result or leaderboard entry (its ``r_metric`` names and ``metrics``)."""
+    return r_percent((result.get("r_metric") or {}).get("names"), result.get("metrics"))
+
+
 def title(key: str, recorded: Recorded | None = None) -> str:
     return score(key, recorded=recorded).title
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from clbench.metrics.score_registry import result_percent
 
 MAX_CELLS = 24  # experiences a heatmap shows at full size, cell by cell
 
@@ -27,18 +28,11 @@ def r_matrix_figure(result: dict):
         r = np.vstack([np.asarray(result["r_init"], dtype=float)[None, :], r])
         rows = ["untrained", *rows]
     title = f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')})"
-    return heatmap_figure(r, rows, names, title, higher=_higher(result), percent=_percent(result))
+    return heatmap_figure(r, rows, names, title, higher=_higher(result), percent=result_percent(result))
 
 
 def _higher(result: dict) -> bool:
     return (result.get("r_metric") or {}).get("higher_is_better", True)
-
-
-def _percent(result: dict) -> bool:
-    """False where a metric of the result's R recorded that it is no percentage (a squared error)."""
-    from clbench.metrics.score_registry import r_percent
-
-    return r_percent((result.get("r_metric") or {}).get("names"), result.get("metrics"))
 
 
 def _unit(r, percent: bool = True) -> bool:
@@ -118,7 +112,7 @@ def fixed_order_figure(result: dict, names: list[str]):
     r, rows = fixed_order(result, names)
     title = (f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')}, "
              "stream order)")
-    return heatmap_figure(r, rows, list(names), title, higher=_higher(result), percent=_percent(result))
+    return heatmap_figure(r, rows, list(names), title, higher=_higher(result), percent=result_percent(result))
 
 
 def mean_over_orders_figure(results: list[dict], names: list[str]):
@@ -129,7 +123,7 @@ def mean_over_orders_figure(results: list[dict], names: list[str]):
     first = results[0]
     title = (f"{first['strategy']['name']} on {first['benchmark']['name']}: mean over {orders} "
              f"order{'s' if orders != 1 else ''}")
-    return heatmap_figure(r, rows, list(names), title, higher=_higher(first), percent=_percent(first))
+    return heatmap_figure(r, rows, list(names), title, higher=_higher(first), percent=result_percent(first))
 
 
 MAX_LINES = 20  # experiences a curves figure draws, one line and colour each
@@ -153,7 +147,7 @@ def curves_figure(result: dict, names: list[str] | None = None):
     if result.get("r_init") is not None:
         r = np.vstack([np.asarray(result["r_init"], dtype=float)[None, :], r])
         stages = ["untrained", *stages]
-    unit = _unit(r, _percent(result))
+    unit = _unit(r, result_percent(result))
     scale = 100.0 if unit else 1.0
     fig, ax = plt.subplots(figsize=(2.4 + 0.45 * len(stages), 3.2), dpi=100)
     colours = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
