@@ -97,20 +97,25 @@ class CompositionCounter:
     of rows for an LLM with adapters in every projection); distinct pairs are few, so each batch
     is reduced with ``torch.unique`` and folded into a dict. A route is the sorted tuple of the
     unit's expert indices (a top-k set, or MH-MoE's per-head choices, which are numbered so that
-    sorting keeps head order); a composition is ``(domain, *labels)``.
+    sorting keeps head order), after the unit's subspace id where the layer has several parameter
+    subsets (MoSEs' task masks); a composition is ``(domain, *labels)``.
     """
 
     def __init__(self) -> None:
         self.pairs: dict[tuple[int, ...], int] = {}
-        self.width: int | None = None  # route length k
+        self.width: int | None = None  # route length: k, or 1 + k with a subspace id
         self.composition_width: int | None = None  # 1 + the number of labels
         self.unlabelled: dict[int, int] = {}  # per domain: units recorded without their labels
 
-    def update(self, routes: Any, domain: int, *, labels: Any = None, keep: Any = None) -> None:
-        """``routes`` (N, k) expert indices; ``labels`` (N, m) or None; ``keep`` (N,) bool or None."""
+    def update(self, routes: Any, domain: int, *, labels: Any = None, keep: Any = None,
+               subspace: Any = None) -> None:
+        """``routes`` (N, k) expert indices; ``labels`` (N, m) or None; ``keep`` (N,) bool or None;
+        ``subspace`` (N,) ids or None (then a route is its experts alone)."""
         import torch
 
         routes = routes.long().sort(-1).values  # on the layer's device: only the distinct rows come back
+        if subspace is not None:
+            routes = torch.cat([subspace.long().reshape(-1, 1), routes], 1)
         n = routes.shape[0]
         parts = [routes, torch.full((n, 1), int(domain), dtype=torch.long, device=routes.device)]
         if labels is not None:

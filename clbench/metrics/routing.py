@@ -23,8 +23,8 @@ A layer may also be named by a string (``record("router0", ...)``); an unattache
 gets a metric on first use, its expert count from ``num_experts=`` or the gates' last
 dimension. Inputs are detached.
 
-With ``keep_routes=True`` the recorder also keeps each unit's route (its expert indices) and
-domain on the CPU, for route-wise statistics such as
+With ``keep_routes=True`` the recorder also keeps each unit's route (its expert indices, after
+its ``subspace`` id where the layer reports one) and domain on the CPU, for route-wise statistics such as
 :func:`clbench.metrics.effective_compositions`; those kept routes are per process. With
 ``compositions=True`` it counts each unit's (route, composition) pair for the route-wise N_eff
 (:meth:`RoutingRecorder.compositions`; compositions are described by the channel's ``units``).
@@ -121,8 +121,11 @@ class RoutingRecorder:
 
     def log(self, layer: nn.Module | str, *, domain: int, experts: Tensor | None = None,
             gates: Tensor | None = None, mask: Tensor | None = None,
-            num_experts: int | None = None) -> None:
-        """Add one forward's routing to ``layer``'s metric (what :func:`record` calls)."""
+            num_experts: int | None = None, subspace: Tensor | None = None) -> None:
+        """Add one forward's routing to ``layer``'s metric (what :func:`record` calls).
+
+        Utilization counts experts; a route for N_eff is ``(subspace, *experts)`` where the
+        layer reports a ``subspace`` per unit, its experts otherwise."""
         if experts is None and gates is None:
             raise ValueError("record routing with experts=, gates= or both")
         name = self._name_of(layer)
@@ -138,6 +141,10 @@ class RoutingRecorder:
             metric.to(device)
         chosen = experts if experts is not None else gates.argmax(-1, keepdim=True)
         chosen = chosen.detach().reshape(-1, chosen.shape[-1])
+        if subspace is not None:
+            subspace = subspace.detach().reshape(-1).to(device=device, dtype=torch.long)
+            if subspace.shape[0] != chosen.shape[0]:
+                raise ValueError(f"subspace has {subspace.shape[0]} units but experts {chosen.shape[0]}")
         layout = current_units()
         unit_mask, labels = layout.resolve(chosen.shape[0]) if layout is not None else (None, None)
         if unit_mask is not None:
@@ -146,7 +153,8 @@ class RoutingRecorder:
         metric.update(experts=experts, gates=gates, domain=domain, mask=mask)
         keep = None if mask is None else mask.detach().reshape(-1).bool().to(device)
         if self.keep_routes:
-            kept = (chosen if keep is None else chosen[keep]).cpu()
+            route = chosen if subspace is None else torch.cat([subspace[:, None], chosen.long()], 1)
+            kept = (route if keep is None else route[keep]).cpu()
             domains = torch.full((kept.shape[0],), domain, dtype=torch.long)
             self._routes.setdefault(name, []).append((domains, kept))
         if self.count_compositions:
@@ -154,7 +162,8 @@ class RoutingRecorder:
 
             counter = self._compositions.setdefault(name, CompositionCounter())
             if (0 if labels is None else labels.shape[1]) == (0 if layout is None else layout.label_width):
-                counter.update(chosen, domain, labels=None if labels is None else labels.to(device), keep=keep)
+                counter.update(chosen, domain, labels=None if labels is None else labels.to(device), keep=keep,
+                               subspace=subspace)
             else:  # the layout cannot say which labels these units carry: no composition for them
                 counter.skip(domain, chosen.shape[0] if keep is None else int(keep.sum()))
 
@@ -172,7 +181,8 @@ class RoutingRecorder:
             return {name: self.metrics[name].compute() for name in sorted(self.metrics)}
 
     def routes(self, layer: str) -> tuple[Tensor, Tensor]:
-        """``(domains (U,), experts (U, k))`` kept for ``layer`` (needs ``keep_routes=True``)."""
+        """``(domains (U,), routes (U, k))`` kept for ``layer`` (needs ``keep_routes=True``); a
+        layer that reports a ``subspace`` has it as each route's first column, ``(U, 1 + k)``."""
         if not self.keep_routes:
             raise ValueError("routes are kept only with RoutingRecorder(..., keep_routes=True)")
         kept = self._routes.get(layer, [])

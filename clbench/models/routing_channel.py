@@ -20,7 +20,8 @@ belong to. Models import this module and nothing of :mod:`clbench.metrics`::
 
 Arguments of :func:`record`: ``experts`` (integer top-k indices ``(..., k)``, also for k = 1),
 ``gates`` (router probabilities ``(..., E)``; their argmax is the decision when ``experts`` is
-omitted), ``mask`` (bool over routing units, False to skip, e.g. padding tokens). The active
+omitted), ``mask`` (bool over routing units, False to skip, e.g. padding tokens), ``subspace``
+(one id per unit, for a layer whose experts run under one of several parameter subsets). The active
 recording is held in a :mod:`contextvars` variable, so it follows the code that runs the
 forward passes; nesting recordings restores the outer one on exit.
 
@@ -157,14 +158,18 @@ def discarded() -> Iterator[None]:
 
 def record(layer: nn.Module | str, *, experts: Tensor | None = None,
            gates: Tensor | None = None, mask: Tensor | None = None,
-           num_experts: int | None = None) -> None:
-    """Report one forward's routing decisions; a no-op unless a recorder's ``domain`` is active."""
+           num_experts: int | None = None, subspace: Tensor | None = None) -> None:
+    """Report one forward's routing decisions; a no-op unless a recorder's ``domain`` is active.
+
+    ``subspace`` (one id per unit) names the parameter subset the experts ran under when a
+    layer has several (MoSEs: the task whose masks its key chose): it is part of each unit's
+    route, since expert j under two tasks' masks is two different functions."""
     active = _ACTIVE.get()
     if active is None:
         return
     recorder, domain = active
     recorder.log(layer, experts=experts, gates=gates, mask=mask, num_experts=num_experts,
-                 domain=domain)
+                 domain=domain, subspace=subspace)
 
 
 def is_recording() -> bool:

@@ -293,3 +293,26 @@ def test_units_the_layout_cannot_label_are_left_out_of_n_eff_and_reported():
         counter.update(torch.tensor([[0]]), 0)
     with pytest.raises(ValueError, match="compositions changed"):
         counter.merge({(1, 0): 2}, 1)
+
+
+def test_a_subspace_id_is_part_of_each_units_route():
+    """A layer whose experts run under one of several parameter subsets (MoSEs' task masks) reports
+    the subset per unit: two tasks' tokens on the same expert are two routes, each carrying its
+    own task's compositions, while utilization still counts the expert."""
+    from clbench.metrics import effective_compositions
+
+    recorder = RoutingRecorder(num_domains=2, keep_routes=True, compositions=True)
+    experts = torch.tensor([[1], [1], [1], [1]])           # every unit on expert 1
+    subspace = torch.tensor([0, 0, 1, 1])                  # under task 0's masks, then task 1's
+    for domain, rows in ((0, slice(0, 2)), (1, slice(2, 4))):
+        with torch.no_grad(), recorder.domain(domain):
+            routing.record("layer", experts=experts[rows], num_experts=2, subspace=subspace[rows])
+    summary = recorder.compositions()["layer"]
+    assert summary["routes"] == 2 and summary["n_eff"] == pytest.approx(1.0)
+    # without the subspace the same units are one route mixing both domains
+    assert effective_compositions(experts, [0, 0, 1, 1]).n_eff == pytest.approx(2.0)
+    domains, routes = recorder.routes("layer")
+    assert routes.tolist() == [[0, 1], [0, 1], [1, 1], [1, 1]] and domains.tolist() == [0, 0, 1, 1]
+    assert recorder.compute()["layer"]["utilization"][:, 1].tolist() == [1.0, 1.0]
+    with recorder.domain(0), pytest.raises(ValueError, match="subspace has 1 units but experts 2"):
+        routing.record("layer", experts=experts[:2], num_experts=2, subspace=subspace[:1])

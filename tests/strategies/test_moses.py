@@ -116,6 +116,26 @@ def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
     assert figures["units"] == 7 and figures["compositions"] == 3 and "unlabelled" not in figures
 
 
+def test_a_units_route_is_its_task_slot_then_its_experts():
+    """With E2T2's top-2 of 2 every token uses both sub-experts; what tells two tasks' tokens apart
+    is the task masks their keys chose, so each slot is its own route for N_eff."""
+    torch.manual_seed(2)
+    state = TaskState()
+    layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=2, r=2, density=0.4).eval()
+    for slot in (0, 1):
+        layer.reset_scores()
+        layer.store_mask(slot)
+    recorder = RoutingRecorder(num_domains=1, keep_routes=True, compositions=True).attach(layer)
+    state.slots = torch.tensor([1, 0, 1])
+    with torch.no_grad(), recorder.domain(0), routing.units(token_labels=torch.tensor([[0, 1]] * 3)):
+        layer(torch.randn(3, 2, 6))
+    _, routes = recorder.routes("MoSELinear")
+    assert routes[:, 0].tolist() == [1, 1, 0, 0, 1, 1]  # each token's slot, in batch order
+    assert routes[:, 1:].sort(-1).values.tolist() == [[0, 1]] * 6  # then both sub-experts
+    figures = recorder.compositions()["MoSELinear"]
+    assert figures["routes"] == 2 and figures["compositions"] == 2 and figures["n_eff"] == pytest.approx(2.0)
+
+
 def test_stored_masks_apply_under_bf16_autocast():
     """precision: bf16-mixed (the TRACE configs' GPU setting) evaluates the fp32 adapter under
     autocast: the mixture comes out in bf16 and must still land in the per-sample delta."""

@@ -34,6 +34,10 @@ While training (``state.training_slot`` set and the layer in training mode) the 
 the live scores through the straight-through estimator; otherwise every sample ``i`` uses the
 stored mask of ``state.slots[i]`` (samples of different tasks in one batch are grouped by task).
 ``state`` is a :class:`TaskState` shared by every layer and owned by the strategy.
+
+Routing record: a unit's route (for N_eff) is its task slot followed by its top-k experts. MoSEs
+routes in two steps, the key choosing the task's masked subspace and the router the experts
+inside it; recording the experts alone would make E2T2's top-2 of 2 one route for every task.
 """
 
 from __future__ import annotations
@@ -167,7 +171,7 @@ class MoSELinear(AdaptedLinear):
         state = self.state
         if self.training and state.training_slot is not None:
             delta, chosen, probs = self.mixture(x.reshape(-1, x.shape[-1]).to(self.lora_A.dtype), None)
-            self._record(chosen, probs)
+            self._record(chosen, probs, torch.full((chosen.shape[0],), state.training_slot, device=x.device))
             return out + delta.view(*x.shape[:-1], -1).to(out.dtype)
         slots = state.slots
         if slots is None:
@@ -185,12 +189,15 @@ class MoSELinear(AdaptedLinear):
             d, c, p = self.mixture(xs.reshape(-1, x.shape[-1]).to(delta.dtype), slot)
             delta[rows] = d.view(*xs.shape[:-1], -1).to(delta.dtype)  # bf16 under autocast
             chosen[rows], probs[rows] = c.view(*xs.shape[:-1], -1), p.view(*xs.shape[:-1], -1).to(probs.dtype)
-        self._record(chosen.reshape(-1, self.top_k), probs.reshape(-1, self.num_experts))
+        subspace = slots.view(-1, *([1] * (len(lead) - 1))).expand(lead)
+        self._record(chosen.reshape(-1, self.top_k), probs.reshape(-1, self.num_experts), subspace)
         return out + delta.to(out.dtype)
 
-    def _record(self, chosen: Tensor, probs: Tensor) -> None:
+    def _record(self, chosen: Tensor, probs: Tensor, slots: Tensor) -> None:
+        """A unit's route is (the task slot whose masks it ran under, its experts): sub-expert j
+        under two tasks' masks is two different sets of weights."""
         if routing.is_recording():
-            routing.record(self, experts=chosen, gates=probs)
+            routing.record(self, experts=chosen, gates=probs, subspace=slots.reshape(-1))
 
     def param_counts(self) -> dict[str, int]:
         """Learnable weights (A, B, router; scores not counted) and those one task's masks keep."""
