@@ -82,11 +82,11 @@ def test_straight_through_mask_keeps_top_c_and_passes_gradients_to_scores():
     assert layer.base_layer.weight.grad is None
 
 
-def _two_task_layer() -> tuple[TaskState, MoSELinear]:
+def _two_task_layer(top_k: int = 1) -> tuple[TaskState, MoSELinear]:
     """A MoSE layer in eval mode with non-zero adapters and a stored mask for each of two tasks."""
     torch.manual_seed(1)
     state = TaskState()
-    layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=1, r=2, density=0.4).eval()
+    layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=top_k, r=2, density=0.4).eval()
     with torch.no_grad():
         layer.lora_B.normal_()
     for slot in (0, 1):
@@ -119,12 +119,7 @@ def test_layer_uses_each_samples_stored_mask_and_no_adapter_before_any_task():
 def test_a_units_route_is_its_task_slot_then_its_experts():
     """With E2T2's top-2 of 2 every token uses both sub-experts; what tells two tasks' tokens apart
     is the task masks their keys chose, so each slot is its own route for N_eff."""
-    torch.manual_seed(2)
-    state = TaskState()
-    layer = MoSELinear(nn.Linear(6, 5), state, num_tasks=2, num_experts=2, top_k=2, r=2, density=0.4).eval()
-    for slot in (0, 1):
-        layer.reset_scores()
-        layer.store_mask(slot)
+    state, layer = _two_task_layer(top_k=2)
     recorder = RoutingRecorder(num_domains=1, keep_routes=True, compositions=True).attach(layer)
     state.slots = torch.tensor([1, 0, 1])
     with torch.no_grad(), recorder.domain(0), routing.units(token_labels=torch.tensor([[0, 1]] * 3)):

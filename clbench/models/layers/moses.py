@@ -171,7 +171,7 @@ class MoSELinear(AdaptedLinear):
         state = self.state
         if self.training and state.training_slot is not None:
             delta, chosen, probs = self.mixture(x.reshape(-1, x.shape[-1]).to(self.lora_A.dtype), None)
-            self._record(chosen, probs, torch.full((chosen.shape[0],), state.training_slot, device=x.device))
+            self._record(chosen, probs, state.training_slot)
             return out + delta.view(*x.shape[:-1], -1).to(out.dtype)
         slots = state.slots
         if slots is None:
@@ -189,15 +189,18 @@ class MoSELinear(AdaptedLinear):
             d, c, p = self.mixture(xs.reshape(-1, x.shape[-1]).to(delta.dtype), slot)
             delta[rows] = d.view(*xs.shape[:-1], -1).to(delta.dtype)  # bf16 under autocast
             chosen[rows], probs[rows] = c.view(*xs.shape[:-1], -1), p.view(*xs.shape[:-1], -1).to(probs.dtype)
-        subspace = slots.view(-1, *([1] * (len(lead) - 1))).expand(lead)
-        self._record(chosen.reshape(-1, self.top_k), probs.reshape(-1, self.num_experts), subspace)
+        self._record(chosen.reshape(-1, self.top_k), probs.reshape(-1, self.num_experts),
+                     slots.view(-1, *([1] * (len(lead) - 1))).expand(lead))
         return out + delta.to(out.dtype)
 
-    def _record(self, chosen: Tensor, probs: Tensor, slots: Tensor) -> None:
+    def _record(self, chosen: Tensor, probs: Tensor, slots: Tensor | int) -> None:
         """A unit's route is (the task slot whose masks it ran under, its experts): sub-expert j
-        under two tasks' masks is two different sets of weights."""
+        under two tasks' masks is two different sets of weights. ``slots``: one per unit (any
+        shape with that many entries), or one slot for them all (training)."""
         if routing.is_recording():
-            routing.record(self, experts=chosen, gates=probs, subspace=slots.reshape(-1))
+            units = torch.full((chosen.shape[0],), slots, device=chosen.device) if isinstance(slots, int) \
+                else slots.reshape(-1)
+            routing.record(self, experts=chosen, gates=probs, subspace=units)
 
     def param_counts(self) -> dict[str, int]:
         """Learnable weights (A, B, router; scores not counted) and those one task's masks keep."""
