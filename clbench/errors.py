@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
+from typing import Callable
 
 
 class UserError(Exception):
@@ -97,3 +99,26 @@ def unwritable(err: BaseException, path=None, *, folder=None) -> Unwritable | No
         return Unwritable(f"cannot access {where}: {reason}",
                           fix="give this user access to it, or choose another path")
     return Unwritable(f"cannot write {where}: {reason}", fix=fix)
+
+
+INTERRUPTED = 130  # a process stopped by Ctrl-C (SIGINT) exits as a shell reports it
+
+
+def exit_status(command: Callable[[], int | None], interrupted: str) -> int:
+    """Run a process's ``command`` and return its exit status, ending the way every clbench
+    process ends: bad input (:class:`UserError`, or a disk the user must free or make writable)
+    prints one ``clbench: error:`` line on stderr and returns 2; Ctrl-C prints ``interrupted``
+    and returns 130. Anything else is a bug and keeps its traceback."""
+    try:
+        return int(command() or 0)
+    except UserError as err:
+        reported = err
+    except OSError as err:  # a write outside clbench.io (a log, a folder) on a full or read-only disk
+        reported = unwritable(err)
+        if reported is None:
+            raise
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr)
+        return INTERRUPTED
+    print(f"clbench: error: {reported.one_line()}", file=sys.stderr)
+    return reported.exit_code

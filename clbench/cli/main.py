@@ -18,7 +18,7 @@ import importlib
 import sys
 
 from clbench import __version__
-from clbench.errors import UserError, unwritable
+from clbench.errors import exit_status
 
 COMMANDS = ("run", "list", "show", "leaderboard", "compare", "data", "models")
 
@@ -64,22 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0
-    try:
-        return int(args.handler(args) or 0)
-    except UserError as err:
-        print(f"clbench: error: {err.one_line()}", file=sys.stderr)
-        return err.exit_code
-    except OSError as err:  # a write outside clbench.io (a log, a folder) on a full or read-only disk
-        reported = unwritable(err)
-        if reported is None:
-            raise
-        print(f"clbench: error: {reported.one_line()}", file=sys.stderr)
-        return reported.exit_code
-    except KeyboardInterrupt:
-        print("clbench: interrupted (finished experiences are checkpointed: 'clbench run --resume' "
-              "or rerunning the suite continues)", file=sys.stderr)
-        return 130
-
+    return exit_status(lambda: args.handler(args),
+                       "clbench: interrupted (finished experiences are checkpointed: 'clbench run --resume' "
+                       "or rerunning the suite continues)")
 
 if __name__ == "__main__":
     sys.exit(main())

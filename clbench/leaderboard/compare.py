@@ -31,11 +31,10 @@ from typing import Any
 
 from clbench.errors import UserError, did_you_mean
 from clbench.leaderboard.stats import ALPHA, design_text, groups_line, scale_and_unit
-from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, number, table_groups
-from clbench.metrics.score_registry import TABLE_SCORES, Score
+from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, table_groups
+from clbench.metrics.score_registry import TABLE_SCORES, shown
 from clbench.results.record import Status
 
-PLAIN = Score("plain", "plain", "none", "", percent=False)  # how a score that is not a percentage is shown
 MIN_PAIRS = 3
 
 
@@ -251,7 +250,7 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
     unit = " (%)" if report["percent"] else ""
 
     def fmt(value: float | None) -> str:
-        return number(value, None if report["percent"] else PLAIN)
+        return shown(value, report["percent"])
 
     for bench in report["benchmarks"]:
         orders = bench["orders"]
@@ -293,9 +292,9 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
             if "mean_difference" not in pt:
                 console.print(f"{head}: {pt['note']}", highlight=False)
             else:
-                shown = (f"{100 * pt['mean_difference']:+.2f} points" if report["percent"] else
-                         f"{pt['mean_difference']:+.2f}")
-                difference = f"mean difference {shown} " + ("(no better direction); " if plain else
+                gap = (f"{100 * pt['mean_difference']:+.2f} points" if report["percent"] else
+                       f"{pt['mean_difference']:+.2f}")
+                difference = f"mean difference {gap} " + ("(no better direction); " if plain else
                                                               f"({better} is better); ")
                 word = "higher" if plain else "better"
                 parts = [difference +
@@ -327,7 +326,7 @@ def comparison_markdown(report: dict[str, Any]) -> str:
     metric = report["metric"]
 
     def fmt(value: float | None) -> str:
-        return number(value, None if report["percent"] else PLAIN)
+        return shown(value, report["percent"])
 
     def cell(text: str) -> str:
         return str(text).replace("|", "\\|")

@@ -43,6 +43,8 @@ from itertools import combinations
 from string import ascii_lowercase
 from typing import Any
 
+from clbench.metrics.score_registry import shown
+
 ALPHA = 0.05
 CONFIDENCE = 0.95
 TEST = "Tukey HSD"
@@ -207,27 +209,19 @@ def rank_groups(runs: dict[str, dict[tuple, tuple[float, float | None]]], score:
     return out
 
 
-def percent_points(value: float) -> str:
-    return f"{100 * value:.1f}"
-
-
-def plain_number(value: float) -> str:
-    return f"{value:.2f}"
-
-
 def scale_and_unit(percent: bool):
-    """How a score's values and differences are written: ``(percent_points, " points")`` for a
-    percentage, ``(plain_number, "")`` for a score in a unit of its own (an error, N_eff)."""
-    return (percent_points, " points") if percent else (plain_number, "")
+    """How a score's values and differences are written (:func:`~clbench.metrics.score_registry.shown`)
+    and their unit: ``" points"`` for a percentage, none for a score in a unit of its own (an error, N_eff)."""
+    return functools.partial(shown, percent=percent), " points" if percent else ""
 
 
-def critical_text(groups: Groups, scale=percent_points, unit: str = " points") -> str:
+def critical_text(groups: Groups, scale=shown, unit: str = " points") -> str:
     """``6.3 points`` or ``6.3–6.8 points``."""
     low, high = groups.critical
     return f"{scale(low)}{unit}" if scale(low) == scale(high) else f"{scale(low)}–{scale(high)}{unit}"
 
 
-def design_text(groups: Groups, title: str, scale=percent_points, unit: str = " points") -> str:
+def design_text(groups: Groups, title: str, scale=shown, unit: str = " points") -> str:
     """The header sentence of a table's groups: test, correction, α, design, critical difference, test-set noise."""
     if groups.method is None:
         return f"Rank groups on {title}: none ({groups.note})."
@@ -244,7 +238,7 @@ def design_text(groups: Groups, title: str, scale=percent_points, unit: str = " 
             f"(the smallest gap this design can tell from noise): {critical_text(groups, scale, unit)}; {noise}.")
 
 
-def groups_line(groups: Groups, scale=percent_points) -> str | None:
+def groups_line(groups: Groups, scale=shown) -> str | None:
     """The groups as text, best first: ``a: joint 87.7 · b: replay 70.8 · c: lwf 40.8, naive 40.7``."""
     if groups.method is None:
         return None
@@ -286,7 +280,7 @@ def groups_figure(groups: Groups, title: str, benchmark: str, percent: bool = Tr
             side = left if i < half else right
         ax.plot([x[m], x[m], side], [0, y, y], color="0.35", lw=0.8)
         ax.plot([x[m]], [0], "o", color="black", ms=3)
-        ax.text(side, y, f" {m} {x[m]:.{1 if percent else 2}f} ({groups.letters.get(m, '')}) ", va="center", fontsize=8,
+        ax.text(side, y, f" {m} {shown(groups.means[m], percent)} ({groups.letters.get(m, '')}) ", va="center", fontsize=8,
                 ha="left" if side == right else "right")
     for y, group in zip(bar_y, members):
         xs = [x[m] for m in group]

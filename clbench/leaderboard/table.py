@@ -39,7 +39,7 @@ from typing import Any
 from clbench.config.load import canonical_json
 from clbench.leaderboard.labels import disambiguate
 from clbench.errors import UserError
-from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta
+from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta, shown
 from clbench.results.record import Status
 from clbench.plugins.registry import display_name
 from clbench.leaderboard.stats import Groups, Z, rank_groups, t_half_width
@@ -352,10 +352,8 @@ def table_groups(rows: list[Row], higher: bool, score: str = RANK_BY) -> Groups:
 def number(value: float | None, score: str | Score | None = None, digits: int = 1) -> str:
     """One value of ``score`` as shown: ``85.1`` (percent), a plain score ``2.41``, or an em dash.
     ``score`` is a built-in key or a table's :meth:`BenchmarkTable.score` (any score)."""
-    if value is None:
-        return "—"
-    shown_percent = score is None or (score.percent if isinstance(score, Score) else score_meta(score).percent)
-    return f"{100 * value:.{digits}f}" if shown_percent else f"{value:.2f}"
+    percent = score is None or (score.percent if isinstance(score, Score) else score_meta(score).percent)
+    return shown(value, percent, digits)
 
 
 TEST_SET_MARK = "‡"  # a one-run interval: its test set's alone

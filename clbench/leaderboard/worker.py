@@ -66,31 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
 
-    from clbench.errors import UserError, unwritable
+    from clbench.errors import exit_status
     from clbench.io import write_json
     from clbench.quiet import route_dependency_warnings
 
     route_dependency_warnings()
-    try:
+
+    def cell() -> int:
         watch_parent(parent=args.parent)  # inside: a launcher already gone interrupts at once
         from clbench.leaderboard.cell import run_cell
 
-        summary = run_cell(args.suite, args.output, args.hash, seen=args.seen, force=args.force)
-    except UserError as err:
-        print(f"clbench: error: {err.one_line()}", file=sys.stderr)
-        return err.exit_code
-    except OSError as err:
-        reported = unwritable(err)
-        if reported is None:
-            raise
-        print(f"clbench: error: {reported.one_line()}", file=sys.stderr)
-        return reported.exit_code
-    except KeyboardInterrupt:
-        print("clbench: interrupted (the cell's checkpoint is kept)", file=sys.stderr)
-        return 130
-    write_json(args.report, summary)
-    return 0
+        write_json(args.report, run_cell(args.suite, args.output, args.hash, seen=args.seen, force=args.force))
+        return 0
 
+    return exit_status(cell, "clbench: interrupted (the cell's checkpoint is kept)")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -144,6 +144,16 @@ def result_percent(result: Mapping[str, Any]) -> bool:
     return r_percent((result.get("r_metric") or {}).get("names"), result.get("metrics"))
 
 
+def shown(value: float | None, percent: bool = True, digits: int = 1) -> str:
+    """One value of a score as tables, the page and ``clbench compare`` write it: a percentage
+    x 100 to ``digits`` decimals (``85.1``), a plain number to two (``2.41``: an error, N_eff),
+    no value as an em dash. Intervals, differences and critical differences use it too, so a
+    value and its noise are always written alike."""
+    if value is None:
+        return "—"
+    return f"{100 * value:.{digits}f}" if percent else f"{value:.2f}"
+
+
 def title(key: str, recorded: Recorded | None = None) -> str:
     return score(key, recorded=recorded).title
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import UserError
+from clbench.plugins.registry import shown_path
 
 #: What each hook gives back; its arguments are read from :class:`clbench.strategy.Strategy`.
 RETURNS: dict[str, str] = {
@@ -48,22 +49,15 @@ def contract(hook: str) -> str:
     return f"{hook}({', '.join(_base_parameters(hook))}) -> {RETURNS[hook]}"
 
 
-def _shown(filename: str) -> str:
-    try:
-        return str(Path(filename).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return filename
-
-
 def defined_at(cls: type, hook: str) -> str:
     """``mine.py:12``: where ``cls``'s own ``hook`` is defined (the class's file when inherited)."""
     fn = inspect.getattr_static(cls, hook, None)
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     if code is not None:
-        return f"{_shown(code.co_filename)}:{code.co_firstlineno}"
+        return f"{shown_path(code.co_filename)}:{code.co_firstlineno}"
     try:
-        return _shown(inspect.getsourcefile(cls) or cls.__module__)
+        return shown_path(inspect.getsourcefile(cls) or cls.__module__)
     except TypeError:
         return cls.__module__
 

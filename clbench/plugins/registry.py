@@ -112,7 +112,9 @@ def _module_name(path: Path) -> str:
     return f"clbench_user_{path.stem}_{digest}"
 
 
-def _shown(filename: str) -> str:
+def shown_path(filename: str) -> str:
+    """A user's file as an error names it: relative to the working directory where it is inside
+    it (``my_strategy.py``), else as given."""
     try:
         return str(Path(filename).resolve().relative_to(Path.cwd()))
     except ValueError:
@@ -134,7 +136,7 @@ def plugin_failure(err: BaseException, *, where: str, doing: str, path: str | Pa
         own = [f for f in frames if not f.filename.startswith("<")
                and not any(Path(f.filename).resolve().is_relative_to(root) for root in roots)]
     frame = (own or frames or [None])[-1]
-    at = f"{_shown(frame.filename)}:{frame.lineno}: " if frame is not None else ""
+    at = f"{shown_path(frame.filename)}:{frame.lineno}: " if frame is not None else ""
     detail = str(err) or repr(err)
     return UserError(f"{at}{type(err).__name__}: {detail}", where=where,
                      fix=f"raised while {doing}; fix the code at that line")

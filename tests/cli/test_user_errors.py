@@ -150,14 +150,15 @@ class Fragile(Strategy):
 '''
 
 
-def test_plugin_failing_at_import_names_its_own_line(tmp_path):
+def test_plugin_failing_at_import_names_its_own_line(tmp_path, monkeypatch):
+    """Inside the working directory the file is named relative to it."""
     plugin = tmp_path / "fails_at_import.py"
     plugin.write_text(FAILS_AT_IMPORT)
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError) as info:
         registry.resolve("strategies", f"{plugin}:Anything", where="cfg.yaml: strategy.class_path")
     line = info.value.one_line()
-    assert line.startswith("cfg.yaml: strategy.class_path: ")
-    assert f"{plugin}:3: ZeroDivisionError: division by zero" in line
+    assert line.startswith("cfg.yaml: strategy.class_path: fails_at_import.py:3: ZeroDivisionError: division by zero")
 
 
 def test_plugin_module_failing_at_import_names_its_own_line(tmp_path, monkeypatch):
@@ -167,9 +168,12 @@ def test_plugin_module_failing_at_import_names_its_own_line(tmp_path, monkeypatc
         registry.resolve("strategies", "broken_pkg_mod:Anything")
 
 
-def test_plugin_init_raising_names_its_own_line(tmp_path):
+def test_plugin_init_raising_names_its_own_line(tmp_path, monkeypatch):
+    """Outside the working directory the file is named by its whole path."""
     plugin = tmp_path / "fragile.py"
     plugin.write_text(FAILS_IN_INIT)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
     cfg = resolve_config(tiny_config(strategy={"class_path": f"{plugin}:Fragile"}), source="cfg.yaml")
     with pytest.raises(UserError) as info:
         build_strategy(cfg, "cfg.yaml")
