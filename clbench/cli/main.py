@@ -68,5 +68,6 @@ def main(argv: list[str] | None = None) -> int:
                        "clbench: interrupted (finished experiences are checkpointed: 'clbench run --resume' "
                        "or rerunning the suite continues)")
 
+
 if __name__ == "__main__":
     sys.exit(main())

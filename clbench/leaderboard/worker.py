@@ -81,5 +81,6 @@ def main(argv: list[str] | None = None) -> int:
 
     return exit_status(cell, "clbench: interrupted (the cell's checkpoint is kept)")
 
+
 if __name__ == "__main__":
     sys.exit(main())
