@@ -353,3 +353,29 @@ def test_a_worker_whose_launcher_was_killed_stops_as_if_interrupted(tmp_path):
     else:
         os.kill(worker, signal.SIGKILL)
         raise AssertionError("the worker outlived its launcher")
+
+
+def test_a_worker_that_cannot_write_its_report_ends_with_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """The report is the worker's last write: a full disk there is bad input like any other (one
+    ``clbench: error:`` line naming the file, exit 2, which the launcher records), not a traceback."""
+    import errno
+
+    import clbench.io
+    from clbench.leaderboard import cell, worker
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(worker, "watch_parent", lambda parent=None: None)  # no watch thread left in pytest
+    monkeypatch.setattr(cell, "run_cell", lambda *args, **kwargs: {"status": "ok"})
+    monkeypatch.setattr(clbench.io, "write_json", full)
+    report = tmp_path / "report.json"
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        assert worker.main(["--suite", str(SMOKE), "--output", str(tmp_path / "lb"), "--hash", "0" * 16,
+                            "--report", str(report)]) == 2
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert capsys.readouterr().err.splitlines() == [
+        f"clbench: error: cannot write {report}: No space left on device (free space (or quota) on that "
+        "filesystem and run the command again)"]
