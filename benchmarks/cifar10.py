@@ -4,7 +4,9 @@ Read from the published python version, ``cifar-10-batches-py/``: ``data_batch_1
 ``data_batch_5`` (50,000 training images) and ``test_batch`` (10,000), pickles whose ``b"data"``
 is an (N, 3072) uint8 array (channel-major 32x32 RGB) and ``b"labels"`` a list of ints, and
 ``batches.meta`` whose ``b"label_names"`` names the 10 classes. ``root`` is that folder or its
-parent.
+parent. The pickles are read with :mod:`clbench.data.safe_pickle` (no code runs, no call
+allocates more than the file holds) and what they hold is checked before use: the data a
+uint8 (N, 3072) array, every label an int in 0..9 (not a bool, float or string), one per image.
 
 The training set is cut into ``num_experiences`` Dirichlet(``alpha``) label-skewed partitions
 by :func:`clbench.benchmarks.dirichlet.dirichlet_split` with the thesis's settings (seeds_004 section
@@ -20,8 +22,9 @@ splits are :class:`clbench.data.datasets.ArrayDataset` with a batch-aware transf
 
 from __future__ import annotations
 
-import pickle
+import reprlib
 from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -39,6 +42,8 @@ TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
 META_FILE = "batches.meta"
 FIX = "see docs/datasets.md: download cifar-10-python.tar.gz from the CIFAR page and extract it"
+REEXTRACT = "re-extract cifar-10-python.tar.gz, downloaded from the CIFAR page"
+MAX_FILE_BYTES = 64 << 20  # a batch of the official 10,000 images is 31 MB
 DEFAULT_AUGMENT = Augment(crop_scale=None, flip=True, color_jitter=0.2, blur=0.2, noise=0.02)
 
 
@@ -55,15 +60,34 @@ def locate(root: str) -> Path:
 
 
 def _unpickle(path: Path) -> dict:
-    try:
-        data = safe_pickle.load(path, fix="re-extract cifar-10-python.tar.gz", encoding="bytes")
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError, IndexError) as err:
-        raise UserError(f"cannot read the pickled batch ({type(err).__name__}: {err})", where=str(path),
-                        fix="re-extract cifar-10-python.tar.gz") from None
+    data = safe_pickle.load(path, fix=REEXTRACT, encoding="bytes", max_bytes=MAX_FILE_BYTES)
     if not isinstance(data, dict):
-        raise UserError(f"expected a pickled dict, got {type(data).__name__}", where=str(path),
-                        fix="re-extract cifar-10-python.tar.gz")
+        raise UserError(f"expected a pickled dict, got {type(data).__name__}", where=str(path), fix=REEXTRACT)
     return data
+
+
+def _labels(raw: object, path: Path) -> np.ndarray:
+    """``b"labels"`` as int64, each checked to be an int in 0..9 (not a bool, float or string,
+    which ``np.asarray(..., dtype=np.int64)`` would truncate, parse or refuse with a traceback)."""
+    if isinstance(raw, np.ndarray) and raw.ndim == 1 and raw.dtype.kind in "iu":
+        bad = np.flatnonzero((raw < 0) | (raw > 9))
+        if len(bad):
+            raise UserError(f"label {bad[0]} is {raw[bad[0]]}, outside 0..9", where=str(path), fix=REEXTRACT)
+        return raw.astype(np.int64)
+    if not isinstance(raw, (list, tuple)):
+        raise UserError(f"b'labels' is {_kind(raw)}, expected a list of ints in 0..9", where=str(path), fix=REEXTRACT)
+    for i, v in enumerate(raw):
+        if type(v) is not int and not isinstance(v, np.integer):
+            raise UserError(f"label {i} is {reprlib.repr(v)} ({type(v).__name__}), expected an int in 0..9",
+                            where=str(path), fix=REEXTRACT)
+        if not 0 <= v <= 9:
+            raise UserError(f"label {i} is {reprlib.repr(int(v))}, outside 0..9", where=str(path), fix=REEXTRACT)
+    return np.array(raw, dtype=np.int64)
+
+
+def _kind(value: object) -> str:
+    shape = f" of shape {value.shape} and dtype {value.dtype}" if isinstance(value, np.ndarray) else ""
+    return f"a {type(value).__name__}{shape}"
 
 
 def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -72,15 +96,23 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if b"data" not in data or b"labels" not in data:
         raise UserError("batch has no b'data' / b'labels' keys", where=str(path),
                         fix="this is not the python version of CIFAR-10; download cifar-10-python.tar.gz")
-    x = np.asarray(data[b"data"])
-    y = np.asarray(data[b"labels"], dtype=np.int64)
-    if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or len(x) != len(y):
-        raise UserError(f"b'data' has shape {x.shape} and dtype {x.dtype} for {len(y)} labels, "
-                        "expected (N, 3072) uint8", where=str(path), fix="re-extract cifar-10-python.tar.gz")
-    if len(y) and (y.min() < 0 or y.max() > 9):
-        raise UserError(f"labels outside 0..9 (min {y.min()}, max {y.max()})", where=str(path),
-                        fix="re-extract cifar-10-python.tar.gz")
+    x = data[b"data"]
+    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072:
+        raise UserError(f"b'data' is {_kind(x)}, expected an (N, 3072) uint8 array", where=str(path), fix=REEXTRACT)
+    y = _labels(data[b"labels"], path)
+    if len(x) != len(y):
+        raise UserError(f"b'data' has {len(x)} images but b'labels' {len(y)} labels", where=str(path), fix=REEXTRACT)
     return x.reshape(-1, 3, 32, 32), y
+
+
+def _names(meta: dict, path: Path) -> list[str]:
+    names = meta.get(b"label_names")
+    if not isinstance(names, list) or len(names) != 10 or not all(isinstance(n, (bytes, str)) for n in names):
+        raise UserError("b'label_names' is not a list of 10 names", where=str(path), fix=REEXTRACT)
+    try:
+        return [n.decode() if isinstance(n, bytes) else n for n in names]
+    except UnicodeDecodeError as err:
+        raise UserError(f"a class name is not UTF-8 ({err.reason})", where=str(path), fix=REEXTRACT) from None
 
 
 def load(root: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
@@ -88,12 +120,7 @@ def load(root: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, lis
     base = locate(root)
     parts = [read_batch(base / name) for name in TRAIN_FILES]
     x_test, y_test = read_batch(base / TEST_FILE)
-    meta = _unpickle(base / META_FILE)
-    names = meta.get(b"label_names")
-    if not isinstance(names, list) or len(names) != 10:
-        raise UserError("b'label_names' is not a list of 10 names", where=str(base / META_FILE),
-                        fix="re-extract cifar-10-python.tar.gz")
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    names = _names(_unpickle(base / META_FILE), base / META_FILE)
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), x_test, y_test, names)
 
 

@@ -33,8 +33,8 @@ training sessions first and the NI test sessions last; any stream also takes
 from __future__ import annotations
 
 import os
-import pickle
 import re
+import reprlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -61,6 +61,10 @@ CATEGORY_NAMES = ("plug_adapter", "mobile_phone", "scissors", "light_bulb", "can
 FOLDER = "core50_128x128"
 NPZ_FILE = "core50_imgs.npz"
 PATHS_FILE = "paths.pkl"
+NPZ_IMAGES = 164866  # the rows of the official core50_imgs.npz, each 128x128x3
+MAX_PATHS_BYTES = 64 << 20  # paths.pkl lists 164,866 short relative paths (a few MB)
+PATHS_FIX = "re-download paths.pkl from the CORe50 page"
+NPZ_FIX = "re-download core50_imgs.npz from the CORe50 page"
 FILE_RE = re.compile(r"C_(\d{2})_(\d{2})_(\d{3})\.png")
 PATH_RE = re.compile(r"s(\d+)/o(\d+)/C_(\d{2})_(\d{2})_(\d{3})\.png")
 FIX = "see docs/datasets.md: download core50_128x128.zip from the CORe50 page and extract it whole"
@@ -135,30 +139,32 @@ def scan_folder(folder: Path, sessions: list[int], objects: list[int]) -> list[t
 
 
 def scan_arrays(npz: Path, paths_file: Path, sessions: list[int], objects: list[int]):
-    """(NpzArray, rows, session, object) for the rows of ``sessions`` x ``objects`` in the npz form."""
-    try:
-        paths = safe_pickle.load(paths_file, fix="re-download paths.pkl from the CORe50 page")
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError) as err:
-        raise UserError(f"cannot read the path list ({type(err).__name__}: {err})", where=str(paths_file),
-                        fix="re-download paths.pkl from the CORe50 page") from None
+    """(NpzArray, rows, session, object) for the rows of ``sessions`` x ``objects`` in the npz form.
+
+    ``paths.pkl`` is read with :mod:`clbench.data.safe_pickle`, and the array's ``.npy`` header
+    is checked against the dataset's size and the path list before any image is read."""
+    paths = safe_pickle.load(paths_file, fix=PATHS_FIX, max_bytes=MAX_PATHS_BYTES)
     if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
-        raise UserError("expected a pickled list of relative image paths", where=str(paths_file),
-                        fix="re-download paths.pkl from the CORe50 page")
+        raise UserError("expected a pickled list of relative image paths", where=str(paths_file), fix=PATHS_FIX)
+    if len(paths) > NPZ_IMAGES:
+        raise UserError(f"lists {len(paths)} images, more than the {NPZ_IMAGES} of CORe50", where=str(paths_file),
+                        fix=PATHS_FIX)
     parsed = np.zeros((len(paths), 2), dtype=np.int64)
     for i, p in enumerate(paths):
         match = PATH_RE.fullmatch(p.replace("\\", "/"))
         if not match:
-            raise UserError(f"entry {i} '{p}' is not sS/oO/C_SS_OO_FFF.png", where=str(paths_file),
-                            fix="re-download paths.pkl from the CORe50 page")
+            raise UserError(f"entry {i} {reprlib.repr(p)} is not sS/oO/C_SS_OO_FFF.png", where=str(paths_file),
+                            fix=PATHS_FIX)
         parsed[i] = int(match[1]), int(match[2])
-    source = NpzArray(npz, "x")
-    x = source.array
-    if x.ndim != 4 or x.shape[-1] != 3 or x.dtype != np.uint8:
-        raise UserError(f"array 'x' has shape {x.shape} and dtype {x.dtype}, expected (N, H, W, 3) uint8",
-                        where=str(npz), fix="re-download core50_imgs.npz")
-    if len(x) != len(paths):
-        raise UserError(f"array 'x' has {len(x)} images but {paths_file.name} lists {len(paths)}", where=str(npz),
+    source = NpzArray(npz, "x", max_shape=(NPZ_IMAGES, NATIVE_SIZE, NATIVE_SIZE, 3), fix=NPZ_FIX)
+    shape, dtype = source.shape, source.dtype
+    if shape[-1] != 3 or dtype != np.uint8:
+        raise UserError(f"array 'x' has shape {shape} and dtype {dtype}, expected (N, H, W, 3) uint8",
+                        where=str(npz), fix=NPZ_FIX)
+    if shape[0] != len(paths):
+        raise UserError(f"array 'x' has {shape[0]} images but {paths_file.name} lists {len(paths)}", where=str(npz),
                         fix="download core50_imgs.npz and paths.pkl from the same release")
+    _ = source.array  # map it (or read a compressed member) now, so a damaged file is named here
     present = {(int(s), int(o)) for s, o in parsed}
     missing_sessions = [f"{npz}: s{s}" for s in sessions if not any((s, o) in present for o in objects)]
     if missing_sessions:

@@ -9,12 +9,16 @@ A folder may hold each file gzipped or not (``name.gz`` or ``name``).
 ``root`` defaults to that Debian folder, then ``fashion-mnist/`` in clbench's cache
 (``$CLBENCH_CACHE_DIR`` or the platform's user cache, as for fetched models). Every file is
 checked before it is used: a missing one, a gzip stream cut short, an IDX header of the wrong
-type or a payload shorter or longer than its header declares is one :class:`UserError` that
-names the file and where to get it. With ``verify="md5"`` (the default) the decompressed bytes
-must also match the MD5s published for the official release. The published MD5s of the ``.gz``
-files do not apply: Debian recompresses them (no stored file name, another timestamp), while
-the decompressed contents are byte-identical, so the check is on the contents.
-``verify="header"`` skips the MD5 (for subsets and the tests' miniature trees).
+type, declaring more items than the official file, or a payload shorter or longer than its
+header declares is one :class:`UserError` that names the file and where to get it. The header is
+read first and the payload inflated in chunks up to the size it declares, so a small ``.gz``
+that inflates to gigabytes is refused after one byte too many. With ``verify="md5"`` (the
+default) the header must declare the official count and the decompressed bytes must match the
+MD5s published for the official release. The published MD5s of the ``.gz`` files do not apply:
+Debian recompresses them (no stored file name, another timestamp), while the decompressed
+contents are byte-identical, so the check is on the contents (which the size bound makes safe
+to inflate). ``verify="header"`` skips the MD5 and takes any count up to the official one (for
+subsets and the tests' miniature trees).
 
 Parsing is ``np.frombuffer`` on the header-checked bytes (no pickle, no per-image decoding);
 the arrays are read once per process and kept (:func:`load`).
@@ -24,10 +28,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 import numpy as np
 
@@ -42,6 +48,7 @@ FIX = (f"install the Debian package dataset-fashion-mnist (apt-get install datas
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                "Ankle boot")
 SIDE = 28
+CHUNK = 1 << 20  # bytes inflated at a time
 Verify = Literal["md5", "header"]
 
 
@@ -110,43 +117,85 @@ def _default_root() -> Path:
     return found
 
 
-def _payload(path: Path) -> bytes:
-    """The file's bytes, decompressed when it ends in ``.gz``; a short or corrupt gzip is a UserError."""
-    try:
-        data = path.read_bytes()
-        return gzip.decompress(data) if path.suffix == ".gz" else data
-    except EOFError:
-        raise UserError("truncated gzip file (the stream ends early)", where=str(path), fix=f"re-download it: {FIX}") \
-            from None
-    except (gzip.BadGzipFile, zlib.error) as err:
-        raise UserError(f"not a valid gzip file ({err})", where=str(path), fix=f"re-download it: {FIX}") from None
-    except OSError as err:
-        raise UserError(f"cannot read the file ({err.strerror or err})", where=str(path), fix=FIX) from None
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def parse_idx(data: bytes, spec: IdxFile, where: str) -> np.ndarray:
-    """The uint8 array an IDX file holds, after checking its header against ``spec`` and its
-    length against the header (big-endian: 2 zero bytes, type 0x08, dimension count, then one
-    uint32 per dimension)."""
-    header = 4 + 4 * spec.dims
-    if len(data) < header:
-        raise UserError(f"truncated IDX file: {len(data)} bytes, shorter than its {header}-byte header", where=where,
-                        fix=f"re-download it: {FIX}")
-    magic = int.from_bytes(data[:4], "big")
+def parse_header(header: bytes, spec: IdxFile, where: str) -> tuple[int, ...]:
+    """The shape an IDX header declares, after checking it against ``spec`` (big-endian: 2 zero
+    bytes, type 0x08, dimension count, then one uint32 per dimension)."""
+    if len(header) < 4 + 4 * spec.dims:
+        raise UserError(f"truncated IDX file: {len(header)} bytes, shorter than its {4 + 4 * spec.dims}-byte header",
+                        where=where, fix=f"re-download it: {FIX}")
+    magic = int.from_bytes(header[:4], "big")
     if magic != spec.magic:
         raise UserError(f"IDX header says type 0x{magic:08x}, expected 0x{spec.magic:08x} "
                         f"({'images' if spec.dims == 3 else 'labels'} as unsigned bytes)", where=where,
                         fix=f"this is not {spec.name}; re-download it: {FIX}")
-    shape = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=spec.dims, offset=4))
+    shape = tuple(int.from_bytes(header[4 + 4 * i:8 + 4 * i], "big") for i in range(spec.dims))
     if spec.dims == 3 and shape[1:] != (SIDE, SIDE):
         raise UserError(f"IDX header says {shape[1]}x{shape[2]} images, expected {SIDE}x{SIDE}", where=where,
                         fix=f"re-download it: {FIX}")
-    expected = header + int(np.prod(shape))
-    if len(data) != expected:
-        what = "truncated IDX file" if len(data) < expected else "IDX file longer than its header says"
-        raise UserError(f"{what}: {len(data)} bytes, its header ({shape[0]} items) needs {expected}", where=where,
-                        fix=f"re-download it: {FIX}")
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
+    return shape
+
+
+def _check_count(count: int, spec: IdxFile, verify: Verify, where: str) -> None:
+    """The official count (``md5``) or at most it (``header``): checked before the payload is read,
+    so a header declaring billions of items allocates nothing."""
+    if verify == "md5" and count != spec.count:
+        raise UserError(f"{count} items, the official file has {spec.count}", where=where,
+                        fix=f"re-download it ({FIX}), or set verify: header to read a subset")
+    if count > spec.count:
+        raise UserError(f"IDX header declares {count} items, more than the official file's {spec.count}", where=where,
+                        fix=f"verify: header reads the official files or a subset of them; re-download them: {FIX}")
+
+
+def read_idx(path: Path, spec: IdxFile, verify: Verify = "md5") -> np.ndarray:
+    """The uint8 array of one IDX file (gzipped or not), read in chunks up to the size its checked
+    header declares: a gzip stream that inflates to more (a decompression bomb) is refused after
+    one byte more, and a file longer or shorter than declared is named."""
+    where = str(path)
+    header_len = 4 + 4 * spec.dims
+    try:
+        with _open(path) as f:
+            header = f.read(header_len)
+            shape = parse_header(header, spec, where)
+            _check_count(shape[0], spec, verify, where)
+            size = math.prod(shape)
+            expected = header_len + size
+            length = os.fstat(f.fileno()).st_size if path.suffix != ".gz" else expected
+            if length != expected:
+                _wrong_length(length, expected, shape, where)
+            data = bytearray(size)
+            view, done = memoryview(data), 0
+            while done < size:
+                got = f.readinto(view[done:done + CHUNK])
+                if not got:
+                    _wrong_length(header_len + done, expected, shape, where)
+                done += got
+            if f.read(1):
+                raise UserError(f"IDX file longer than its header says: more than the {expected} bytes its header "
+                                f"({shape[0]} items) declares", where=where, fix=f"re-download it: {FIX}")
+    except EOFError:
+        raise UserError("truncated gzip file (the stream ends early)", where=where, fix=f"re-download it: {FIX}") \
+            from None
+    except (gzip.BadGzipFile, zlib.error) as err:
+        raise UserError(f"not a valid gzip file ({err})", where=where, fix=f"re-download it: {FIX}") from None
+    except OSError as err:
+        raise UserError(f"cannot read the file ({err.strerror or err})", where=where, fix=FIX) from None
+    if verify == "md5":
+        digest = hashlib.md5(header)
+        digest.update(data)
+        if digest.hexdigest() != spec.md5:
+            raise UserError(f"contents' MD5 {digest.hexdigest()} is not the official {spec.md5}", where=where,
+                            fix=f"re-download it ({FIX}), or set verify: header to read other data in this layout")
+    return np.frombuffer(data, dtype=np.uint8).reshape(shape)
+
+
+def _wrong_length(length: int, expected: int, shape: tuple[int, ...], where: str) -> NoReturn:
+    what = "truncated IDX file" if length < expected else "IDX file longer than its header says"
+    raise UserError(f"{what}: {length} bytes, its header ({shape[0]} items) needs {expected}", where=where,
+                    fix=f"re-download it: {FIX}")
 
 
 def read_file(base: Path, key: str, verify: Verify = "md5") -> np.ndarray:
@@ -156,17 +205,7 @@ def read_file(base: Path, key: str, verify: Verify = "md5") -> np.ndarray:
     if path is None:
         raise UserError(f"Fashion-MNIST file {spec.name}.gz (or {spec.name}) missing",
                         where=str(base / f"{spec.name}.gz"), fix=FIX)
-    data = _payload(path)
-    array = parse_idx(data, spec, str(path))
-    if verify == "md5":
-        if len(array) != spec.count:
-            raise UserError(f"{len(array)} items, the official file has {spec.count}", where=str(path),
-                            fix=f"re-download it ({FIX}), or set verify: header to read a subset")
-        digest = hashlib.md5(data).hexdigest()
-        if digest != spec.md5:
-            raise UserError(f"contents' MD5 {digest} is not the official {spec.md5}", where=str(path),
-                            fix=f"re-download it ({FIX}), or set verify: header to read other data in this layout")
-    return array
+    return read_idx(path, spec, verify)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ import torch
 from pydantic import Field
 from torch.utils.data import Dataset
 
+from clbench.benchmarks.npz_array import NpzArray
 from clbench.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
@@ -198,67 +199,6 @@ class ImageFiles(Dataset):
 
 
 # -- arrays in memory or memory-mapped ------------------------------------------------------------
-
-class NpzArray:
-    """One array stored in an ``.npz`` file, memory-mapped when the member is stored uncompressed.
-
-    ``np.load`` cannot memory-map a member of an npz archive, and reading CORe50's 8 GB
-    ``core50_imgs.npz`` into every process is slow and wasteful. An uncompressed zip member is
-    a plain ``.npy`` file at a fixed offset, so it is mapped directly; a compressed one is read
-    into memory once. Pickling keeps only the file name, so worker processes reopen the map
-    instead of receiving a copy of the data.
-    """
-
-    def __init__(self, path: str | Path, key: str):
-        self.path = str(path)
-        self.key = key
-        self._array: np.ndarray | None = None
-
-    def __getstate__(self) -> dict:
-        return {"path": self.path, "key": self.key, "_array": None}
-
-    @property
-    def array(self) -> np.ndarray:
-        if self._array is None:
-            self._array = self._open()
-        return self._array
-
-    def _open(self) -> np.ndarray:
-        import struct
-        import zipfile
-
-        member = f"{self.key}.npy"
-        try:
-            with zipfile.ZipFile(self.path) as archive:
-                info = archive.getinfo(member)
-                stored = info.compress_type == zipfile.ZIP_STORED
-                header_offset = info.header_offset
-        except KeyError:
-            raise UserError(f"npz archive has no array '{self.key}'", where=self.path,
-                            fix="re-download the file; it is truncated or not the official one") from None
-        except (zipfile.BadZipFile, OSError) as err:
-            raise UserError(f"cannot read npz archive ({err})", where=self.path,
-                            fix="re-download the file; it is truncated or corrupt") from None
-        if not stored:
-            with np.load(self.path) as data:
-                return data[self.key]
-        import numpy.lib.format as npy
-
-        with open(self.path, "rb") as f:
-            f.seek(header_offset)
-            local = struct.unpack(zipfile.structFileHeader, f.read(zipfile.sizeFileHeader))
-            name_len, extra_len = local[-2], local[-1]  # the local header ends with these two lengths
-            f.seek(header_offset + zipfile.sizeFileHeader + name_len + extra_len)
-            version = npy.read_magic(f)
-            readers = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
-            if version not in readers:
-                with np.load(self.path) as data:
-                    return data[self.key]
-            shape, fortran, dtype = readers[version](f)
-            offset = f.tell()
-        return np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape,
-                         order="F" if fortran else "C")
-
 
 class ImageArray(Dataset):
     """Samples ``indices`` of a uint8 image array: ``(transform(image), label)``.

@@ -102,10 +102,60 @@ def write_office_home(root: str | Path, *, domains: Sequence[str] | None = None,
 CIFAR_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
-def write_cifar10(root: str | Path, *, train_per_class: int = 40, test_per_class: int = 10, seed: int = 0) -> Path:
+def python2_pickle(obj) -> bytes:
+    """``obj`` (dicts, lists, bytes, small ints, uint8 arrays) pickled as Python 2's cPickle and
+    NumPy 1.x wrote the real CIFAR-10 batches: protocol 2, memo numbered from 1, byte strings as
+    ``str`` opcodes, ``numpy.core.multiarray._reconstruct`` with the dtype's flags as ints 0/1."""
+    out, memo = bytearray(b"\x80\x02"), [0]
+
+    def put() -> None:
+        memo[0] += 1
+        out.extend(b"q" + bytes([memo[0]]) if memo[0] < 256 else b"r" + memo[0].to_bytes(4, "little"))
+
+    def dump(o) -> None:
+        if isinstance(o, bytes):
+            out.extend((b"U" + bytes([len(o)]) if len(o) < 256 else b"T" + len(o).to_bytes(4, "little")) + o)
+            put()
+        elif isinstance(o, int):
+            out.extend(b"K" + bytes([o]) if 0 <= o < 256 else b"J" + o.to_bytes(4, "little", signed=True))
+        elif isinstance(o, list):
+            out.extend(b"]")
+            put()
+            for start in range(0, len(o), 1000):
+                out.extend(b"(")
+                for item in o[start:start + 1000]:
+                    dump(item)
+                out.extend(b"e")
+        elif isinstance(o, dict):
+            out.extend(b"}")
+            put()
+            out.extend(b"(")
+            for k, v in o.items():
+                dump(k)
+                dump(v)
+            out.extend(b"u")
+        else:  # a uint8 ndarray, as NumPy 1.x's __reduce__ gives it
+            out.extend(b"cnumpy.core.multiarray\n_reconstruct\n")
+            put()
+            out.extend(b"cnumpy\nndarray\nK\x00\x85U\x01b\x87R(K\x01(")
+            for d in o.shape:
+                dump(int(d))
+            out.extend(b"tcnumpy\ndtype\nU\x02u1K\x00K\x01\x87R"  # dtype('u1', 0, 1), then its state
+                       b"(K\x03U\x01|NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tbK\x00")
+            dump(np.ascontiguousarray(o, dtype=np.uint8).tobytes())
+            out.extend(b"tb")
+
+    dump(obj)
+    return bytes(out + b".")
+
+
+def write_cifar10(root: str | Path, *, train_per_class: int = 40, test_per_class: int = 10, seed: int = 0,
+                  python2: bool = False) -> Path:
     """``root/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``; returns that folder.
 
-    The training images are shuffled and dealt into the five batches, as in the real files.
+    The training images are shuffled and dealt into the five batches, as in the real files;
+    ``python2`` pickles them as the real files are (:func:`python2_pickle`), else with this
+    Python's pickle.
     """
     rng = np.random.default_rng(seed)
     base = Path(root) / "cifar-10-batches-py"
@@ -116,20 +166,20 @@ def write_cifar10(root: str | Path, *, train_per_class: int = 40, test_per_class
         images = np.stack([_image(rng, 32, _colour(int(c), 10), np.full(3, 96.0)) for c in labels])
         return images.transpose(0, 3, 1, 2).reshape(len(labels), 3072), labels.tolist()
 
+    def write(name: str, obj: dict) -> None:
+        (base / name).write_bytes(python2_pickle(obj) if python2 else pickle.dumps(obj))
+
     def dump(name: str, x: np.ndarray, y: list[int], label: str) -> None:
-        batch = {b"batch_label": label.encode(), b"labels": y, b"data": x,
-                 b"filenames": [f"fixture_{name}_{i}.png".encode() for i in range(len(y))]}
-        with open(base / name, "wb") as f:
-            pickle.dump(batch, f)
+        write(name, {b"batch_label": label.encode(), b"labels": y, b"data": x,
+                     b"filenames": [f"fixture_{name}_{i}.png".encode() for i in range(len(y))]})
 
     x, y = make(train_per_class)
     for i, part in enumerate(np.array_split(np.arange(len(y)), 5)):
         dump(f"data_batch_{i + 1}", x[part], [y[j] for j in part], f"training batch {i + 1} of 5")
     x, y = make(test_per_class)
     dump("test_batch", x, y, "testing batch 1 of 1")
-    with open(base / "batches.meta", "wb") as f:
-        pickle.dump({b"num_cases_per_batch": int(np.ceil(10 * train_per_class / 5)),
-                     b"label_names": [n.encode() for n in CIFAR_NAMES], b"num_vis": 3072}, f)
+    write("batches.meta", {b"num_cases_per_batch": int(np.ceil(10 * train_per_class / 5)),
+                           b"label_names": [n.encode() for n in CIFAR_NAMES], b"num_vis": 3072})
     return base
 
 

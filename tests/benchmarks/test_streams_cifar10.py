@@ -165,3 +165,60 @@ def test_a_pickle_payload_in_a_batch_does_not_run(base, tmp_path, name):
     assert not marker.exists()
     text = str(err.value)
     assert "\n" not in text and text.startswith(f"{dst / name}: refused to unpickle: the file names {os.system.__module__}.system")
+
+
+def _rewrite(base: Path, tmp_path: Path, name: str, change) -> Path:
+    """A copy of the batches whose file ``name`` is re-pickled after ``change(batch dict)``."""
+    dst = tmp_path / "cifar-10-batches-py"
+    shutil.copytree(base, dst)
+    with open(dst / name, "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    change(batch)
+    with open(dst / name, "wb") as f:
+        pickle.dump(batch, f)
+    return dst
+
+
+@pytest.mark.parametrize("label, says", [("3", "'3' (str)"), (b"3", "b'3' (bytes)"), (None, "None (NoneType)"),
+                                         (9.9, "9.9 (float)"), (True, "True (bool)"), (np.float64(2), "(float64)"),
+                                         (2**70, "1180591620717411303424, outside 0..9"), (-1, "-1, outside 0..9"),
+                                         (10, "10, outside 0..9")])
+def test_a_label_that_is_not_an_int_in_0_to_9_is_named(base, tmp_path, label, says):
+    dst = _rewrite(base, tmp_path, "data_batch_4", lambda b: b[b"labels"].__setitem__(5, label))
+    with pytest.raises(UserError) as err:
+        load(str(dst))
+    text = str(err.value)
+    assert text.startswith(f"{dst / 'data_batch_4'}: label 5 is ") and says in text and "\n" not in text
+
+
+@pytest.mark.parametrize("field, value, says", [
+    (b"labels", np.zeros(20, np.float32), "b'labels' is a ndarray of shape (20,) and dtype float32"),
+    (b"labels", {0: 1}, "b'labels' is a dict"),
+    (b"data", [[0] * 3072] * 2, "b'data' is a list, expected an (N, 3072) uint8 array"),
+    (b"data", np.zeros((2, 3072), np.int64), "b'data' is a ndarray of shape (2, 3072) and dtype int64"),
+])
+def test_batch_contents_of_the_wrong_type_are_named(base, tmp_path, field, value, says):
+    dst = _rewrite(base, tmp_path, "test_batch", lambda b: b.__setitem__(field, value))
+    with pytest.raises(UserError) as err:
+        load(str(dst))
+    assert str(err.value).startswith(f"{dst / 'test_batch'}: {says}")
+
+
+def test_labels_and_images_must_match_in_number(base, tmp_path):
+    dst = _rewrite(base, tmp_path, "test_batch", lambda b: b[b"labels"].pop())
+    with pytest.raises(UserError, match="images but b'labels'"):
+        load(str(dst))
+
+
+def test_class_names_must_be_ten_utf8_names(base, tmp_path):
+    dst = _rewrite(base, tmp_path, "batches.meta", lambda m: m[b"label_names"].__setitem__(0, b"\xff\xfe"))
+    with pytest.raises(UserError, match="a class name is not UTF-8"):
+        load(str(dst))
+
+
+def test_the_official_python2_pickles_read_the_same(base, tmp_path):
+    """The real batches are Python 2 cPickle files (memo from 1, NumPy 1.x's dtype flags)."""
+    py2 = write_cifar10(tmp_path, train_per_class=TRAIN_PER_CLASS, test_per_class=TEST_PER_CLASS, python2=True)
+    assert (py2 / "data_batch_1").read_bytes()[:4] == b"\x80\x02}q"
+    for a, b in zip(load(str(py2)), load(str(base))):
+        assert (a == b if isinstance(a, list) else np.array_equal(a, b))

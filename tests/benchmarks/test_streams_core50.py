@@ -304,3 +304,68 @@ def test_a_pickle_payload_in_paths_pkl_does_not_run(root, tmp_path):
             build(dst)
         assert not marker.exists()
         assert one_line(err).startswith(f"{dst / 'paths.pkl'}: refused to unpickle: the file names {os.system.__module__}.system")
+
+
+def _npy(shape: tuple, descr: str = "|u1", data: bytes = b"") -> bytes:
+    """An .npy member: NumPy's own header for ``shape``, then ``data`` (not necessarily that much)."""
+    import io
+
+    import numpy.lib.format as npy
+
+    buf = io.BytesIO()
+    npy.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue() + data
+
+
+NPZ_HEADERS = {
+    "a shape of 46 GiB": (_npy((1_000_000, 128, 128, 3)), "the header declares shape (1000000, 128, 128, 3), beyond "
+                                                          "the dataset's (164866, 128, 128, 3)"),
+    "more than the member holds": (_npy((10, 8, 8, 3), data=bytes(99)), "the header declares shape (10, 8, 8, 3) of "
+                                   "uint8 (1920 bytes), but the member holds 99 bytes after its 128-byte header"),
+    "a header larger than the file": (b"\x93NUMPY\x01\x00" + (9000).to_bytes(2, "little") + b"{'descr'",
+                                      "unreadable .npy header (EOF: reading array header, expected 9000 bytes got 8)"),
+    "an object array": (_npy((10, 8, 8, 3), descr="|O"), "the array holds Python objects"),
+    "format 3.0": (b"\x93NUMPY\x03\x00" + bytes(10), ".npy format version 3.0"),
+}
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["stored", "deflated"])
+@pytest.mark.parametrize("case", NPZ_HEADERS)
+def test_an_npz_header_is_checked_before_any_of_the_array_is_read(root, tmp_path, case, compressed):
+    import zipfile
+
+    member, says = NPZ_HEADERS[case]
+    dst = tmp_path / "c"
+    dst.mkdir()
+    shutil.copy(root / "paths.pkl", dst)
+    with zipfile.ZipFile(dst / "core50_imgs.npz", "w", zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED) as z:
+        z.writestr("x.npy", member)
+    with pytest.raises(UserError) as err:
+        build(dst)
+    text = one_line(err)
+    assert text.startswith(f"{dst / 'core50_imgs.npz'}: x.npy: {says}"), text
+    assert text.endswith("(re-download core50_imgs.npz from the CORe50 page)")
+
+
+def test_a_compressed_npz_reads_the_same_as_the_stored_one(root, tmp_path):
+    dst = tmp_path / "c"
+    dst.mkdir()
+    shutil.copy(root / "paths.pkl", dst)
+    with np.load(root / "core50_imgs.npz") as data:
+        np.savez_compressed(dst / "core50_imgs.npz", x=data["x"])
+    source, stored = NpzArray(dst / "core50_imgs.npz", "x"), NpzArray(root / "core50_imgs.npz", "x")
+    assert source.member.file_offset is None and stored.member.file_offset is not None
+    assert not isinstance(source.array, np.memmap) and np.array_equal(source.array, stored.array)
+    a = ordered_experiences(build(dst, source="npz", augment=False), "default")
+    b = ordered_experiences(build(root, source="npz", augment=False), "default")
+    assert torch.equal(a[3].train[2][0], b[3].train[2][0])
+
+
+def test_a_long_entry_in_paths_pkl_is_named_briefly(root, tmp_path):
+    dst = tmp_path / "c"
+    dst.mkdir()
+    shutil.copy(root / "core50_imgs.npz", dst)
+    (dst / "paths.pkl").write_bytes(pickle.dumps(["s1/o1/" + "x" * 1_000_000]))
+    with pytest.raises(UserError) as err:
+        build(dst)
+    assert one_line(err).startswith(f"{dst / 'paths.pkl'}: entry 0 's1/o1/xxx") and len(str(err.value)) < 300

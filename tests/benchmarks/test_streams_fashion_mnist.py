@@ -102,6 +102,50 @@ def test_a_file_of_the_wrong_kind_is_named(raw_root, tmp_path):
     assert str(root / "train-images-idx3-ubyte") in text and "0x00000801" in text
 
 
+def _idx_header(magic: int, *dims: int) -> bytes:
+    return magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims)
+
+
+def test_a_gzip_that_inflates_past_its_header_is_refused_after_one_byte_more(gz_root, tmp_path, capfd):
+    """A decompression bomb: a valid header for 60 images, then 64 MiB of zeros (64 KB on disk)."""
+    import tracemalloc
+
+    from helpers import cli_in_process
+
+    root = copy(gz_root, tmp_path)
+    path = root / "train-images-idx3-ubyte.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(_idx_header(0x0803, 60, 28, 28))
+        for _ in range(64):
+            f.write(bytes(1 << 20))
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        text = one_line(lambda: fm.read_file(root, "train_images", "header"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert text.startswith(f"{path}: IDX file longer than its header says: more than the 47056 bytes its header "
+                           "(60 items) declares (re-download it: ")
+    assert peak < 8 << 20, peak  # the 47 KB it declares and a chunk, not the 64 MiB it inflates to
+    out = cli_in_process(capfd, "data", "check", "fashion-mnist-split", "--root", str(root), "verify=header")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"clbench: error: {text}"]
+
+
+@pytest.mark.parametrize("gz", [True, False], ids=["gz", "raw"])
+@pytest.mark.parametrize("verify", ["header", "md5"])
+def test_a_header_declaring_more_than_the_dataset_is_refused_before_reading_on(gz, verify, tmp_path):
+    root = tmp_path / "fm"
+    write_fashion_mnist(root, train_per_class=TRAIN, test_per_class=TEST, gz=gz)
+    path = root / f"t10k-labels-idx1-ubyte{'.gz' if gz else ''}"
+    data = _idx_header(0x0801, 2**32 - 1) + bytes(100)
+    path.write_bytes(gzip.compress(data) if gz else data)
+    text = one_line(lambda: fm.read_file(root, "test_labels", verify))
+    says = ("4294967295 items, the official file has 10000" if verify == "md5" else
+            "IDX header declares 4294967295 items, more than the official file's 10000")
+    assert text.startswith(f"{path}: {says}")
+
+
 def test_the_official_check_refuses_other_files(gz_root):
     text = one_line(lambda: fm.load(str(gz_root)))  # verify: md5, the default
     assert str(gz_root / "train-images-idx3-ubyte.gz") in text and "the official file has 60000" in text

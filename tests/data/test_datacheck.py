@@ -204,3 +204,24 @@ def test_cli_check_refuses_a_pickle_payload_without_running_it(roots, tmp_path, 
     assert not marker.exists()
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{named}: refused to unpickle" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("dataset", ["core50", "cifar10"])
+def test_cli_check_refuses_a_pickle_nested_to_crash_python_in_one_line(roots, tmp_path, dataset):
+    """A 1 MB frozenset over a tuple nested a million deep: hashing it overflows the C stack, so
+    unchecked it is a segfault (exit 139); checked, one line and exit status 2."""
+    if dataset == "core50":
+        dst = write_core50(tmp_path / "c", objects=[1, 2, 6], frames=2, png=False, npz=True)
+        named = dst / "paths.pkl"
+        args = ["core50", "--root", str(dst), OBJECTS]
+    else:
+        dst = tmp_path / "cifar-10-batches-py"
+        shutil.copytree(roots["cifar10"], dst)
+        named = dst / "data_batch_3"
+        args = ["cifar10-dirichlet", "--root", str(dst), "min_size=1"]
+    named.write_bytes(b"\x80\x04(N" + b"\x85" * 1_000_000 + b"\x91.")
+    proc = cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"clbench: error: {named}: refused to unpickle: its objects nest "
+                                                   "more than 100 deep"), proc.stderr
