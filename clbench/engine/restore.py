@@ -7,11 +7,12 @@ and the runner writes with :mod:`clbench.engine.saved`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from clbench.engine.saved import FORMAT, MANIFEST, MODEL, STRATEGY_TENSORS, WEIGHTS, decode, folder_name
+from clbench.engine.saved import FORMAT, MANIFEST, MODEL, STRATEGY_TENSORS, WEIGHTS, folder_name
 from clbench.errors import UserError
+
+TRUST_FIX = "pass trust_code=True to load_model only if you trust the folder and its code"
 
 
 def _folder(run_dir: Path, experience: int | None) -> Path:
@@ -27,60 +28,48 @@ def _folder(run_dir: Path, experience: int | None) -> Path:
     return folder
 
 
-def _refuse_files(cfg: dict, where: str) -> None:
-    """A received run's config may name a Python file (``path/to/x.py:Class``): importing it would
-    run code from the folder, so such a config is refused unless the caller trusts it."""
-    named = [cfg.get(key, {}) for key in ("benchmark", "model", "strategy", "objective")]
-    named += [cfg.get("train", {}).get(key) for key in ("optimizer", "scheduler")]
-    for component in named:
-        path = component.get("class_path") if isinstance(component, dict) else None
-        if isinstance(path, str) and ".py" in path.split(":", 1)[0]:
-            raise UserError(f"the saved config names the Python file {path.split(':', 1)[0]}, which loading "
-                            "would import and run", where=where, fix="pass trust_code=True if you trust its author")
-
-
 def restore(run_dir: str | Path, experience: int | None = None, *, trust_code: bool = False):
     """The run's :class:`~clbench.engine.runner.ContinualRun`, built from its saved config
-    (nothing trained, nothing written) with the saved strategy state and weights loaded."""
+    (nothing trained, nothing written) with the saved strategy state and weights loaded.
+
+    The folder may come from anyone: every file and field is checked before it is used
+    (:mod:`clbench.engine.saved_check`), and, unless ``trust_code``, every component its config
+    names must be installed code (:func:`clbench.leaderboard.trust.check_components`), checked
+    before anything it names is imported."""
     import torch
-    from safetensors.torch import load_file
 
     from clbench.config.load import config_hash, resolve_config
+    from clbench.engine import saved_check
     from clbench.engine.runner import ContinualRun
+    from clbench.leaderboard.trust import check_components
 
     run_dir = Path(run_dir)
     folder = _folder(run_dir, experience)
-    where = str(folder / MANIFEST)
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot read {folder / MANIFEST}: {err}", where=str(run_dir),
-                        fix="copy the run's model folder again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise UserError(f"{folder / MANIFEST} is not a clbench model of format {FORMAT}", where=str(run_dir),
-                        fix="save it again with this clbench")
+    path = folder / MANIFEST
+    where = str(path)
+    manifest = saved_check.read_manifest(path, FORMAT)
     if not trust_code:
-        _refuse_files(manifest["config"], where)
+        check_components(manifest["config"], where, under="config.", doing="loading it", fix=TRUST_FIX)
     cfg = resolve_config(manifest["config"], source=where)  # checked as any config: it is input
     if config_hash(cfg) != manifest["config_hash"]:
-        raise UserError("the saved config does not match its hash", where=where, fix="copy the run's model folder again")
+        raise UserError("does not match the saved config", where=f"{where}: config_hash", fix=saved_check.FIX)
     torch_threads = torch.get_num_threads()
     run = ContinualRun(cfg, None, source=where, progress=False)
     run._build()
     torch.set_num_threads(torch_threads)
+    stages = [run.experiences[-1]] if run.strategy.single_stage else run.experiences
     stage = manifest["experiences_trained"]
-    strategy_tensors = load_file(str(folder / STRATEGY_TENSORS))
-    run.strategy.load_state_dict(decode(manifest["strategy"], strategy_tensors))
-    run.strategy.adapt_model(run.module.context, stage)
+    saved_check.check_stage(stage, len(stages), path)  # before the strategy's changes are replayed to it
+    state = saved_check.strategy_state(manifest, saved_check.load_tensors(folder / STRATEGY_TENSORS), path,
+                                       folder / STRATEGY_TENSORS)
+    try:
+        run.strategy.load_state_dict(state)
+        run.strategy.adapt_model(run.module.context, stage)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as err:
+        raise UserError(f"does not fit strategy '{cfg['strategy']['class_path']}' ({type(err).__name__}: {err})",
+                        where=f"{where}: strategy", fix=saved_check.FIX) from None
     model = run.module.model
-    state = load_file(str(folder / WEIGHTS))
-    for alias, key in manifest["tied"].items():
-        state[alias] = state[key]
-    current = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    for key, tensor in state.items():
-        if key in current and current[key] != tuple(tensor.shape):
-            raise UserError(f"the saved '{key}' has shape {tuple(tensor.shape)}, the rebuilt model's {current[key]}",
-                            where=where, fix="the strategy must re-create its changes to the model in adapt_model()")
+    state = saved_check.model_weights(model, manifest, path, folder / WEIGHTS)
     frozen = manifest["frozen_base"]
     if frozen["names"] and run.frozen_base.digest(frozen["names"]) != frozen["digest"]:
         raise UserError("the base model's frozen weights differ from those the run trained on", where=where,
@@ -89,9 +78,8 @@ def restore(run_dir: str | Path, experience: int | None = None, *, trust_code: b
     missing = set(result.missing_keys) - set(frozen["names"])
     if missing or result.unexpected_keys:
         name = sorted(missing)[0] if missing else sorted(result.unexpected_keys)[0]
-        raise UserError(f"the saved weights {'lack' if missing else 'hold an unknown'} '{name}'", where=where,
-                        fix="copy the run's model folder again")
-    stages = [run.experiences[-1]] if run.strategy.single_stage else run.experiences
+        raise UserError(f"the saved weights {'lack' if missing else 'hold an unknown'} '{name}'",
+                        where=str(folder / WEIGHTS), fix=saved_check.FIX)
     last = stages[max(stage - 1, 0)]
     run.module.experience = stage - 1
     run.routing.training_domain = None if run.strategy.single_stage else last.domain_id
@@ -105,8 +93,9 @@ def load_model(run_dir: str | Path, experience: int | None = None, *, trust_code
     (``experience=None``) or after experience ``i`` (R's row ``i``; needs ``save.every_experience``).
 
     ``run_dir`` is the run's ``--output``; its ``model/`` folder is read with safetensors and
-    JSON only. A config that names a Python file is refused unless ``trust_code``. The model
-    is in eval mode, on the CPU."""
+    JSON only. A config that names a component other than installed code (a Python file, a
+    module in the working directory or in the folder) is refused, before it is imported, unless
+    ``trust_code``. The model is in eval mode, on the CPU."""
     return restore(run_dir, experience, trust_code=trust_code).module.model
 
 

@@ -109,7 +109,7 @@ def test_a_received_run_naming_a_python_file_is_refused(tmp_path):
     manifest = json.loads(path.read_text())
     manifest["config"]["strategy"]["class_path"] = str(tmp_path / "evil.py") + ":Evil"
     path.write_text(json.dumps(manifest))
-    with pytest.raises(UserError, match="names the Python file"):
+    with pytest.raises(UserError, match="config.strategy.class_path is .*not a registered component"):
         clbench.load_model(tmp_path / "run")
 
 
