@@ -114,6 +114,7 @@ class Case:
     config_name: str = "config.yaml"
     skip: str | None = None
     process: bool = False         # also run as a separate process
+    env: dict[str, str] | None = None  # environment variables set for the command
 
 
 def _write_file(name: str, text: str) -> Callable[[Path], None]:
@@ -159,6 +160,12 @@ def _readonly_output(d: Path) -> None:
     (d / "out").chmod(0o500)
 
 
+def _readonly_cache(d: Path) -> None:
+    (d / "cache").mkdir()
+    (d / "cache").chmod(0o500)
+    (d / "model.gguf").write_text("GGUF")  # never read: the cache is refused before the file
+
+
 def _older_checkpoint(d: Path) -> None:
     import torch
 
@@ -178,6 +185,9 @@ GGUF_RUN = {**BASE, "benchmark": {"class_path": "trace-mini", "init_args": {"tas
             "model": {"class_path": "hf_causal_lm", "init_args": {"path": "{dir}/model.gguf"}},
             "objective": {"class_path": "causal_lm", "init_args": {"max_length": 64, "max_new_tokens": 2}},
             "strategy": "seq_ft"}
+
+PRESET_RUN = {**GGUF_RUN, "model": {"class_path": "hf_causal_lm", "init_args": {"path": "smollm2-135m-instruct"}}}
+ROOT = os.geteuid() == 0
 
 CORE50 = {"class_path": "clbench.benchmarks.core50:core50",
           "init_args": {"root": "{dir}/core50", "sessions": [1, 2], "objects": [1, 2], "image_size": 8,
@@ -353,6 +363,20 @@ CASES = [
     Case("GGUF file missing", config=GGUF_RUN, message=("model.init_args.path", "model.gguf does not exist")),
     Case("GGUF file truncated", config=GGUF_RUN, setup=_write_file("model.gguf", "GGUF\x03\x00\x00\x00\x14"),
          message=("model.init_args.path", "model.gguf is not a complete GGUF file", "download it again")),
+    # -- the cache folder ($CLBENCH_CACHE_DIR)
+    Case("cache folder of an unknown user", config=PRESET_RUN, env={"CLBENCH_CACHE_DIR": "~nosuchuser/x"},
+         message=("CLBENCH_CACHE_DIR: ~nosuchuser/x names the home folder of 'nosuchuser'", "a folder of yours")),
+    Case("cache folder not writable", config=GGUF_RUN, env={"CLBENCH_CACHE_DIR": "{dir}/cache/sub"},
+         setup=_readonly_cache, message=("CLBENCH_CACHE_DIR: cannot keep files under {dir}/cache: no write "
+                                         "permission", "a folder of yours"),
+         skip="running as root: permissions do not stop root's writes" if ROOT else None),
+    # -- model sizes, checked against memory before the model is built
+    Case("model larger than memory", config=cfg(model={"init_args": {"hidden": 1000000}}),
+         message=("{cfg}: model.init_args: the model needs 8.0 TB", "of memory available",
+                  "lower hidden=1000000)")),
+    Case("model sizes past what torch can count", config=BASE, args=("model.init_args.hidden=1000000000000",),
+         message=("{cfg}: model.init_args: the model's sizes overflow torch's 64-bit tensor sizes",
+                  "lower hidden=1000000000000")),
 ]
 
 
@@ -443,6 +467,8 @@ def prepared(request, tmp_path):
         pytest.skip(case.skip)
     interrupted = request.getfixturevalue("interrupted_run") if case.output == "checkpoint" else None
     argv, out = _prepare(case, tmp_path, interrupted)
+    for name, value in (case.env or {}).items():
+        request.getfixturevalue("monkeypatch").setenv(name, _subst(value, tmp_path, out, tmp_path / case.config_name))
     yield case, argv, out
     for path in tmp_path.rglob("*"):
         if path.is_dir():

@@ -204,3 +204,15 @@ def test_a_cache_folder_that_cannot_hold_files_is_one_line_naming_the_variable(t
 def test_a_cache_folder_not_made_yet_is_fine(tmp_path, monkeypatch):
     monkeypatch.setenv(ckpt.CACHE_ENV, str(tmp_path / "new" / "cache"))
     assert ckpt.cache_root() == tmp_path / "new" / "cache"
+
+
+def test_a_cache_folder_not_writable_is_refused_before_converting_and_read_when_it_holds_the_folder(
+        tiny_gguf, cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt.os, "access", lambda path, mode: not str(path).startswith(str(tmp_path)))
+    with pytest.raises(UserError) as raised:
+        ckpt.resolve(str(tiny_gguf), None)
+    assert str(raised.value) == f"{ckpt.CACHE_ENV}: cannot keep files under {tmp_path}: no write permission " \
+                                f"({ckpt.CACHE_FIX})"
+    converted = cache / "dequantised" / ckpt.sha256_of(tiny_gguf)
+    converted.mkdir(parents=True)  # a shared cache, filled by someone else: only read
+    assert ckpt.resolve(str(tiny_gguf), None)[0] == str(converted)

