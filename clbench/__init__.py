@@ -12,7 +12,8 @@ and the stream's objective (:mod:`clbench.objectives`), scored by :mod:`clbench.
 (torchmetrics). What a run reports is :mod:`clbench.results`; suites of runs, their entries,
 tables, page and checks are :mod:`clbench.leaderboard`; :mod:`clbench.cli` is the command and
 :mod:`clbench.api` the same from Python. :mod:`clbench.errors` holds the one error type for bad
-input; :mod:`clbench.io` and :mod:`clbench.lease` are atomic writes and file locks. Lightning's
+input; :mod:`clbench.io` and :mod:`clbench.lease` are atomic writes and file locks, and
+:mod:`clbench.received` reads a file someone else may have made (regular, bounded). Lightning's
 private API is reached only through :mod:`clbench.engine.lightning_internals`.
 
 Importing this package is cheap on purpose (no torch): the CLI's fast commands rely on it.

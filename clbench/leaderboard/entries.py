@@ -25,7 +25,6 @@ by a newer schema instead of misreading them, and a file in ``entries/`` that is
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -153,16 +152,10 @@ def verify_entry(entry: Any, where: str) -> dict:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}", where=str(path),
-                        fix="delete it and rerun 'clbench leaderboard run' to regenerate it") from None
-    except UnicodeDecodeError:
-        raise UserError("not a UTF-8 text file", where=str(path), fix="keep only entry files in the entries folder") \
-            from None
-    except OSError as err:
-        raise UserError(f"cannot read: {err.strerror}", where=str(path), fix="check the file's permissions") from None
+    """A regular file's JSON, of bounded size and nesting (:mod:`clbench.received`), or a UserError."""
+    from clbench.received import read_json
+
+    return read_json(path, fix="delete it and rerun 'clbench leaderboard run' to regenerate it")
 
 
 def read_entry(path: str | Path) -> dict:
@@ -222,10 +215,10 @@ def check_entry_names(root: str | Path) -> list[str]:
     for path in sorted(entries_dir(root).iterdir()):
         if path.name.startswith("."):
             continue
-        if not (path.is_file() and ENTRY_NAME.match(path.name)):
+        if path.is_dir() or not ENTRY_NAME.match(path.name):
             raise UserError("not an entry file name (entries are named <config_hash>.json, 64 hex digits)",
                             where=str(path), fix=_rename_hint(path))
-        _check_name(path, _read_json(path))
+        _check_name(path, _read_json(path))  # a pipe or a device under an entry's name is refused unread
         names.append(path.name)
     return names
 
@@ -233,8 +226,8 @@ def check_entry_names(root: str | Path) -> list[str]:
 def _rename_hint(path: Path) -> str:
     """How to fix a stray file in ``entries/``: rename it if it is an entry, else move it out."""
     try:
-        entry = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        entry = _read_json(path) if path.is_file() else None
+    except UserError:
         entry = None
     digest = entry.get("config_hash") if isinstance(entry, dict) else None
     if not (isinstance(digest, str) and ENTRY_NAME.match(f"{digest}.json")):

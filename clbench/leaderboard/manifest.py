@@ -9,20 +9,23 @@ rather than passed over, since passing over it would silently show another set o
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from clbench.errors import UserError
+from clbench.received import read_json
 
 MANIFEST = "suite.json"
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
+def _fix(path: Path) -> str:
+    return (f"rewrite it with 'clbench leaderboard run --suite SUITE --output {path.parent}' (reruns nothing "
+            "already done), or delete it to show every entry")
+
+
 def _refuse(path: Path, what: str) -> UserError:
-    return UserError(what, where=str(path),
-                     fix=f"rewrite it with 'clbench leaderboard run --suite SUITE --output {path.parent}' (reruns "
-                         "nothing already done), or delete it to show every entry")
+    return UserError(what, where=str(path), fix=_fix(path))
 
 
 def read_manifest(root: str | Path) -> dict | None:
@@ -30,14 +33,7 @@ def read_manifest(root: str | Path) -> dict | None:
     path = Path(root) / MANIFEST
     if not path.exists():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise _refuse(path, f"not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}") from None
-    except UnicodeDecodeError:
-        raise _refuse(path, "not a UTF-8 text file") from None
-    except OSError as err:
-        raise UserError(f"cannot read: {err.strerror}", where=str(path), fix="check the file's permissions") from None
+    data = read_json(path, fix=_fix(path))  # a regular file, of bounded size and depth, or refused
     if not isinstance(data, dict):
         raise _refuse(path, f"expected a JSON object, got {type(data).__name__}")
     if not isinstance(data.get("name"), str) or not data["name"]:
@@ -79,8 +75,8 @@ def left_out(root: str | Path, shown: int = 3) -> str | None:
         if file.removesuffix(".json") in listed:
             continue
         try:
-            suite = json.loads((Path(root) / ENTRIES_DIR / file).read_text()).get("suite")
-        except (OSError, ValueError):
+            suite = read_json(Path(root) / ENTRIES_DIR / file, fix="").get("suite")
+        except (UserError, AttributeError):
             suite = None
         why = f"of configs suite {name} no longer lists" if suite == name else \
             f"of suite {suite}, not {name}" if suite else f"made outside suite {name}"

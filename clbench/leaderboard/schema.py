@@ -30,6 +30,12 @@ class Named(_Open):
     name: StrictStr
 
 
+class Execution(_Open):
+    """How the run's process ran: the torch threads a rerun is given (absent: the suite's rule)."""
+
+    torch_threads: StrictInt | None = Field(default=None, ge=1)
+
+
 class Entry(_Open):
     """What every entry holds, whatever its status."""
 
@@ -40,7 +46,7 @@ class Entry(_Open):
     config_hash: StrictStr
     content_hash: StrictStr
     harness: dict[str, Any]
-    execution: dict[str, Any]
+    execution: Execution
     benchmark: Named
     model: Named
     strategy: Named

@@ -48,6 +48,22 @@ def code_repo() -> Path | None:
     return repo_of(Path(__file__).resolve().parent)
 
 
+def tracked(path: str | Path, repos: list[Path | None]) -> Path | None:
+    """The first of ``repos`` (git work trees) whose git tracks the file ``path`` (links resolved), if any.
+
+    A file git tracks was committed or staged there, so it did not arrive with a folder copied or
+    unpacked beside it; None without git.
+    """
+    target = Path(path).resolve()
+    for repo in repos:
+        if repo is None or not target.is_relative_to(repo):
+            continue
+        name = target.relative_to(repo).as_posix()
+        if _git(["--literal-pathspecs", "ls-files", "--error-unmatch", "--", name], repo) is not None:
+            return repo
+    return None
+
+
 def head_commit(repo: Path | None = None) -> str | None:
     repo = repo or code_repo()
     out = _git(["rev-parse", "HEAD"], repo) if repo else None
