@@ -69,14 +69,14 @@ class RunResult:
         if not path.is_file():
             raise UserError(f"{path} does not exist", where=str(folder), fix="give the --output folder of a finished run")
         fix = "rerun the run into that folder with overwrite=True (or clbench run --overwrite)"
+        from clbench.received import read_text
+
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(read_text(path, fix=fix))  # a pipe or a device in its place is not read
         except json.JSONDecodeError as err:
             what = "the file is empty" if not err.doc.strip() else \
                 f"not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
             raise UserError(what, where=str(path), fix=fix) from None
-        except UnicodeDecodeError:
-            raise UserError("not a UTF-8 text file", where=str(path), fix=fix) from None
         missing = [key for key in _RESULT_KEYS if not isinstance(record, dict) or key not in record]
         if missing:
             raise UserError(f"not a finished run's result: {', '.join(missing)} missing", where=str(path), fix=fix)
@@ -138,7 +138,7 @@ def load_config(config: str | Path | dict, overrides: Iterable[str] = ()) -> dic
 
 def run(config: str | Path | dict, output: str | Path | None = None, *, overrides: Iterable[str] = (),
         resume: bool = False, overwrite: bool = False, progress: bool = False,
-        threads: int | str | None = "auto") -> RunResult:
+        threads: int | str | None = "auto", cpu_kernels: str = "native") -> RunResult:
     """Run one config (a path, a mapping or a resolved config) and return its result.
 
     ``output`` receives ``result.json``, the checkpoint and logs, as ``clbench run --output``
@@ -147,7 +147,9 @@ def run(config: str | Path | dict, output: str | Path | None = None, *, override
     or ``"auto"`` (the default; ``None`` too), 1 on fewer than 4 cores, else the cores divided
     by ``trainer.devices``. So a config run here and by ``clbench run`` gives the same CPU result
     (the order of floating-point reductions depends on the thread count). Torch's setting is put
-    back when the run returns.
+    back when the run returns. ``cpu_kernels`` pins the CPU kernels' instruction set as
+    ``--cpu-kernels`` does (``"avx2"``: the same floats on any x86-64 CPU with AVX2); a pin takes
+    effect only before this Python process's first tensor operation (a clear error otherwise).
     """
     output = _path_argument(output, "output", optional=True)
     from clbench.limits import decide_threads, torch_threads
@@ -155,6 +157,9 @@ def run(config: str | Path | dict, output: str | Path | None = None, *, override
     cfg = load_config(config, overrides)
     source = str(config) if not isinstance(config, dict) else "config"
     count = decide_threads(threads, cfg["trainer"], where="threads")
+    from clbench.engine.cpu_kernels import pin_for_run
+
+    pin_for_run(cpu_kernels, where="cpu_kernels")
     from clbench.engine.runner import run as run_config
 
     with torch_threads(count):
@@ -168,8 +173,11 @@ def load_model(run_dir: str | Path, experience: int | None = None, *, trust_code
     layers, grown MLPs) and the weights saved in ``run_dir/model/`` (safetensors and JSON only).
 
     ``experience=None``: after the last experience (``save.final``, the default); ``i``: after
-    experience ``i``, R's row ``i`` (``save.every_experience``). A saved config that names a
-    Python file (``path/x.py:Class``) would run it: refused unless ``trust_code``."""
+    experience ``i``, R's row ``i`` (``save.every_experience``). The folder is input: a saved
+    config naming, at any depth, a component that is not installed code (``path/x.py:Class``, a
+    module in the working directory or in the folder) would run it, so it is refused before
+    anything is imported unless ``trust_code``; a damaged or altered file is a :class:`UserError`
+    naming the file and the field."""
     from clbench.engine.restore import load_model as load
 
     return load(run_dir, experience, trust_code=trust_code)
@@ -218,10 +226,26 @@ def run_leaderboard(suite: str | Path | None = None, output: str | Path = "leade
     """Run a suite's missing grid points into ``output`` (``clbench leaderboard run``), serially
     in this process, or in ``jobs`` worker processes; return the leaderboard. ``allow_dirty``:
     as ``--allow-dirty`` (docs/leaderboard.md)."""
+    from clbench.errors import UserError
     from clbench.leaderboard.suite import default_suite_path, load_suite
 
+    if isinstance(suite, dict):  # unlike a run's config: the folder records the suite's file, which is read again
+        raise UserError("expected a suite file's path, got a dict", where="suite",
+                        fix="write the suite to a YAML file (yaml.safe_dump) and give its path: the leaderboard's "
+                            "suite.json names that file, and worker processes and 'leaderboard verify' read it")
+    suite, output = _path_argument(suite, "suite", optional=True), _path_argument(output, "output")
     loaded = load_suite(suite or default_suite_path())
     common = dict(progress=progress, retry_failed=retry_failed, force=force, allow_dirty=allow_dirty)
+    from clbench.leaderboard.cell import pin_kernels
+
+    if not pin_kernels(loaded.cpu_kernels, str(loaded.path)) and jobs is None:
+        import sys
+
+        from clbench.engine.cpu_kernels import in_effect
+
+        print(f"clbench: note: this Python process computed with torch before, so the suite's cpu_kernels "
+              f"{loaded.cpu_kernels} cannot take effect in it; its entries record {in_effect()} kernels, unpinned "
+              "(jobs=N runs each grid point in a fresh, pinned process)", file=sys.stderr)
     if jobs is not None:
         from clbench.leaderboard.launch import run_local
 

@@ -24,6 +24,15 @@ os.environ["CLBENCH_CPU_BF16"] = "0"
 # thread per worker, and per process it starts, keeps the machine from being oversubscribed.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every test process computes at this CPU's native kernel level from the start, as a notebook that
+# used torch does: a suite or verify called in this process then cannot pin it
+# (clbench.engine.cpu_kernels), so no test leaves a pin behind for the next. Pins are tested
+# through fresh processes (tests/leaderboard/test_cpu_kernels.py).
+for _name in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):
+    os.environ.pop(_name, None)
+import torch  # noqa: E402
+
+torch.ones(2).exp().sum()
 
 
 @pytest.fixture

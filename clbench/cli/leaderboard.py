@@ -12,6 +12,7 @@ import argparse
 import re
 import sys
 
+from clbench.cli import check_folder
 from clbench.errors import UserError
 
 DEFAULT_OUTPUT = "leaderboard"
@@ -129,8 +130,12 @@ def handle_run(args: argparse.Namespace) -> int:
     from clbench.leaderboard.table import build_tables
     from clbench.leaderboard.terminal import console_for_tables, print_tables
 
+    check_folder(args.output, "--output")
     cluster = check_launcher_args(args)
     suite = load_suite(args.suite or default_suite_path())
+    from clbench.leaderboard.cell import pin_kernels
+
+    pin_kernels(suite.cpu_kernels, str(suite.path))  # before torch is imported: the serial runs hold it too
     console = console_for_tables()
     common = dict(progress=not args.no_progress, retry_failed=args.retry_failed, force=args.force,
                   allow_dirty=args.allow_dirty, console=console)
@@ -170,6 +175,7 @@ def handle_render(args: argparse.Namespace) -> int:
     from clbench.leaderboard.manifest import left_out
     from clbench.leaderboard.render import DETAILS, render
 
+    check_folder(args.dir, "DIR")
     readme, index = render(args.dir)
     print(f"wrote {readme}, {index} and {index.parent / DETAILS}/")
     note = left_out(args.dir)
@@ -179,8 +185,9 @@ def handle_render(args: argparse.Namespace) -> int:
 
 
 def handle_verify(args: argparse.Namespace) -> int:
-    from clbench.leaderboard.verify import CANNOT, DIFFERS, OK, Verifier, select
+    from clbench.leaderboard.verify import CANNOT, DIFFERS, NOISE, OK, Verifier, select
 
+    check_folder(args.dir, "DIR")
     paths = select(args.dir, args.ids, args.sample)
     verifier = Verifier(tolerance=args.tolerance, same_code=args.same_code,  # checks --tolerance before any run
                         trust_code=args.trust_code)
@@ -188,7 +195,7 @@ def handle_verify(args: argparse.Namespace) -> int:
     if not paths:
         print(f"{args.dir}: no ok entries to verify")
         return 0
-    counts = {OK: 0, DIFFERS: 0, CANNOT: 0}
+    counts = {OK: 0, NOISE: 0, DIFFERS: 0, CANNOT: 0}
     largest = 0.0
     for path in paths:
         verdict = verifier.verify(path)
@@ -196,6 +203,7 @@ def handle_verify(args: argparse.Namespace) -> int:
         if verdict.largest is not None:
             largest = max(largest, verdict.largest)
         print(verdict.line, flush=True)
-    print(f"{len(paths)} verified: {counts[OK]} ok, {counts[DIFFERS]} differ, {counts[CANNOT]} cannot be rerun; "
-          f"largest difference {largest:.3g}", flush=True)
-    return 0 if counts[OK] == len(paths) else 1
+    noise = f", {counts[NOISE]} within noise" if counts[NOISE] else ""
+    print(f"{len(paths)} verified: {counts[OK]} ok{noise}, {counts[DIFFERS]} differ, {counts[CANNOT]} cannot be "
+          f"rerun; largest difference {largest:.3g}", flush=True)
+    return 0 if counts[OK] + counts[NOISE] == len(paths) else 1

@@ -37,14 +37,20 @@ def register(sub) -> None:
                    help="torch CPU threads per process (recorded as env.torch_threads; CPU results can "
                         f"depend on it). Default 'auto': 1 on fewer than {FEW_CORES} usable cores, else the "
                         "physical cores divided by trainer.devices. Resume with the same value.")
+    p.add_argument("--cpu-kernels", default="native", metavar="LEVEL",
+                   help="pin the CPU kernels (ATen, MKL, oneDNN) to one instruction-set level: avx2 gives the "
+                        "same floats on every x86-64 CPU with AVX2; default native (each library picks by "
+                        "this CPU). Recorded as env.cpu.pin. Resume with the same value.")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    from clbench.cli import check_folder
     from clbench.config.load import blame_overrides, load_config
     from clbench.errors import UserError
 
+    check_folder(args.output, "--output")
     cfg = load_config(args.config, args.overrides)
     if args.print_config:
         import yaml
@@ -57,6 +63,9 @@ def handle(args: argparse.Namespace) -> int:
     from clbench.limits import decide_threads, torch_threads
 
     threads = decide_threads(args.threads, cfg["trainer"], where="--threads", field="--threads")
+    from clbench.engine.cpu_kernels import pin_for_run
+
+    pin_for_run(args.cpu_kernels, where="--cpu-kernels")  # before the first tensor operation
     from clbench.engine.runner import run  # heavy imports only once the config is known to be valid
 
     try:

@@ -183,11 +183,15 @@ class FrozenBase:
 
 def run_settings(precision: str | None = None) -> dict:
     """What is set outside the config that changes a CPU run's numbers: the torch thread count
-    (``--threads``; the order of floating-point reductions depends on it), and the Trainer's
+    (``--threads``; the order of floating-point reductions depends on it), the CPU kernel level it
+    pinned (``--cpu-kernels``, :mod:`clbench.engine.cpu_kernels`; None: unpinned), and the Trainer's
     precision where the machine chose it (:mod:`clbench.engine.precision`; a resume keeps it)."""
     import torch
 
-    return {"torch_threads": torch.get_num_threads(), **({"precision": precision} if precision else {})}
+    from clbench.engine.cpu_kernels import pinned_level
+
+    return {"torch_threads": torch.get_num_threads(), "cpu_kernels": pinned_level(),
+            **({"precision": precision} if precision else {})}
 
 
 def check_settings(ckpt: dict, path: Path) -> None:
@@ -202,6 +206,11 @@ def check_settings(ckpt: dict, path: Path) -> None:
         raise UserError(f"the run in {path.parent} was started with {before} torch thread(s), this resume would "
                         f"use {now} (CPU results depend on the thread count)", where="--threads",
                         fix=f"resume with --threads {before}, or start again with --overwrite")
+    if "cpu_kernels" in saved and saved["cpu_kernels"] != current["cpu_kernels"]:
+        before, now = saved["cpu_kernels"] or "native", current["cpu_kernels"] or "native"
+        raise UserError(f"the run in {path.parent} was started with CPU kernels {before}, this resume would use "
+                        f"{now} (CPU results depend on the kernels' instruction set)", where="--cpu-kernels",
+                        fix=f"resume with --cpu-kernels {before}, or start again with --overwrite")
 
 
 def payload(cfg: dict, module, strategy, trainer, state: dict, source: str, base: FrozenBase | None = None) -> dict:

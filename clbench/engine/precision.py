@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from contextvars import ContextVar
-from functools import lru_cache
 from typing import Callable, Iterator
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -36,15 +35,11 @@ ENV_SWITCH = "CLBENCH_CPU_BF16"  # "0": never default to bf16
 _PINNED: ContextVar[str | None] = ContextVar("clbench_pinned_precision", default=None)
 
 
-@lru_cache(maxsize=1)
 def cpu_bf16_units() -> bool:
-    """Whether this CPU has bf16 matrix units (Linux: its ``/proc/cpuinfo`` flags)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return any(flag in flags for flag in BF16_FLAGS)
+    """Whether this CPU has bf16 matrix units (its flags: :func:`clbench.engine.cpu_kernels.cpu_flags`)."""
+    from clbench.engine import cpu_kernels
+
+    return any(flag in cpu_kernels.cpu_flags() for flag in BF16_FLAGS)
 
 
 @contextmanager

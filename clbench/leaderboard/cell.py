@@ -18,7 +18,6 @@ The loop over a whole suite is :mod:`clbench.leaderboard.execute`.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import traceback
@@ -59,12 +58,14 @@ def _one_line_error(err: BaseException) -> str:
 
 def _recover(workdir: Path, spec: RunSpec) -> dict | None:
     """The finished result left in ``workdir`` for this very config, if there is one."""
+    from clbench.received import read_json
+
     path = workdir / "result.json"
     if not path.is_file():
         return None
     try:
-        result = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        result = read_json(path, fix="")  # a pipe or a device in its place is not read
+    except UserError:
         return None
     if not isinstance(result, dict) or result.get("status") != Status.OK or result.get("config_hash") != spec.hash:
         return None
@@ -89,8 +90,8 @@ def _run_or_resume(spec: RunSpec, workdir: Path, source: str, fresh: bool) -> tu
         try:
             return run(spec.config, workdir, source=source, resume=True, progress=False), True
         except UserError as err:
-            # An unusable checkpoint (damaged, or made under another thread count) is started over.
-            if err.where not in ("--resume", "--threads"):  # a real failure of the run
+            # An unusable checkpoint (damaged, or made under another thread count or kernel level) is started over.
+            if err.where not in ("--resume", "--threads", "--cpu-kernels"):  # a real failure of the run
                 raise
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -110,11 +111,24 @@ def run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: di
               console, threads: int | None = None) -> str:
     """Recover, resume or run one grid point (its lock held by the caller), write its entry; returns a note.
 
-    Under ``threads`` torch threads (default: :func:`point_threads`), which its entry records."""
+    Under ``threads`` torch threads (default: :func:`point_threads`), the suite's CPU kernel level
+    (:func:`pin_kernels`) and its precision where the config sets none; the entry records all three."""
+    from clbench.engine.precision import pinned
     from clbench.limits import torch_threads
 
-    with torch_threads(threads or point_threads(suite, spec)):
+    pin_kernels(suite.cpu_kernels, str(suite.path))
+    with torch_threads(threads or point_threads(suite, spec)), pinned(suite.precision):
         return _run_point(spec, suite, output, force=force, env=env, outcome=outcome, console=console)
+
+
+def pin_kernels(level: str, where: str) -> bool:
+    """Compute at the suite's CPU kernel level (:mod:`clbench.engine.cpu_kernels`), if this process
+    still can: the ``clbench`` command and worker processes pin before torch is imported, so their
+    entries hold the suite's level; a process that used torch before (a notebook) keeps its own,
+    which its entries record truthfully. Whether the level holds; a level this CPU lacks is refused."""
+    from clbench.engine import cpu_kernels
+
+    return cpu_kernels.pin_level(cpu_kernels.check_level(level, where=f"{where}: cpu_kernels"))
 
 
 def _run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: dict, outcome: SuiteOutcome,
@@ -179,8 +193,9 @@ def run_cell(suite_path: str | Path, output: str | Path, digest: str, *, seen: s
     from clbench.leaderboard.suite import load_suite
     from clbench.results.assemble import environment
 
-    console = console or Console()
     suite, output = load_suite(suite_path), Path(output)
+    pin_kernels(suite.cpu_kernels, str(suite_path))  # before anything computes (the worker's first step)
+    console = console or Console()
     spec = next((r for r in suite.runs if r.hash == digest), None)
     if spec is None:
         raise UserError(f"the suite has no grid point {digest[:12]}…", where=str(suite_path),
@@ -213,19 +228,23 @@ def rerun(entry: dict, scratch: Path, *, source: str) -> dict:
     """
     from rich.console import Console
 
-    from clbench.engine.precision import pinned
     from clbench.results.assemble import environment
 
     config = entry["config"]
     spec = RunSpec(index=0, config=config, hash=entry["config_hash"], benchmark=entry["benchmark"]["name"],
                    model=entry["model"]["name"], strategy=entry["strategy"]["name"], order=entry["order_label"],
                    seed=entry["seed"])
-    suite = Suite(name=entry.get("suite"), description="", path=Path(source), runs=[spec])
-    threads = (entry.get("execution") or {}).get("torch_threads")  # as recorded: not bounded by this machine
     recorded = (entry.get("env") or {}).get("precision") or "32-true"  # entries before it was recorded: fp32
-    with pinned(recorded):
-        run_point(spec, suite, Path(scratch), force=True, env=environment(), outcome=SuiteOutcome(total=1),
-                  console=Console(stderr=True), threads=threads)
+    # the caller arranged the kernel level (clbench.leaderboard.rerun): the suite's pin is not applied again
+    suite = Suite(name=entry.get("suite"), description="", path=Path(source), runs=[spec], cpu_kernels="native",
+                  precision=recorded)
+    threads = (entry.get("execution") or {}).get("torch_threads")  # as recorded, if this machine has the CPUs
+    if threads is not None:
+        from clbench.limits import check_threads
+
+        check_threads(threads, where=f"{source}: execution.torch_threads", field="execution.torch_threads")
+    run_point(spec, suite, Path(scratch), force=True, env=environment(), outcome=SuiteOutcome(total=1),
+              console=Console(stderr=True), threads=threads)
     return read_entry(entry_path(scratch, spec.hash))
 
 

@@ -68,11 +68,14 @@ def _provenance(entries: list[dict], root: Path, manifest: dict | None) -> dict:
 
 
 def _device(env: dict) -> str | None:
-    """``cpu (Intel(R) Xeon(R) Processor, AVX512)``: on CPU the numbers depend on its instruction set."""
+    """``cpu (AMD EPYC, AVX2, kernels pinned to avx2, bf16-mixed)``: on CPU the numbers depend on the
+    kernels' instruction set (pinned: the same on any CPU that has it) and the precision."""
     cpu = env.get("cpu")
     if env.get("cuda") or not isinstance(cpu, dict):
         return env.get("device")
-    return f"{env.get('device')} ({cpu.get('model')}, {cpu.get('isa')})"
+    pin = f", kernels pinned to {cpu['pin']}" if cpu.get("pin") else ""
+    precision = f", {env['precision']}" if env.get("precision") not in (None, "32-true") else ""
+    return f"{env.get('device')} ({cpu.get('model')}, {cpu.get('isa')}{pin}{precision})"
 
 
 def _regenerate(root_arg: str, manifest: dict | None) -> str:

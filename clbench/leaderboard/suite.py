@@ -10,6 +10,8 @@
     orders: [default, reverse, {permutation: 1}]
     seeds: [0]
     threads: 1                           # optional: torch CPU threads while the suite runs (default: auto)
+    cpu_kernels: avx2                    # optional: the CPU kernel level its runs compute at (default: avx2)
+    precision: 32-true                   # optional: a CPU run's precision where its config sets none (default)
     base:                                # shared run settings laid under every grid point
       train: {epochs: 2}
       logging: {tensorboard: false}
@@ -41,6 +43,12 @@ model, a CPU shared with other work makes extra threads spin rather than help (t
 suite ran over ten times faster with one thread than with two on a busy 2-core machine), and
 a few reductions (e.g. EWC's Fisher) can round differently with another thread count.
 
+``cpu_kernels`` and ``precision`` make the entries rerun exactly on another CPU: every run
+computes with ATen's, MKL's and oneDNN's kernels pinned to AVX2 (:mod:`clbench.engine.cpu_kernels`;
+``native``: unpinned, the default off x86-64) and, where its config sets no ``trainer.precision``, in fp32 on any CPU
+(a single ``clbench run`` of a language model takes bf16-mixed where the CPU has bf16 units:
+:mod:`clbench.engine.precision`). Entries record both (``env.cpu.pin``, ``env.precision``).
+
 ``launcher`` holds the defaults of ``--launcher local`` and ``--launcher slurm`` (workers,
 partition, GPUs, time limit, extra ``#SBATCH`` options; see docs/cluster.md). Like ``threads``
 it says where the runs go, not what they compute, so it is in no run config and no hash.
@@ -51,13 +59,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
 from clbench.config.load import config_hash, deep_merge, order_label, resolve_config
 from clbench.config.yaml_files import read_yaml
 from clbench.config.schema import Count, Named, NonNegative, Order, Section
+from clbench.engine.cpu_kernels import portable_default
+from clbench.leaderboard.launch_settings import Launchers
 from clbench.errors import UserError
 from clbench.config.validation import check_fields, refuse
 
@@ -89,12 +99,6 @@ def _suite_name(name: str) -> str:
     return name
 
 
-def _partition(name: str) -> str:
-    if not name.strip():
-        raise refuse(f"expected a partition name, got {name!r}", "e.g. partition: gpu")
-    return name
-
-
 def _grid_free(base: dict | None) -> dict | None:
     for key in base or {}:
         if key in GRID_FIELDS:
@@ -122,28 +126,6 @@ class StrategyItem(Named):
     train_args: dict[str, Any] = None  # type: ignore[assignment]
 
 
-class LocalLauncher(Section):
-    jobs: Count = None  # type: ignore[assignment]
-
-
-class SlurmLauncher(Section):
-    """``--launcher slurm``'s defaults (docs/cluster.md)."""
-
-    partition: Annotated[str, AfterValidator(_partition)] = None  # type: ignore[assignment]
-    gpus_per_node: NonNegative = None  # type: ignore[assignment]
-    cpus_per_task: Count = None  # type: ignore[assignment]
-    timeout_min: Count = None  # type: ignore[assignment]
-    mem_gb: Annotated[float, Field(gt=0)] = None  # type: ignore[assignment]
-    jobs: Count = None  # type: ignore[assignment]
-    additional: dict[str, str | int | float | bool] = None  # type: ignore[assignment]  # more #SBATCH options
-    setup: list[str] = None  # type: ignore[assignment]  # shell lines before each task
-
-
-class Launchers(Section):
-    local: LocalLauncher | None = None
-    slurm: SlurmLauncher | None = None
-
-
 class SuiteFile(Section):
     """A suite file. ``base`` is a partial run config, checked by the run config's own models
     (:func:`clbench.config.load.resolve_config`), as is every cell of the grid."""
@@ -157,6 +139,8 @@ class SuiteFile(Section):
     orders: Orders
     seeds: Annotated[list[NonNegative], Field(min_length=1), AfterValidator(_distinct_seeds)]
     threads: Count | None = None
+    cpu_kernels: Literal["native", "default", "avx2", "avx512"] | None = None  # None: portable_default()
+    precision: Literal["32-true", "bf16-mixed"] = "32-true"
     launcher: Launchers | None = None
 
 
@@ -189,6 +173,8 @@ class Suite:
     components: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)
     base: dict = field(default_factory=dict)
     threads: int | None = None
+    cpu_kernels: str = "native"  # clbench.engine.cpu_kernels: a level, or native (load_suite: avx2 where it can)
+    precision: str = "32-true"  # a CPU run's, where its config sets none
     launcher: dict = field(default_factory=dict)  # {"slurm": {...}, "local": {...}}, checked
 
     def manifest(self) -> dict:
@@ -285,7 +271,8 @@ def load_suite(path: str | Path) -> Suite:
                                             benchmark=bench["class_path"], model=model["class_path"],
                                             strategy=strategy["class_path"], order=order_label(order), seed=seed))
     return Suite(name=raw["name"], description=(raw.get("description") or "").strip(), path=path, runs=runs,
-                 components=components, base=base, threads=threads, launcher=launcher)
+                 components=components, base=base, threads=threads, launcher=launcher,
+                 cpu_kernels=raw.get("cpu_kernels") or portable_default(), precision=raw.get("precision", "32-true"))
 
 
 def preflight(suite: Suite, *, here: bool = True) -> None:
@@ -311,8 +298,11 @@ def preflight(suite: Suite, *, here: bool = True) -> None:
     if here:
         from clbench.limits import check_threads, check_workers
 
+        from clbench.engine.cpu_kernels import check_level
+
         if suite.threads is not None:
             check_threads(suite.threads, where=f"{source}: threads")
+        check_level(suite.cpu_kernels, where=f"{source}: cpu_kernels")
         for spec in suite.runs[:1]:  # train.num_workers comes from base, the same in every cell
             check_workers(spec.config["train"]["num_workers"], where=f"{source}: base.train.num_workers")
     first = suite.runs[0].config  # base: the objective and trainer of every point

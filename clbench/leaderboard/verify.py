@@ -8,6 +8,8 @@ count), in a temporary folder (the leaderboard directory is only read), and its 
 ones. One verdict per entry:
 
 * ``ok``: every number equal (or within ``tolerance``; the largest difference is still given);
+* ``within noise: X SE at ...``: an entry that cannot be bit-exact here differs by at most 2 of
+  its test set's standard errors (below);
 * ``differs by X at R[i][j]``: the largest difference, where it is, both values, and what
   differs in how it was made (another commit, device or package version);
 * ``cannot rerun: why``: the run was made from uncommitted code (``env.git_dirty``: that code
@@ -21,11 +23,15 @@ question a reader of a committed table asks is whether it holds for this code, a
 ``leaderboard run --force`` is how a table follows a code change. The verdict then names both
 commits and how many code files differ between them.
 
-CPU float rounding differs between CPUs and torch builds, so the default (exact) fits a rerun
-on the machine class that made the entry; elsewhere pass a tolerance. Entries record the CPU's
-model and the instruction set torch's kernels use (``env.cpu``), and a verdict names them when
-they differ: an AVX2 and an AVX-512 machine round differently, and a run that generates text or
-routes by top-k can turn that rounding into a different answer. ``sample`` picks the
+CPU float rounding depends on the kernels' instruction set, so each entry is rerun at the CPU
+kernel level it records (:mod:`~clbench.leaderboard.rerun`: ``env.cpu.pin``, the level a suite
+pins, AVX2 by default; else ATen's level as recorded), in the precision and with the torch
+threads it records: an AVX2 entry reruns bit-exactly on an AVX-512 machine. An entry that cannot
+promise that here (made on a GPU, in bf16-mixed or with unpinned kernels on another CPU, or at a
+level this CPU lacks: :mod:`~clbench.leaderboard.noise`) and differs is judged against its test
+set's standard errors: ``within noise: 0.4 SE at R[2][1]`` up to 2 SE, else ``differs``. Entries
+record the CPU's model and kernel level (``env.cpu``), and a verdict names them when they
+differ. ``sample`` picks the
 ``n`` cheapest ok entries by recorded wall time (ties by hash), so CI can verify a sample of
 every committed leaderboard in its time budget.
 
@@ -48,7 +54,7 @@ from clbench.leaderboard.entries import ENTRIES_DIR, check_entry_names, entries_
 from clbench.leaderboard.layout import check_layout
 from clbench.results.record import Status
 
-OK, DIFFERS, CANNOT = "ok", "differs", "cannot rerun"
+OK, NOISE, DIFFERS, CANNOT = "ok", "within noise", "differs", "cannot rerun"
 
 
 @dataclass
@@ -57,7 +63,7 @@ class Verdict:
 
     digest: str
     label: str
-    status: str  # OK, DIFFERS or CANNOT
+    status: str  # OK, NOISE, DIFFERS or CANNOT
     detail: str = ""
     largest: float | None = None  # the largest absolute difference found (ok and differs)
     where: str | None = None
@@ -65,8 +71,8 @@ class Verdict:
 
     @property
     def line(self) -> str:
-        if self.status == CANNOT:
-            text = f"{CANNOT}: {self.detail}"
+        if self.status in (CANNOT, NOISE):
+            text = f"{self.status}: {self.detail}"
         elif self.status == DIFFERS:
             text = f"{DIFFERS} {self.detail}"
         else:
@@ -114,15 +120,15 @@ def select(root: str | Path, ids: list[str] | None = None, sample: int | None = 
 
 def cheapest(paths: list[Path], n: int) -> list[Path]:
     """The ``n`` ok entries with the least recorded wall time (ties: by hash); an entry that does not read comes first."""
-    import json
+    from clbench.received import read_json
 
     def cost(path: Path) -> tuple[float, str]:
         try:
-            entry = json.loads(path.read_text())
+            entry = read_json(path, fix="")
             if entry.get("status") != Status.OK:
                 return math.inf, path.name
             return float(entry["compute"]["wall_seconds"]), path.name
-        except (ValueError, KeyError, TypeError, OSError):
+        except (UserError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
             return -1.0, path.name  # damaged: verifying it will say so, and cheaply
     costed = sorted((cost(p), p) for p in paths)
     return [p for (seconds, _), p in costed if seconds != math.inf][:n]
@@ -212,6 +218,19 @@ def _package_changes(old: dict, new: dict) -> str | None:
     return ", ".join(changed) or None
 
 
+def _too_many_threads(entry: dict) -> str | None:
+    """Why the entry's recorded torch threads (``execution.torch_threads``) cannot be given here, or
+    None: a rerun takes them as recorded (fewer round differently), and more threads than CPUs
+    only wait for each other, or fail to start at all (500 of them)."""
+    from clbench.limits import usable_cpus
+
+    threads, cpus = (entry.get("execution") or {}).get("torch_threads"), usable_cpus()
+    if threads is None or threads <= cpus:
+        return None
+    return (f"made with {threads} torch threads, and this process may use {cpus} CPUs (fewer threads round "
+            f"differently: verify it on a machine with at least {threads} CPUs)")
+
+
 # -- one entry ----------------------------------------------------------------------------------
 class Verifier:
     """Verify entries one at a time against the checked-out code (see the module notes)."""
@@ -263,8 +282,8 @@ class Verifier:
     def _check_trust(self, entry: dict, path: Path) -> None:
         from clbench.leaderboard.trust import check_entry, suite_bounds
 
-        if self.trust_code or entry["status"] != Status.OK:
-            return
+        if self.trust_code or entry["status"] != Status.OK or (entry.get("env") or {}).get("git_dirty"):
+            return  # failed runs and runs of uncommitted code are never rerun
         root = path.resolve().parent.parent
         if root not in self._bounds:
             self._bounds[root] = suite_bounds(path.parent.parent)
@@ -292,13 +311,17 @@ class Verifier:
 
             if not torch.cuda.is_available():
                 return Verdict(digest, label, CANNOT, f"made on a GPU ({env.get('device')}) and this machine has none")
+        too_many = _too_many_threads(entry)
+        if too_many:
+            return Verdict(digest, label, CANNOT, too_many)
         note, refusal = self._commit_note(made_by)
         if refusal and self.same_code:
             return Verdict(digest, label, CANNOT, refusal)
-        from clbench.leaderboard.cell import rerun
+        from clbench.leaderboard.noise import NOISE_SE, largest_in_se, why_not_exact
+        from clbench.leaderboard.rerun import rerun_entry
 
         with tempfile.TemporaryDirectory(prefix="clbench-verify.") as scratch:
-            new = rerun(entry, Path(scratch), source=str(path))
+            new, at_level = rerun_entry(entry, Path(scratch), source=str(path))
         if new["status"] != Status.OK:
             return Verdict(digest, label, CANNOT, f"the rerun stopped: {new.get('error')}")
         largest, where, old_value, new_value = compare(entry, new)
@@ -315,6 +338,15 @@ class Verifier:
             shown = "exact" if largest == 0 else f"largest difference {largest:.3g} at {where}, within {self.tolerance:g}"
             return Verdict(digest, label, OK, "; ".join([shown, *notes]), largest=largest, where=where,
                            other_cpu=bool(cpu or unrecorded_cpu))
+        not_exact = why_not_exact(env, new["env"], at_level)
+        if not_exact:  # judged against the test set's noise, not bit for bit
+            in_se, se_where = largest_in_se(entry, new)
+            judged = f"{in_se:.2g} SE at {se_where}" if math.isfinite(in_se) else f"beyond any SE ({se_where})"
+            if in_se <= NOISE_SE:
+                return Verdict(digest, label, NOISE, "; ".join([f"{judged} (largest difference {largest:.3g} at "
+                                                                f"{where}); {not_exact}", *notes]),
+                               largest=largest, where=where, other_cpu=bool(cpu or unrecorded_cpu))
+            notes.append(f"{judged}, beyond the {NOISE_SE:g} SE a rerun that is {not_exact} may differ by")
         if unrecorded_cpu:
             notes.append(unrecorded_cpu)
         gap = f"{largest:.3g}" if math.isfinite(largest) else "shape"

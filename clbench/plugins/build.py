@@ -145,7 +145,9 @@ def known_objective(cfg: dict, source: str) -> tuple[type | None, str | None]:
     if cfg.get("objective"):
         name = cfg["objective"]["class_path"]
         return _objective_class(name, f"{source}: objective.class_path"), f"objective '{name}'"
-    benchmark = cfg["benchmark"]["class_path"]
+    benchmark = (cfg.get("benchmark") or {}).get("class_path")
+    if benchmark is None:  # a config that builds a Trainer alone (the perf scripts'): no stream, no objective
+        return None, None
     declared = getattr(registry.resolve("benchmarks", benchmark, where=f"{source}: benchmark.class_path"),
                        "objective", None)
     if isinstance(declared, str):
@@ -213,15 +215,20 @@ def build_objective(cfg: dict, stream_spec, source: str):
 
 def build_model(cfg: dict, stream_spec, source: str, objective=None):
     """The model, given the arguments the objective derives from the stream (classification:
-    ``num_classes`` and ``input_shape``)."""
+    ``num_classes`` and ``input_shape``); first checked to fit this machine's memory
+    (:func:`clbench.models.footprint.check_fits`), so a mistyped size is one line, not the allocator's."""
+    from clbench.models.footprint import check_fits
+
     if objective is None:
         from clbench.objectives.classification import Classification
 
         objective = Classification()
     spec = cfg["model"]
     target = registry.resolve("models", spec["class_path"], where=f"{source}: model.class_path")
-    return call_plugin(target, spec["init_args"], f"{source}: {argument_path('model')}", source,
-                 **objective.model_kwargs(stream_spec))
+    where, provided = f"{source}: {argument_path('model')}", objective.model_kwargs(stream_spec)
+    check_init_args(target, spec["init_args"], where, provided=tuple(provided))
+    check_fits(target, spec["init_args"], provided, cfg.get("trainer"), where=where)
+    return call_plugin(target, spec["init_args"], where, source, **provided)
 
 
 def build_strategy(cfg: dict, source: str):

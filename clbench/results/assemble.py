@@ -55,12 +55,15 @@ def environment() -> dict[str, Any]:
 
 
 def cpu_identity() -> dict[str, str]:
-    """The CPU a run computed on: its model name and the instruction set torch's kernels use
-    (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``, ``AVX512``, ...; the environment
-    variable ``ATEN_CPU_CAPABILITY`` lowers it)."""
+    """The CPU a run computed on: its model name, the instruction set torch's kernels use
+    (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``, ``AVX512``, ...) and ``pin``, the
+    level ATen's, MKL's and oneDNN's kernels were all pinned to (:mod:`clbench.engine.cpu_kernels`;
+    None: each chose by this CPU), which ``leaderboard verify`` reruns with."""
     import platform
 
     import torch
+
+    from clbench.engine.cpu_kernels import pinned_level
 
     model = None
     try:
@@ -69,7 +72,7 @@ def cpu_identity() -> dict[str, str]:
     except OSError:
         pass
     return {"model": model or platform.processor() or platform.machine() or "unknown",
-            "isa": torch.backends.cpu.get_cpu_capability()}
+            "isa": torch.backends.cpu.get_cpu_capability(), "pin": pinned_level()}
 
 
 def peak_memory_mb() -> dict[str, float | None]:

@@ -20,6 +20,16 @@ def _shown(value, percent: bool = True) -> str:
     return f"{100 * value:.1f}" if percent else f"{value:.3g}"
 
 
+def _computed(env: dict) -> str:
+    """`` · 32-true, AVX2 kernels (pinned)``: what a CPU run's last bits depend on, which a language
+    model's default precision (bf16-mixed where the CPU has bf16 units) makes machine-dependent."""
+    cpu = env.get("cpu")
+    if env.get("cuda") or not isinstance(cpu, dict):
+        return ""
+    pinned = " (pinned)" if cpu.get("pin") else ""
+    return f" · {env.get('precision') or '32-true'}, {cpu.get('isa')} kernels{pinned}"
+
+
 def print_result(result: dict, output: Path | None = None, console=None) -> None:
     from rich.table import Table
 
@@ -28,7 +38,7 @@ def print_result(result: dict, output: Path | None = None, console=None) -> None
     percent = r_percent(r_names, recorded)
     unit = "%" if percent else ", ".join(dict.fromkeys(r_names or []))
     title = (f"{result['strategy']['name']} on {result['benchmark']['name']} · order {result['order_label']} · "
-             f"seed {result['seed']}")
+             f"seed {result['seed']}{_computed(result.get('env') or {})}")
     table = Table(title=f"R matrix ({unit}), {title}", title_justify="left")
     table.add_column("after \\ test")
     for name in names:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import tiny_config
 
-from clbench.engine import precision
+from clbench.engine import cpu_kernels, precision
 
 TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
@@ -60,10 +60,10 @@ def test_the_cpu_flags_decide_bf16_units(monkeypatch, tmp_path):
         info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
         monkeypatch.setattr(builtins, "open",
                             lambda path, *a, **k: real_open(info if path == "/proc/cpuinfo" else path, *a, **k))
-        precision.cpu_bf16_units.cache_clear()
+        cpu_kernels.cpu_flags.cache_clear()
         assert precision.cpu_bf16_units() is expected
     monkeypatch.setattr(builtins, "open", real_open)
-    precision.cpu_bf16_units.cache_clear()
+    cpu_kernels.cpu_flags.cache_clear()
 
 
 def test_the_run_trains_in_the_chosen_precision_and_records_it(tmp_path, monkeypatch):

@@ -332,10 +332,12 @@ def test_interrupted_suite_keeps_finished_entries_and_continues(tmp_path, monkey
 
 
 def test_a_killed_suite_resumes_the_interrupted_run_from_its_checkpoint(board, tmp_path, monkeypatch):
-    """SIGKILL ``clbench leaderboard run`` in the second experience; the rerun continues that run."""
+    """SIGKILL ``clbench leaderboard run`` in the second experience; the rerun continues that run.
+    Unpinned kernels: the command would pin them, and this process, which computed already, could not
+    go on at that level (a resume under another level starts over: test_cpu_kernels.py)."""
     from clbench.engine.runner import CHECKPOINT
 
-    suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"], orders=["default"])))
+    suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"], orders=["default"], cpu_kernels="native")))
     digest = suite.runs[0].hash
     out = tmp_path / "lb"
     killed = run_cli("leaderboard", "run", "--suite", str(suite.path), "--output", str(out), "--no-progress",

@@ -95,7 +95,7 @@ def test_a_difference_names_the_cpus(clean_smoke_board, tmp_path, capsys):
         if cpu:
             entry["env"].update(cpu=cpu, precision="bf16-mixed")
         path.write_text(json.dumps(entry))
-        _forge(path, 0.01)
+        _forge(path, 0.5)  # far beyond the test set's noise, which judges entries made elsewhere unpinned
     assert main(["leaderboard", "verify", str(out), recorded.stem, unrecorded.stem]) == 1
     lines = dict(line.split(" ", 1) for line in capsys.readouterr().out.splitlines()[:2])
     # the rerun computes in the precision the entry records (clbench.engine.precision.pinned)
@@ -107,6 +107,34 @@ def test_a_difference_names_the_cpus(clean_smoke_board, tmp_path, capsys):
     made_here = next(p for p, e in _entries(out) if len(e["r_matrix"]) == 1)
     verifier = Verifier()
     assert [verifier.verify(p).other_cpu for p in (recorded, unrecorded, made_here)] == [True, True, False]
+
+
+def test_an_entry_that_cannot_be_exact_here_is_judged_against_its_test_set_noise(clean_smoke_board, tmp_path,
+                                                                                    capsys):
+    """Made unpinned on another CPU: a difference of a fraction of an R cell's standard error is
+    "within noise" (exit 0), one of many SEs "differs"; the same small difference in an entry made on
+    this CPU (where the rerun must be exact) still differs."""
+    out = tmp_path / "lb"
+    shutil.copytree(clean_smoke_board, out)
+    elsewhere, far, here = [p for p, e in _entries(out) if len(e["r_matrix"]) > 1] + \
+        [next(p for p, e in _entries(out) if len(e["r_matrix"]) == 1)]
+    for path in (elsewhere, far):
+        entry = json.loads(path.read_text())
+        entry["env"]["cpu"] = {"model": "Elsewhere CPU", "isa": "AVX2", "pin": None}
+        path.write_text(json.dumps(entry))
+    ses = {}
+    for path, delta in ((elsewhere, 0.3), (far, 40.0), (here, 0.3)):
+        entry = json.loads(path.read_text())
+        i, j = len(entry["r_matrix"]) - 1, 0
+        ses[path] = entry["r_stderr"][i][j]
+        _forge(path, delta * entry["r_stderr"][i][j])
+    assert main(["leaderboard", "verify", str(out), elsewhere.stem]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert ": within noise: 0.3 SE at R[" in line and "made with unpinned kernels on another CPU" in line, line
+    assert main(["leaderboard", "verify", str(out), far.stem, here.stem]) == 1
+    lines = dict(line.split(" ", 1) for line in capsys.readouterr().out.splitlines()[:2])
+    assert ": differs by" in lines[far.stem[:12]] and "40 SE at R[" in lines[far.stem[:12]], lines
+    assert ": differs by" in lines[here.stem[:12]] and " SE" not in lines[here.stem[:12]], lines
 
 
 @needs_quickstart
