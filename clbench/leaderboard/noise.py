@@ -9,8 +9,9 @@ CPU). Their reruns are judged against each number's test-set standard error inst
 difference of a fraction of one SE is rounding that the sampling of the test set dwarfs.
 
 The SE of a cell is the committed entry's (``r_stderr``, ``r_init_stderr``, ``scores_stderr``),
-floored, where R is a share of test samples, at one sample's weight (1/n, from ``r_n``): a cell at 0/100 or 100/100 has a binomial
-SE of 0, and a flip of one answer must not read as infinitely many SEs. A number with no SE
+floored, where R is a share of test samples, at one sample's weight (1/n, from ``r_n``): a cell
+at 0/100 or 100/100 has a binomial SE of 0, and a flip of one answer must not read as
+infinitely many SEs. A number with no SE
 recorded (the other metrics' matrices) is not judged; R's cells carry the primary metric.
 """
 
