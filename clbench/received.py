@@ -40,13 +40,28 @@ def _not_regular(path: Path, mode: int, fix: str) -> UserError:
     return UserError(f"{link}{kind}, where a regular file is expected (it is not read)", where=str(path), fix=fix)
 
 
-def read_bytes(path: str | Path, *, fix: str, limit: int = MAX_BYTES) -> bytes:
-    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes (links followed to one)."""
+def check_regular(path: str | Path, *, fix: str) -> os.stat_result:
+    """``path``'s status if it is (or links to) a regular file, else one line saying what it is:
+    refused before it is opened, as opening a device can have effects and a pipe blocks."""
     path = Path(path)
     try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):  # refused before opening: opening a device can have effects
-            raise _not_regular(path, mode, fix)
+        info = os.stat(path)
+    except OSError as err:
+        denied = err.errno in (errno.EACCES, errno.EPERM)
+        raise UserError(f"cannot read: {err.strerror}", where=str(path),
+                        fix="check the file's permissions" if denied else fix) from None
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(path, info.st_mode, fix)
+    return info
+
+
+def read_bytes(path: str | Path, *, fix: str, limit: int = MAX_BYTES,
+               bound: str = "clbench reads from one file") -> bytes:
+    """The bytes of ``path`` if it is a regular file (:func:`check_regular`) of at most ``limit``
+    bytes; ``bound`` says in the refusal where the limit comes from."""
+    path = Path(path)
+    check_regular(path, fix=fix)
+    try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as err:
         denied = err.errno in (errno.EACCES, errno.EPERM)
@@ -59,8 +74,7 @@ def read_bytes(path: str | Path, *, fix: str, limit: int = MAX_BYTES) -> bytes:
         data = handle.read(limit + 1) if info.st_size <= limit else b""
     if info.st_size > limit or len(data) > limit:
         size = max(info.st_size, len(data))
-        raise UserError(f"{size} bytes, more than the {limit} clbench reads from one file (it is not read)",
-                        where=str(path), fix=fix)
+        raise UserError(f"{size} bytes, more than the {limit} {bound} (it is not read)", where=str(path), fix=fix)
     return data
 
 

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import pickle
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -229,19 +227,10 @@ def load(path: str | Path, *, fix: str, encoding: str = "ASCII", max_bytes: int 
     """The object pickled in ``path``, built only from plain containers, numbers, strings and
     NumPy arrays of numbers; anything else, and any file that cannot be read or unpickled, is a
     one-line :class:`UserError` naming the file (and ``fix``)."""
+    from clbench.received import read_bytes
+
     where = str(path)
-    try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block or never end
-            raise UserError("not a regular file", where=where, fix=fix)
-        size = info.st_size
-        if size > max_bytes:
-            raise UserError(f"{size} bytes, more than the {max_bytes} a file of this dataset can be", where=where,
-                            fix=fix)
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except OSError as err:
-        raise UserError(f"cannot read the file ({err.strerror or err})", where=where, fix=fix) from None
+    data = read_bytes(path, fix=fix, limit=max_bytes, bound="a file of this dataset can be")
     try:
         scan(data, _stand_in)
         return _plain(_Restricted(io.BytesIO(data), encoding=encoding).load(), {})

@@ -12,8 +12,6 @@ worded. The weights must then fit the rebuilt model: the same shape, and the sam
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,12 +72,9 @@ def load_tensors(path: Path) -> dict:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as err:
-        raise UserError(f"cannot read: {err.strerror}", where=str(path), fix=FIX) from None
-    if not stat.S_ISREG(mode):  # a pipe would block, a device be read without end
-        raise UserError("not a regular file (it is not read)", where=str(path), fix=FIX)
+    from clbench.received import check_regular
+
+    check_regular(path, fix=FIX)  # a pipe would block, a device be read without end
     try:
         return load_file(str(path))
     except SafetensorError as err:

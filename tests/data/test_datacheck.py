@@ -183,20 +183,22 @@ class _Payload:
         return os.system, (f"touch {shlex.quote(str(self.marker))}",)
 
 
+def _pickle_to_replace(roots, tmp_path, dataset: str, cifar_file: str) -> tuple:
+    """(a pickled file of a fresh dataset tree, the `clbench data check` arguments that read it)."""
+    if dataset == "core50":
+        dst = write_core50(tmp_path / "c", objects=[1, 2, 6], frames=2, png=False, npz=True)
+        return dst / "paths.pkl", ["core50", "--root", str(dst), OBJECTS]
+    dst = tmp_path / "cifar-10-batches-py"
+    shutil.copytree(roots["cifar10"], dst)
+    return dst / cifar_file, ["cifar10-dirichlet", "--root", str(dst), "min_size=1"]
+
+
 @pytest.mark.parametrize("dataset", ["core50", "cifar10"])
 def test_cli_check_refuses_a_pickle_payload_without_running_it(roots, tmp_path, dataset):
     import pickle
 
     marker = tmp_path / "ran"
-    if dataset == "core50":
-        dst = write_core50(tmp_path / "c", objects=[1, 2, 6], frames=2, png=False, npz=True)
-        named = dst / "paths.pkl"
-        args = ["core50", "--root", str(dst), OBJECTS]
-    else:
-        dst = tmp_path / "cifar-10-batches-py"
-        shutil.copytree(roots["cifar10"], dst)
-        named = dst / "batches.meta"
-        args = ["cifar10-dirichlet", "--root", str(dst), "min_size=1"]
+    named, args = _pickle_to_replace(roots, tmp_path, dataset, cifar_file="batches.meta")
     with open(named, "wb") as f:
         pickle.dump(_Payload(marker), f)
     proc = cli(*args)
@@ -210,15 +212,7 @@ def test_cli_check_refuses_a_pickle_payload_without_running_it(roots, tmp_path, 
 def test_cli_check_refuses_a_pickle_nested_to_crash_python_in_one_line(roots, tmp_path, dataset):
     """A 1 MB frozenset over a tuple nested a million deep: hashing it overflows the C stack, so
     unchecked it is a segfault (exit 139); checked, one line and exit status 2."""
-    if dataset == "core50":
-        dst = write_core50(tmp_path / "c", objects=[1, 2, 6], frames=2, png=False, npz=True)
-        named = dst / "paths.pkl"
-        args = ["core50", "--root", str(dst), OBJECTS]
-    else:
-        dst = tmp_path / "cifar-10-batches-py"
-        shutil.copytree(roots["cifar10"], dst)
-        named = dst / "data_batch_3"
-        args = ["cifar10-dirichlet", "--root", str(dst), "min_size=1"]
+    named, args = _pickle_to_replace(roots, tmp_path, dataset, cifar_file="data_batch_3")
     named.write_bytes(b"\x80\x04(N" + b"\x85" * 1_000_000 + b"\x91.")
     proc = cli(*args)
     assert proc.returncode == 2, proc.stderr
