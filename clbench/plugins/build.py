@@ -213,10 +213,11 @@ def build_objective(cfg: dict, stream_spec, source: str):
     return call_plugin(target, args, f"{where}.init_args", source)
 
 
-def build_model(cfg: dict, stream_spec, source: str, objective=None):
+def build_model(cfg: dict, stream_spec, source: str, objective=None, *, check_size: bool = True):
     """The model, given the arguments the objective derives from the stream (classification:
     ``num_classes`` and ``input_shape``); first checked to fit this machine's memory
-    (:func:`clbench.models.footprint.check_fits`), so a mistyped size is one line, not the allocator's."""
+    (:func:`clbench.models.footprint.check_fits`), so a mistyped size is one line, not the allocator's.
+    ``check_size=False``: the same config's model was built already (a reference model's rebuild)."""
     from clbench.models.footprint import check_fits
 
     if objective is None:
@@ -227,7 +228,8 @@ def build_model(cfg: dict, stream_spec, source: str, objective=None):
     target = registry.resolve("models", spec["class_path"], where=f"{source}: model.class_path")
     where, provided = f"{source}: {argument_path('model')}", objective.model_kwargs(stream_spec)
     check_init_args(target, spec["init_args"], where, provided=tuple(provided))
-    check_fits(target, spec["init_args"], provided, cfg.get("trainer"), where=where)
+    if check_size:
+        check_fits(target, spec["init_args"], provided, cfg.get("trainer"), where=where)
     return call_plugin(target, spec["init_args"], where, source, **provided)
 
 
