@@ -192,14 +192,16 @@ class Leaderboard:
 
     def table(self) -> list[dict[str, Any]]:
         """One dict per table row: benchmark, strategy label, rank, rank group (letters), runs, and
-        each score's mean, sample std and 95% interval half-width over task orders and seeds
-        (fractions; ``from_test_set``: one run's test-set interval)."""
+        each score's mean, sample std over units and 95% interval (``ci95``: half-width; ``low``,
+        ``high``: its ends cut at the score's bounds) over task orders, the replication unit
+        (fractions; ``from_test_set``: one unit's test-set interval)."""
         from clbench.leaderboard.table import build_tables
 
         rows = []
         for table in build_tables(self.entries, source=str(self.path)):
             for row in table.rows:
-                stats = {key: {"mean": s.mean, "std": s.std, "n": s.n, "ci95": s.half, "from_test_set": s.from_test_set}
+                stats = {key: {"mean": s.mean, "std": s.std, "n": s.n, "units": s.units, "ci95": s.half, "low": s.low,
+                               "high": s.high, "from_test_set": s.from_test_set}
                          for key, s in row.stats.items()}
                 group = table.groups.letters.get(row.label) if table.groups else None
                 rows.append({"benchmark": table.name, "strategy": row.label, "rank": row.rank, "group": group,

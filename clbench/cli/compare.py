@@ -15,9 +15,10 @@ def register(sub) -> None:
     p = sub.add_parser("compare", help="compare strategies across task orders: worst order, range, Kendall's tau, "
                                        "paired test",
                        description="Per benchmark: each strategy's score per task order, mean ± 95% interval over "
-                                   "runs and its rank group (Tukey's HSD, as the leaderboard's tables), mean ± std "
-                                   "over orders, worst order and range; Kendall's tau between the per-order rankings; a paired "
-                                   "test between two strategies (default: the two best).")
+                                   "task orders and its rank group (paired t-tests with Holm's correction, as the "
+                                   "leaderboard's tables), mean ± std over orders, worst order and range; Kendall's tau "
+                                   "between the per-order rankings; a paired test between two strategies (default: the "
+                                   "two best) with its power.")
     p.add_argument("dir", nargs="?", default=DEFAULT_OUTPUT, help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
     p.add_argument("--metric", "-m", default="acc", help="score to compare (default: acc)")
     p.add_argument("--benchmark", help="one benchmark only")

@@ -12,15 +12,18 @@ For one score (``acc`` by default) and each benchmark table (:mod:`~clbench.lead
   present in both, then averaged. 1 means every order ranks the methods identically, 0 means
   the rankings are unrelated. Joint training counts as a method like any other;
 * **intervals and rank groups**, the same as the leaderboard's tables
-  (:mod:`clbench.leaderboard.stats`): each method's mean over its runs with a 95% t interval,
-  its group letters, the test, α and critical difference, and every pair's difference,
-  critical difference and Tukey p-value; :func:`comparison_markdown` writes them as Markdown
-  tables to paste into a paper;
+  (:mod:`clbench.leaderboard.stats`): each method's mean over the task orders (the replication
+  unit) with a 95% t interval cut at the score's bounds, its group letters, the test, α and
+  critical difference, and every pair's difference, critical difference, paired-t and Holm
+  p-values; :func:`comparison_markdown` writes them as Markdown tables to paste into a paper;
 * **paired test** between two methods (``a`` and ``b``; by default the two best by mean):
-  runs are paired on (order, seed), and with at least :data:`MIN_PAIRS` pairs the paired
-  t-test (``scipy.stats.ttest_rel``) and the Wilcoxon signed-rank test
-  (``scipy.stats.wilcoxon``, exact for small n) are reported, both two-sided. With n pairs
-  the Wilcoxon p-value cannot fall below 2 / 2**n (0.25 for n = 3), which the output states.
+  runs are averaged within each order and paired on orders (on seeds where there is one
+  order), and with at least :data:`MIN_PAIRS` pairs the paired t-test
+  (``scipy.stats.ttest_rel``) and the Wilcoxon signed-rank test (``scipy.stats.wilcoxon``,
+  exact for small n) are reported, both two-sided. With n pairs the Wilcoxon p-value cannot
+  fall below 2 / 2**n (0.25 for n = 3), which the output states. Its **power**: the gap the
+  table's test detects with 80% power for this pair, and how many orders would separate the
+  observed gap (:class:`clbench.leaderboard.stats.PairNoise`).
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.stats import ALPHA, design_text, groups_line, scale_and_unit
+from clbench.leaderboard.stats import (ALPHA, POWER, PairNoise, design_text, groups_line, needed_text,
+                                       replication_unit, scale_and_unit, unit_means)
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, table_groups
 from clbench.metrics.score_registry import TABLE_SCORES, shown
+from clbench.metrics.stderr import entry_score_stderr
 from clbench.results.record import Status
 
 MIN_PAIRS = 3
@@ -95,25 +100,32 @@ def rank_stability(per_order: dict[str, dict[str, float]], orders: list[str]) ->
     return out
 
 
-def paired_test(row_a: Row, row_b: Row, metric: str, higher: bool = True) -> dict[str, Any]:
-    """Paired t-test and Wilcoxon signed-rank test of ``a - b`` over runs matched on (order, seed).
+def paired_test(row_a: Row, row_b: Row, metric: str, higher: bool = True, *, unit: str = "order",
+                pairs_in_table: int = 1) -> dict[str, Any]:
+    """Paired t-test and Wilcoxon signed-rank test of ``a - b`` over the replication units
+    (``unit``: orders, each the mean of its seeds; or the seeds of a single order), and the
+    pair's power at the table's Holm level α/m (m = ``pairs_in_table``).
 
     ``a_better`` / ``b_better`` count the pairs where each is better in the score's direction.
     """
     from scipy.stats import ttest_rel, wilcoxon
 
-    def by_unit(row: Row) -> dict[tuple[str, int], float]:
-        return {(e["order_label"], e["seed"]): v for e in row.entries if (v := _value(e, metric)) is not None}
+    def by_unit(row: Row) -> dict[Any, tuple[float, float | None]]:
+        runs = {(e["order_label"], e["seed"]): (v, entry_score_stderr(e, wilson=True).get(metric))
+                for e in row.entries if (v := _value(e, metric)) is not None}
+        return unit_means(runs, unit)
 
     ua, ub = by_unit(row_a), by_unit(row_b)
-    units = sorted(set(ua) & set(ub))
-    out: dict[str, Any] = {"a": row_a.label, "b": row_b.label, "n_pairs": len(units),
-                           "pairs": [{"order": o, "seed": s, "a": ua[(o, s)], "b": ub[(o, s)]} for o, s in units]}
+    units = sorted(set(ua) & set(ub), key=repr)
+    name = "orders" if unit == "order" else "seeds"
+    out: dict[str, Any] = {"a": row_a.label, "b": row_b.label, "n_pairs": len(units), "unit": unit,
+                           "pairs": [{unit: u if unit == "order" else u[1], "a": ua[u][0], "b": ub[u][0]}
+                                     for u in units]}
     if len(units) < MIN_PAIRS:
-        out["note"] = f"not enough paired runs: {len(units)}, need {MIN_PAIRS} (add orders or seeds)"
+        out["note"] = f"not enough paired {name}: {len(units)}, need {MIN_PAIRS} (add {name})"
         return out
-    xa = [ua[u] for u in units]
-    xb = [ub[u] for u in units]
+    xa = [ua[u][0] for u in units]
+    xb = [ub[u][0] for u in units]
     diffs = [p - q for p, q in zip(xa, xb)]
     sign = 1 if higher else -1
     out.update({"mean_difference": _mean(diffs), "a_better": sum(sign * d > 0 for d in diffs),
@@ -130,6 +142,13 @@ def paired_test(row_a: Row, row_b: Row, metric: str, higher: bool = True) -> dic
         w = wilcoxon(xa, xb)
         out["wilcoxon"] = {"statistic": float(w.statistic), "p_value": float(w.pvalue),
                            "min_attainable_p": min(1.0, 2.0 / 2 ** len(units))}
+    mean = out["mean_difference"]
+    ses = [ua[u][1] for u in units] + [ub[u][1] for u in units]
+    v_test = sum(se * se for se in ses) / len(units) if all(se is not None for se in ses) else 0.0
+    noise = PairNoise(sum((d - mean) ** 2 for d in diffs) / (len(units) - 1), v_test, len(units))
+    level = ALPHA / max(pairs_in_table, 1)
+    out["power"] = {"level": level, "power": POWER, "test_set_included": all(se is not None for se in ses),
+                    "detectable": noise.detectable(level), "units_needed": noise.units_needed(mean, level)}
     return out
 
 
@@ -175,9 +194,9 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
         stat = by_label[s["label"]].stats.get(metric)
         half = None if stat is None else stat.half
         s["interval"] = None if stat is None else {
-            "mean": stat.mean, "half_width": half, "low": None if half is None else stat.mean - half,
-            "high": None if half is None else stat.mean + half, "runs": stat.n, "confidence": 1 - ALPHA,
-            "kind": "test set" if stat.from_test_set else "t over runs" if half is not None else None}
+            "mean": stat.mean, "half_width": half, "low": stat.low, "high": stat.high, "cut": stat.cut,
+            "runs": stat.n, "units": stat.units, "confidence": 1 - ALPHA,
+            "kind": "test set" if stat.from_test_set else "t over units" if half is not None else None}
         s["group"] = groups.letters.get(s["label"])
     strategies.sort(key=lambda s: (-s["mean"] if higher else s["mean"], s["label"]))
     for order in orders:
@@ -194,14 +213,17 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
                            "strategies": strategies, "rank_stability": rank_stability(per_order_means, orders),
                            "groups": {**groups.as_dict(), "design": design_text(groups, title, scale, unit),
                                       "text": groups_line(groups, scale)}}
+    design = {"unit": replication_unit(set(orders)), "pairs_in_table": max(groups.m, 1)}
     if a or b:
         if not (a and b):
             raise UserError("give both --a and --b for a paired test", where="--a/--b",
                             fix="e.g. --a replay --b naive")
-        out["paired_test"] = paired_test(_find_row(table, a, "--a"), _find_row(table, b, "--b"), metric, higher)
+        out["paired_test"] = paired_test(_find_row(table, a, "--a"), _find_row(table, b, "--b"), metric, higher,
+                                         **design)
     elif len(strategies) >= 2:
         rows = {r.label: r for r in table.rows}
-        out["paired_test"] = paired_test(rows[strategies[0]["label"]], rows[strategies[1]["label"]], metric, higher)
+        out["paired_test"] = paired_test(rows[strategies[0]["label"]], rows[strategies[1]["label"]], metric, higher,
+                                         **design)
     else:
         out["paired_test"] = None
     return out
@@ -264,7 +286,7 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
         table.add_column("strategy", style="bold")
         for order in orders:
             table.add_column(order, justify="right")
-        table.add_column("mean ± 95% CI (runs)", justify="right")
+        table.add_column("mean, 95% CI (units)", justify="right")
         table.add_column("mean ± std (orders)", justify="right")
         table.add_column("lowest order" if plain else "worst order", justify="right")
         table.add_column("range", justify="right")
@@ -288,7 +310,8 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
             console.print(f"rank stability: {rs['note']}", highlight=False)
         pt = bench.get("paired_test")
         if pt:
-            head = f"paired test {pt['a']} vs {pt['b']} on {pt['n_pairs']} (order, seed) pairs"
+            name = "orders" if pt.get("unit", "order") == "order" else "seeds"
+            head = f"paired test {pt['a']} vs {pt['b']} on {pt['n_pairs']} {name}"
             if "mean_difference" not in pt:
                 console.print(f"{head}: {pt['note']}", highlight=False)
             else:
@@ -307,22 +330,35 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
                 if pt.get("note"):
                     parts.append(pt["note"])
                 console.print(f"{head}: " + "; ".join(parts), highlight=False)
+                if pt.get("power"):
+                    console.print(power_text(pt, fmt), highlight=False)
         console.print()
 
 
+def power_text(pt: dict[str, Any], fmt) -> str:
+    """The paired test's power: the gap it detects with 80% power, and the units the observed gap needs."""
+    power, name = pt["power"], "order" if pt.get("unit", "order") == "order" else "seed"
+    return (f"power: at the table's Holm level α/m = {power['level']:.2g}, this pair's test detects "
+            f"{fmt(power['detectable'])} with {POWER:.0%} power on {pt['n_pairs']} {name}s; the observed gap "
+            f"{fmt(abs(pt['mean_difference']))} needs {needed_text(power['units_needed'], name)}")
+
+
 def _interval(s: dict[str, Any], fmt) -> str:
-    """``70.8 ± 11.8 (n=3)``: a strategy's mean over its runs and its 95% interval (‡: one run's test set)."""
+    """``70.8 ± 11.8 (n=3)``: a strategy's mean over its units and its 95% interval (``[low, high]``
+    where a bound of the score cut it; ‡: one unit's test set)."""
     iv = s.get("interval")
     if not iv:
         return "—"
-    half = "" if iv["half_width"] is None else f" ± {fmt(iv['half_width'])}" + ("‡" if iv["kind"] == "test set" else "")
-    return f"{fmt(iv['mean'])}{half} (n={iv['runs']})"
+    mark = "‡" if iv["kind"] == "test set" else ""
+    ci = "" if iv["half_width"] is None else (f" [{fmt(iv['low'])}, {fmt(iv['high'])}]{mark}" if iv.get("cut") else
+                                              f" ± {fmt(iv['half_width'])}{mark}")
+    return f"{fmt(iv['mean'])}{ci} (n={iv.get('units', iv['runs'])})"
 
 
 def comparison_markdown(report: dict[str, Any]) -> str:
     """The comparison as Markdown to paste: per benchmark, the design sentence, one row per
     strategy (group, mean ± 95% interval, runs, per-order values, worst order) and every pair
-    (difference, critical difference, Tukey p-value)."""
+    (difference, critical difference, paired-t and Holm p-values, the gap detected with 80% power)."""
     metric = report["metric"]
 
     def fmt(value: float | None) -> str:
@@ -350,12 +386,17 @@ def comparison_markdown(report: dict[str, Any]) -> str:
                          + f" | {fmt(s['worst'])} ({cell(s['worst_order'])}) |")
         lines.append("")
         if groups.get("pairs"):
-            lines += ["| A | B | A − B | Critical difference | p (Tukey) | Significant |", "|:---|:---|---:|---:|---:|:---:|"]
+            lines += ["| A | B | A − B | Critical difference | Detectable (80% power) | p (paired t) | p (Holm) "
+                      "| Significant |", "|:---|:---|---:|---:|---:|---:|---:|:---:|"]
             for pair in groups["pairs"]:
                 lines.append(f"| {cell(pair['a'])} | {cell(pair['b'])} | {fmt(pair['difference'])} | "
-                             f"{fmt(pair['critical_difference'])} | {pair['p_value']:.3g} | "
+                             f"{fmt(pair['critical_difference'])} | {fmt(pair.get('detectable_at_80_power'))} | "
+                             f"{pair['p_value']:.3g} | {pair['p_holm']:.3g} | "
                              f"{'yes' if pair['significant'] else 'no'} |")
             lines.append("")
+        pt = bench.get("paired_test")
+        if pt and pt.get("power"):
+            lines += [power_text(pt, fmt)[0].upper() + power_text(pt, fmt)[1:] + ".", ""]
         if groups.get("text"):
             lines += [f"Groups, best first: {groups['text']}.", ""]
     return "\n".join(lines).rstrip("\n") + "\n"

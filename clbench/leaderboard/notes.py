@@ -7,7 +7,7 @@ The terminal (:mod:`clbench.leaderboard.terminal`), ``README.md`` and the HTML p
 
 from __future__ import annotations
 
-from clbench.leaderboard.stats import design_text, groups_line, scale_and_unit
+from clbench.leaderboard.stats import design_text, groups_line, scale_and_unit, ties_text
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, scoring
 from clbench.results.record import Status
 
@@ -66,9 +66,12 @@ def direction_note(table: BenchmarkTable) -> str | None:
             "better direction." + (f" {unit}" if unit else ""))
 
 
-NOTES = ("Scores are percentages: mean ± the half-width of its 95% interval over task orders and seeds "
-         "(Student's t with Runs − 1 degrees of freedom; a row of one run shows its test set's 95% interval, marked ‡, "
-         "where the run recorded its test-set errors, else the value alone). Group: methods sharing a letter are not "
+NOTES = ("Scores are percentages: mean ± the half-width of its 95% interval over task orders, the replication "
+         "unit (each order's seeds are averaged first; Student's t with orders − 1 degrees of freedom; a table of one "
+         "order uses its seeds instead). An interval that a score's bounds cut (0 and 100; −100 and 100 for BWT, FWT "
+         "and Forgetting) is written by its ends, [low, high]. A row of one unit shows its test set's 95% interval, "
+         "marked ‡ (Wilson's for accuracy and exact match), where the runs recorded their test-set errors, else the "
+         "value alone. Group: methods sharing a letter are not "
          "significantly different in ACC (the test, α and critical difference are named above each table). ACC is the final average accuracy over all experiences; AIA the "
          "average incremental accuracy; BWT < 0 means forgetting; FWT is forward transfer against the "
          "untrained model; Forgetting is the mean drop from each experience's best accuracy to its final one "
@@ -157,6 +160,10 @@ def groups_note(table: BenchmarkTable) -> str | None:
 
 
 def groups_text(table: BenchmarkTable) -> str | None:
-    """Below a table: the rank groups as text (a critical-difference diagram in words), best first."""
+    """Below a table: the rank groups as text (a critical-difference diagram in words), best first,
+    and the units each adjacent tie would need to be separated (its power statement)."""
     line = None if table.groups is None else groups_line(table.groups, scale_and_unit(table.percent)[0])
-    return None if line is None else f"Rank groups on {_rank_title(table)}, best first: {line}."
+    if line is None:
+        return None
+    ties = ties_text(table.groups, *scale_and_unit(table.percent))
+    return f"Rank groups on {_rank_title(table)}, best first: {line}." + (f" {ties}" if ties else "")

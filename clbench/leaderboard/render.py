@@ -162,19 +162,21 @@ def detail_name(table: BenchmarkTable, row) -> str:
 
 
 def _cell(stat, score) -> dict:
-    """A score's cell: the mean, ± its 95% interval's half-width (‡: one run's test set), and a
-    tooltip with n, the interval's ends and the sd."""
+    """A score's cell: the mean, its 95% interval (``± half-width``, or ``[low, high]`` where a
+    bound of the score cut it; ‡: one unit's test set), and a tooltip with the runs, units, the
+    interval's ends and the sd over units."""
     if stat is None:
-        return {"value": "", "tip": None, "mean": "—", "half": None}
-    tip = [f"n = {stat.n}"]
+        return {"value": "", "tip": None, "mean": "—", "ci": None}
+    tip = [f"{stat.n} runs, {stat.units} units"]
     if stat.half is not None:
-        ends = f"[{number(stat.mean - stat.half, score)}, {number(stat.mean + stat.half, score)}]"
-        tip.append(f"95% interval {ends}" + (" (test set)" if stat.from_test_set else " (t)"))
+        ends = f"[{number(stat.low, score)}, {number(stat.high, score)}]"
+        tip.append(f"95% interval {ends}" + (" (test set)" if stat.from_test_set else " (t over units)"))
     if stat.std is not None:
         tip.append(f"sd {number(stat.std, score)}")
-    return {"value": repr(stat.mean), "tip": ", ".join(tip), "mean": number(stat.mean, score),
-            "half": None if stat.half is None else number(stat.half, score) + (TEST_SET_MARK if stat.from_test_set
-                                                                             else "")}
+    mark = TEST_SET_MARK if stat.from_test_set else ""
+    ci = None if stat.half is None else (f"[{number(stat.low, score)}, {number(stat.high, score)}]{mark}" if stat.cut
+                                         else f"± {number(stat.half, score)}{mark}")
+    return {"value": repr(stat.mean), "tip": ", ".join(tip), "mean": number(stat.mean, score), "ci": ci}
 
 
 def _table_context(table: BenchmarkTable) -> dict:

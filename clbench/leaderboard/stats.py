@@ -1,37 +1,56 @@
-"""Which differences on a leaderboard are real: 95% intervals, rank groups and the critical difference.
+"""Which differences on a leaderboard are real: the replication unit, intervals, rank groups and power.
 
-**Intervals.** A score's mean over a row's runs (orders × seeds) carries a 95% interval from
-Student's t with n − 1 degrees of freedom (``mean ± t_{0.975, n−1} · sd / √n``): with the 2 to 4
-runs of these tables a normal interval would be far too narrow. A row of one run has no spread
-to use, so its interval is the test set's alone, ``± 1.96 · se`` from the run's ``r_stderr``
-(:mod:`clbench.metrics.stderr`), where the run recorded it; otherwise the mean stands alone.
+**The unit is the task order.** A claim of a CL leaderboard is meant to hold across task
+orders, and runs of one order share its stream: the seeds of an order are not independent
+replicates of the claim. So each method's runs are averaged within each order first, and every
+interval, test and power figure below counts orders (n orders: n − 1 degrees of freedom). The
+method × order interaction (a method that suits one order more than another) is then part of
+each comparison's error, as it must be for a claim about orders. A table with a single task
+order takes its seeds as the unit, and its claims hold for that order only; the header says so.
+Averaging rather than a mixed model with seeds nested in orders: with 2 to 4 orders a mixed
+model's variance components are barely estimable, and with equal seeds per order the test on
+order means is the exact test of that model's method effect against method × order.
 
-**Rank groups.** Rows are compared on the ranked score (ACC) with Tukey's honestly significant
-difference for a randomized complete block design: every method is run on the same blocks (one
-block = one (order, seed) pair, the design's pairing), the block effect is removed by a two-way
-additive model (method + block), and its residual mean square ``MSE`` (df = (k − 1)(n − 1)) is
-the noise of a method's mean. Two methods differ when ``|Δ|`` exceeds the critical difference
-``q_{α, k, df} · sqrt(MSE / n + (s_a² + s_b²) / 2)``, with q the studentized range (family-wise
-α = 0.05 over all k(k − 1)/2 pairs, so no further correction) and ``s`` each method's test-set
-standard error of ACC where the runs recorded it (0, and said so, where they did not). The
-test set is shared by every method, so adding its noise as if independent is conservative.
-Methods not significantly different share a letter (a compact letter display from the maximal
-cliques of the "not different" graph: two methods share a letter exactly when their
-difference is not significant), and the critical difference is the power of the design: a
-gap below it cannot be told from noise. With one run per method there is no residual; the
-groups then use the test-set errors alone (df = ∞), where known.
+**Intervals.** A score's mean over the units carries a 95% Student t interval with n − 1
+degrees of freedom, cut at the score's bounds (:attr:`Score.bounds
+<clbench.metrics.score_registry.Score.bounds>`: a mean of R's cells is in [0, 100], a
+difference of them in [−100, 100]). The true mean lies inside the bounds, so the cut removes
+only impossible values and keeps the interval's coverage; a logit-scale interval would cover the
+mean of logits rather than the mean and needs an arbitrary offset at 0 and 100, and a bootstrap
+over 3 orders has 10 distinct resamples and covers far less than 95%. A row with a single unit
+shows its test set's interval instead, ``± 1.96 se`` cut at the bounds, from the cells' errors.
 
-Why this design and not another: with n = 3 orders, Friedman's test with Nemenyi's post-hoc
-(Demšar 2006) compares ranks within each block, whose critical difference for six methods is
-4.4 of the 5 possible rank places: it can only separate the best from the worst. Pairwise
-paired t-tests have 2 degrees of freedom each, and a Holm correction over 15 pairs leaves them
-little more power. Pooling the residual over all methods gives (k − 1)(n − 1) = 10 degrees of
-freedom for the same data, at the price of assuming the methods' residual spread is alike
-(joint training's, nearly 0, lowers the pooled value). ``autorank`` refuses fewer than five
-runs per method and picks its test from normality tests that mean nothing at n = 3;
-``scikit-posthocs`` offers Tukey only for unpaired groups and the rank tests above, and both
-pull pandas (and statsmodels, seaborn) in for what scipy's ``studentized_range`` and ``t`` and
-a few lines of NumPy do here. ``docs/leaderboard.md`` shows the groups of the quickstart.
+**Test-set errors.** An R cell of accuracy or exact match is a proportion; its error enters as
+the Wilson score error (:func:`clbench.metrics.stderr.wilson_stderr`), which is not 0 at 0/100
+or 100/100. Text scores keep the standard error of a mean of per-sample scores.
+
+**Rank groups.** Every pair of methods is compared by a paired t-test on its per-unit
+differences, whose variance is the pair's own: no variance is pooled across methods. Where the
+runs recorded test-set errors, their variance (``se_a² + se_b²``: the test set is shared across
+units, so it does not shrink with n) is added, with Welch–Satterthwaite degrees of freedom.
+Holm's step-down correction holds the family-wise error at α = 0.05 over all k(k − 1)/2 pairs,
+and methods not significantly different share a letter (a compact letter display from the
+maximal cliques of the "not different" graph). Why not Tukey's HSD on a pooled residual, as
+before: it assumes every method's spread across orders is alike, and simulated leaderboards
+with the spreads measured on Rotated Fashion-MNIST (0.6 to 4.8 points) make its family-wise
+error 0.11 to 0.24 at 3 orders; a variance test cannot guard it, since at 3 orders a test of
+the spreads almost never rejects (``tests/leaderboard/test_leaderboard_stats.py``). A
+Games–Howell-style range test on the paired differences is liberal too (0.28 at 3 orders). The
+paired tests are exact for any spread. Levene's test (on the residuals of the method + unit
+model) is still reported beside each table as a description of the spreads. Games–Howell
+would not pool either but ignores the pairing by order, which removes the large order effect of
+class-IL streams. scipy gives the t and studentized-range distributions and Levene's test;
+Holm's correction (which scipy lacks; statsmodels has it, for a dependency of its own) and the
+letters are a few lines here.
+
+**Critical difference and power.** A pair's critical difference is the gap its test separates
+at Holm's strictest level α/m (m pairs): above it a pair is always separated, below it Holm
+may still separate it. The smallest difference detected with 80% power is
+``(t_{1−α/2m, df} + t_{0.80, df}) · se`` (the usual t approximation of a paired test's power),
+and for a pair that ties, the units needed to separate its observed gap with 80% power solve
+the same equation for n, with the observed spread; where the test set's noise alone hides the
+gap, no number of orders will (a larger test set would). ``docs/leaderboard.md`` shows the
+groups of the Rotated Fashion-MNIST table.
 """
 
 from __future__ import annotations
@@ -44,37 +63,92 @@ from string import ascii_lowercase
 from typing import Any
 
 from clbench.metrics.score_registry import shown
+from clbench.metrics.stderr import Z
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
-TEST = "Tukey HSD"
-TEST_LONG = "Tukey's HSD (studentized range) on a method × run two-way model"
-Z = 1.959963984540054  # the normal 97.5% quantile: one run's test-set interval
+POWER = 0.80
+TEST = "paired t, Holm"
+TEST_LONG = "paired t-tests per pair on the per-unit means, Holm's correction"
+MAX_UNITS = 10_000  # beyond this many units a gap is reported as "more than"
+
+Runs = dict[tuple, tuple[float, float | None]]  # (order, seed) -> (score value, its test-set SE or None)
 
 
-def t_half_width(values: list[float]) -> float | None:
-    """Half-width of the 95% t interval of the mean of ``values`` (None for fewer than 2)."""
-    from scipy.stats import t
+def replication_unit(orders: set[str]) -> str:
+    """``"order"`` where a table has 2 task orders or more, else ``"seed"`` (one order)."""
+    return "order" if len(orders) >= 2 else "seed"
 
+
+def unit_means(runs: Runs, unit: str) -> dict[Any, tuple[float, float | None]]:
+    """unit -> (mean of its runs' values, the test-set SE of that mean or None). Seeds of one
+    order share its test set, so the mean's SE is the mean of theirs (their errors taken as
+    perfectly correlated: the conservative choice)."""
+    by: dict[Any, list[tuple[float, float | None]]] = {}
+    for (order, seed), value in runs.items():
+        by.setdefault(order if unit == "order" else (order, seed), []).append(value)
+    out = {}
+    for key, values in by.items():
+        ses = [se for _, se in values]
+        known = all(_finite(se) for se in ses)
+        out[key] = (sum(v for v, _ in values) / len(values), sum(ses) / len(ses) if known else None)
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _t(p: float, df: float) -> float:
+    """Student's t quantile (the normal's for infinite ``df``), from scipy's special functions:
+    ``scipy.stats.t.ppf`` costs a millisecond a call, which simulations and pages repeat."""
+    from scipy.special import ndtri, stdtrit
+
+    return float(ndtri(p) if math.isinf(df) else stdtrit(df, p))
+
+
+def _t_sf(x: float, df: float) -> float:
+    from scipy.special import ndtr, stdtr
+
+    return float(ndtr(-x) if math.isinf(df) else stdtr(df, -x))
+
+
+def _clip(low: float, high: float, bounds: tuple[float, float] | None) -> tuple[float, float]:
+    return (low, high) if bounds is None else (max(low, bounds[0]), min(high, bounds[1]))
+
+
+@dataclass
+class Interval:
+    """A 95% interval of a mean over ``n`` units: ``half`` the unbounded half-width, ``low`` and
+    ``high`` its ends cut at the score's bounds; ``test_set``: one unit, its test set's interval."""
+
+    mean: float
+    n: int
+    sd: float | None
+    half: float | None
+    low: float | None
+    high: float | None
+    test_set: bool = False
+
+    @property
+    def cut(self) -> bool:
+        """Whether a bound cut the interval (it is then written by its ends, not ± a half-width)."""
+        return self.half is not None and (self.low > self.mean - self.half or self.high < self.mean + self.half)
+
+
+def interval(values: list[float], se: float | None = None, bounds: tuple[float, float] | None = None) -> Interval:
+    """The interval of the mean of ``values`` (one per unit; see the module notes); ``se`` is the
+    test-set error of a single unit's value, used only where there is one unit."""
     n = len(values)
-    if n < 2:
-        return None
     mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return float(t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * sd / math.sqrt(n)
-
-
-@functools.lru_cache(maxsize=256)
-def _q_critical(k: int, df: float) -> float:
-    from scipy.stats import studentized_range
-
-    return float(studentized_range.ppf(1 - ALPHA, k, df))
-
-
-def _q_pvalue(q: float, k: int, df: float) -> float:
-    from scipy.stats import studentized_range
-
-    return float(min(1.0, max(0.0, studentized_range.sf(q, k, df))))
+    if n >= 2:
+        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+        half = _t(0.5 + CONFIDENCE / 2, n - 1) * sd / math.sqrt(n)
+        return Interval(mean, n, sd, half, *_clip(mean - half, mean + half, bounds))
+    if _finite(se):
+        half = Z * se
+        return Interval(mean, 1, None, half, *_clip(mean - half, mean + half, bounds), test_set=True)
+    return Interval(mean, 1, None, None, None, None)
 
 
 def letters(labels: list[str], different: set[frozenset[str]]) -> dict[str, str]:
@@ -95,24 +169,80 @@ def letters(labels: list[str], different: set[frozenset[str]]) -> dict[str, str]
     return out
 
 
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the input's order."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * m, 0.0
+    for step, i in enumerate(order):
+        running = max(running, min(1.0, (m - step) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+@dataclass(frozen=True)
+class PairNoise:
+    """What a pair's test knows of its noise: the per-unit differences' variance ``v_units`` over
+    ``n`` units and the test sets' ``v_test`` (both methods'; 0 where unknown)."""
+
+    v_units: float
+    v_test: float
+    n: int
+
+    def se(self, n: int | None = None) -> float:
+        return math.sqrt(self.v_units / (n or self.n) + self.v_test)
+
+    def df(self, n: int | None = None) -> float:
+        """Welch–Satterthwaite: the units' part has n − 1 degrees of freedom, the test set's infinitely many."""
+        n = n or self.n
+        part = self.v_units / n
+        return math.inf if part == 0 or n < 2 else (part + self.v_test) ** 2 / (part * part / (n - 1))
+
+    def detectable(self, level: float, n: int | None = None) -> float:
+        """The gap detected with :data:`POWER` at two-sided ``level``: ``(t_{1−level/2} + t_{power}) · se``."""
+        df = self.df(n)
+        return (_t(1 - level / 2, df) + _t(POWER, df)) * self.se(n)
+
+    def units_needed(self, gap: float, level: float) -> int | None:
+        """The fewest units whose test separates ``gap`` with :data:`POWER`; None where no number
+        does (the test set's noise alone hides it), ``MAX_UNITS + 1`` for more than :data:`MAX_UNITS`."""
+        gap = abs(gap)
+        if gap == 0 or (self.v_test > 0 and (_t(1 - level / 2, math.inf) + _t(POWER, math.inf))
+                        * math.sqrt(self.v_test) >= gap):
+            return None
+        if self.detectable(level, MAX_UNITS) > gap:
+            return MAX_UNITS + 1
+        low, high = 2, MAX_UNITS  # detectable(n) falls with n: the smallest n where it reaches the gap
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if self.detectable(level, mid) > gap else (low, mid)
+        return low
+
+
 @dataclass
 class Groups:
     """Rank groups of one table's rows on ``score`` (see the module notes); ``method`` None: none formed (``note`` says why)."""
 
     score: str
     higher: bool
-    method: str | None = None  # "blocks": runs and test sets; "test set": one run per method
+    method: str | None = None  # "paired": over units; "test set": one unit per method, test-set errors only
+    unit: str | None = None  # "order" or "seed"
     k: int = 0
-    n: int = 0  # runs (blocks) per method
-    df: float | None = None
-    mse: float | None = None
-    critical: tuple[float, float] | None = None  # smallest and largest pair's critical difference
+    n: int = 0  # units shared by every method
+    critical: tuple[float, float] | None = None  # smallest and largest pair's critical difference (level α/m)
+    detectable: tuple[float, float] | None = None  # smallest and largest gap detected with 80% power
     test_set_known: bool = False
-    test_set_se: float | None = None  # a run's ACC, root mean square over the runs (None: unknown)
+    test_set_se: float | None = None  # a unit's score, root mean square over methods and units (None: unknown)
+    spread: dict[str, Any] | None = None  # Levene's test of the methods' spreads across units
     letters: dict[str, str] = field(default_factory=dict)
     means: dict[str, float] = field(default_factory=dict)
     pairs: list[dict[str, Any]] = field(default_factory=list)
+    ties: list[dict[str, Any]] = field(default_factory=list)  # adjacent pairs that tie: units to separate them
     note: str | None = None
+
+    @property
+    def m(self) -> int:
+        return self.k * (self.k - 1) // 2
 
     @property
     def groups(self) -> list[list[str]]:
@@ -122,13 +252,16 @@ class Groups:
         return [[label for label in best if mark in _marks(self.letters[label])] for mark in marks]
 
     def as_dict(self) -> dict[str, Any]:
+        def span(pair):
+            return None if pair is None else {"min": pair[0], "max": pair[1]}
+
         return {"score": self.score, "test": TEST_LONG if self.method else None, "alpha": ALPHA,
-                "family": "all pairs" if self.method else None, "method": self.method, "methods": self.k,
-                "runs_per_method": self.n, "df": None if self.df is None or math.isinf(self.df) else self.df,
-                "residual_mean_square": self.mse, "critical_difference": None if self.critical is None else
-                {"min": self.critical[0], "max": self.critical[1]}, "test_set_se": self.test_set_se,
-                "test_set_included": self.test_set_known, "letters": self.letters, "groups": self.groups,
-                "pairs": self.pairs, "note": self.note}
+                "family": "all pairs" if self.method else None, "correction": "holm" if self.method else None,
+                "method": self.method, "unit": self.unit, "methods": self.k, "units_per_method": self.n,
+                "critical_difference": span(self.critical), "detectable_at_80_power": span(self.detectable),
+                "test_set_se": self.test_set_se, "test_set_included": self.test_set_known, "spread": self.spread,
+                "letters": self.letters, "groups": self.groups, "pairs": self.pairs, "ties": self.ties,
+                "note": self.note}
 
 
 def _marks(value: str) -> list[str]:
@@ -148,64 +281,97 @@ def _mark_order(mark: str) -> int:
     return ascii_lowercase.index(mark) if len(mark) == 1 else int(mark[1:-1]) - 1
 
 
-def rank_groups(runs: dict[str, dict[tuple, tuple[float, float | None]]], score: str, higher: bool) -> Groups:
+def _levene(values: dict[str, list[float]]) -> dict[str, Any] | None:
+    """Levene's test (mean-centred) on each method's residuals of the additive method + unit model."""
+    from scipy.stats import levene
+
+    labels = list(values)
+    n = len(values[labels[0]])
+    if n < 3 or len(labels) < 2:
+        return None
+    grand = sum(sum(v) for v in values.values()) / (n * len(labels))
+    unit_mean = [sum(values[label][u] for label in labels) / len(labels) for u in range(n)]
+    residuals = [[values[label][u] - sum(values[label]) / n - unit_mean[u] + grand for u in range(n)]
+                 for label in labels]
+    result = levene(*residuals, center="mean")
+    if not math.isfinite(result.pvalue):
+        return None
+    sds = {label: math.sqrt(sum(r * r for r in res) / (n - 1)) for label, res in zip(labels, residuals)}
+    return {"test": "Levene (mean-centred) on the method + unit residuals", "statistic": float(result.statistic),
+            "p_value": float(result.pvalue), "residual_sd": sds}
+
+
+def rank_groups(runs: dict[str, Runs], score: str, higher: bool, *, describe: bool = True) -> Groups:
     """Groups of methods from ``runs``: label -> {(order, seed): (score value, its test-set SE or None)}.
 
-    Blocks are the (order, seed) pairs every method has; methods are ordered best first.
+    Units (:func:`replication_unit`) are the orders, or the (order, seed) runs of a single order;
+    only units every method has are compared. Methods are ordered best first. ``describe``: also
+    the detectable differences, the units each tying adjacent pair needs and Levene's test
+    (what a reader is told; simulations of the groups skip them).
     """
     out = Groups(score=score, higher=higher)
     labels = [label for label, values in runs.items() if values]
     if len(labels) < 2:
         out.note = "needs at least 2 methods with runs"
         return out
-    blocks = sorted(set.intersection(*(set(runs[label]) for label in labels)), key=repr)
-    out.k = len(labels)
-    out.n = len(blocks)
-    if not blocks:
-        out.note = "the methods share no (order, seed) run"
+    out.unit = replication_unit({order for label in labels for order, _ in runs[label]})
+    means = {label: unit_means(runs[label], out.unit) for label in labels}
+    units = sorted(set.intersection(*(set(means[label]) for label in labels)), key=repr)
+    out.k, out.n = len(labels), len(units)
+    if not units:
+        out.note = f"the methods share no {out.unit}"
         return out
-    values = {label: [runs[label][b][0] for b in blocks] for label in labels}
-    errors = {label: [runs[label][b][1] for b in blocks] for label in labels}
+    values = {label: [means[label][u][0] for u in units] for label in labels}
+    errors = {label: [means[label][u][1] for u in units] for label in labels}
     out.means = {label: sum(v) / len(v) for label, v in values.items()}
     labels.sort(key=lambda label: (-out.means[label] if higher else out.means[label], label))
-    known = all(isinstance(se, (int, float)) and math.isfinite(se) for label in labels for se in errors[label])
+    known = all(_finite(se) for label in labels for se in errors[label])
     out.test_set_known = known
-    s2 = {label: (sum(se * se for se in errors[label]) / len(blocks) if known else 0.0) for label in labels}
+    s2 = {label: (sum(se * se for se in errors[label]) / out.n if known else 0.0) for label in labels}
     if known:
         out.test_set_se = math.sqrt(sum(s2.values()) / len(s2))
-    if len(blocks) >= 2:
-        out.method, out.df = "blocks", float((out.k - 1) * (out.n - 1))
-        grand = sum(out.means.values()) / out.k
-        block_mean = [sum(values[label][b] for label in labels) / out.k for b in range(out.n)]
-        residual = sum((values[label][b] - out.means[label] - block_mean[b] + grand) ** 2
-                       for label in labels for b in range(out.n))
-        out.mse = residual / out.df
-        between = out.mse / out.n
+    if out.n >= 2:
+        out.method = "paired"
+        out.spread = _levene(values) if describe else None
     elif known:
-        out.method, out.df, between = "test set", math.inf, 0.0
+        out.method = "test set"
     else:
         out.note = ("one run per method and no test-set error recorded (r_stderr): nothing to tell noise from a "
                     "difference")
         return out
-    q = _q_critical(out.k, out.df)
-    different: set[frozenset[str]] = set()
-    criticals = []
+    level = ALPHA / out.m
+    noises, p_values = {}, []
     for a, b in combinations(labels, 2):
-        scale = math.sqrt(between + (s2[a] + s2[b]) / 2)
-        diff = out.means[a] - out.means[b]
-        critical = q * scale
-        criticals.append(critical)
-        if scale > 0:
-            p = _q_pvalue(abs(diff) / scale, out.k, out.df)
-            significant = abs(diff) > critical
+        diffs = [x - y for x, y in zip(values[a], values[b])]
+        d = sum(diffs) / out.n
+        v_units = sum((x - d) ** 2 for x in diffs) / (out.n - 1) if out.n >= 2 else 0.0
+        noise = noises[a, b] = PairNoise(v_units, s2[a] + s2[b], out.n)
+        se, df = noise.se(), noise.df()
+        if se > 0:
+            stat = abs(d) / se
+            p_values.append(2 * _t_sf(stat, df))
         else:  # no noise at all: any difference is real, none is not
-            p, significant = (0.0 if diff else 1.0), diff != 0
-        if significant:
-            different.add(frozenset((a, b)))
-        out.pairs.append({"a": a, "b": b, "difference": diff, "critical_difference": critical, "p_value": p,
-                          "significant": significant})
+            p_values.append(0.0 if d else 1.0)
+        out.pairs.append({"a": a, "b": b, "difference": out.means[a] - out.means[b], "se": se,
+                          "df": None if math.isinf(df) else df, "critical_difference": _t(1 - level / 2, df) * se})
+    different: set[frozenset[str]] = set()
+    for pair, p, adjusted in zip(out.pairs, p_values, holm(p_values)):
+        pair.update(p_value=p, p_holm=adjusted, significant=adjusted <= ALPHA)
+        if pair["significant"]:
+            different.add(frozenset((pair["a"], pair["b"])))
+    criticals = [pair["critical_difference"] for pair in out.pairs]
     out.critical = (min(criticals), max(criticals))
     out.letters = letters(labels, different)
+    if describe:
+        detectable = [noises[pair["a"], pair["b"]].detectable(level) for pair in out.pairs]
+        for pair, gap in zip(out.pairs, detectable):
+            pair["detectable_at_80_power"] = gap
+        out.detectable = (min(detectable), max(detectable))
+        for a, b in zip(labels, labels[1:]):
+            if frozenset((a, b)) not in different:
+                gap = out.means[a] - out.means[b]
+                out.ties.append({"a": a, "b": b, "difference": gap,
+                                 "units_needed": noises[a, b].units_needed(gap, level)})
     return out
 
 
@@ -215,27 +381,77 @@ def scale_and_unit(percent: bool):
     return functools.partial(shown, percent=percent), " points" if percent else ""
 
 
-def critical_text(groups: Groups, scale=shown, unit: str = " points") -> str:
+def span_text(span: tuple[float, float], scale=shown, unit: str = " points") -> str:
     """``6.3 points`` or ``6.3–6.8 points``."""
-    low, high = groups.critical
+    low, high = span
     return f"{scale(low)}{unit}" if scale(low) == scale(high) else f"{scale(low)}–{scale(high)}{unit}"
 
 
+def critical_text(groups: Groups, scale=shown, unit: str = " points") -> str:
+    return span_text(groups.critical, scale, unit)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def needed_text(needed: int | None, unit: str) -> str:
+    """How many units a tie needs: ``7 orders``, ``more than 10000 orders``, or why none will do."""
+    if needed is None:
+        return f"not by more {unit}s alone: the shared test set's noise hides the gap (a larger test set would help)"
+    if needed > MAX_UNITS:
+        return f"more than {MAX_UNITS} {unit}s"
+    return _plural(needed, unit)
+
+
+def spread_text(groups: Groups) -> str | None:
+    """Levene's test, as a sentence (None where it could not be run)."""
+    if not groups.spread:
+        return None
+    p = groups.spread["p_value"]
+    verdict = "the methods' spreads across units differ" if p < ALPHA else "no evidence that the spreads differ"
+    return f"Levene's test on the methods' residual spreads: p = {p:.2g} ({verdict}; the tests above pool none)"
+
+
 def design_text(groups: Groups, title: str, scale=shown, unit: str = " points") -> str:
-    """The header sentence of a table's groups: test, correction, α, design, critical difference, test-set noise."""
+    """The header sentence of a table's groups: unit, test, correction, α, critical difference,
+    power, the spreads' test and the test-set noise."""
     if groups.method is None:
         return f"Rank groups on {title}: none ({groups.note})."
-    if groups.method == "blocks":
-        design = (f"{groups.k} methods × {groups.n} runs each, paired by (order, seed), residual df "
-                  f"{groups.df:.0f}")
+    if groups.method == "paired":
+        if groups.unit == "order":
+            design = (f"{groups.k} methods × {_plural(groups.n, 'task order')}, seeds averaged within each order: "
+                      f"the order is the unit, so a claim holds across orders")
+        else:
+            design = (f"{groups.k} methods × {_plural(groups.n, 'seed')} of a single task order: the seed is the "
+                      "unit, so a claim holds for this order only")
     else:
         design = f"{groups.k} methods, one run each: test-set errors only"
-    noise = (f"test-set noise included (a run's {title} has a standard error of {scale(groups.test_set_se)}{unit}, "
-             "from r_stderr)" if groups.test_set_known else
+    noise = (f"test-set noise included (a unit's {title} has a standard error of {scale(groups.test_set_se)}{unit}, "
+             "Wilson's for proportions)" if groups.test_set_known else
              "test-set noise not included: these entries did not record r_stderr")
-    return (f"Rank groups on {title}: {TEST_LONG}, α = {ALPHA} family-wise over all {groups.k * (groups.k - 1) // 2} "
-            f"pairs ({design}); methods sharing a letter are not significantly different. Critical difference "
-            f"(the smallest gap this design can tell from noise): {critical_text(groups, scale, unit)}; {noise}.")
+    parts = [f"Rank groups on {title}: {TEST_LONG}, α = {ALPHA} family-wise over all {groups.m} pairs ({design}); "
+             "methods sharing a letter are not significantly different.",
+             f"Critical difference (a gap always separated, at Holm's strictest level α/{groups.m}): "
+             f"{critical_text(groups, scale, unit)}."]
+    if groups.detectable:
+        parts.append(f"Smallest difference detected with {POWER:.0%} power: {span_text(groups.detectable, scale, unit)}.")
+    spread = spread_text(groups)
+    if spread:
+        parts.append(spread + ".")
+    parts.append(noise[0].upper() + noise[1:] + ".")
+    return " ".join(parts)
+
+
+def ties_text(groups: Groups, scale=shown, unit: str = " points") -> str | None:
+    """Each adjacent pair that ties, with the units its observed gap needs to be separated with 80% power."""
+    if not groups.ties or groups.unit is None:
+        return None
+    unit_name = "order" if groups.unit == "order" else "seed"
+    parts = [f"{tie['a']} vs {tie['b']} ({scale(abs(tie['difference']))}{unit}): "
+             f"{needed_text(tie['units_needed'], unit_name)}" for tie in groups.ties]
+    return (f"Adjacent ties, and the {unit_name}s that would separate the observed gap with {POWER:.0%} power: "
+            + "; ".join(parts) + ".")
 
 
 def groups_line(groups: Groups, scale=shown) -> str | None:
@@ -251,8 +467,8 @@ def groups_line(groups: Groups, scale=shown) -> str | None:
 def groups_figure(groups: Groups, title: str, benchmark: str, percent: bool = True):
     """A critical-difference diagram (Demšar 2006's picture, on the score instead of mean ranks):
     each method hangs from its mean on the score axis (better to the right), a thick bar joins
-    methods of one group, and the bar at the top is the critical difference. ``percent``: the
-    score is a percentage (drawn x 100), else drawn in its own unit."""
+    methods of one group, and the bar at the top is the largest pair's critical difference.
+    ``percent``: the score is a percentage (drawn x 100), else drawn in its own unit."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -2,9 +2,11 @@
 
 A *row* is every entry whose resolved config is the same once ``seed`` and ``order`` are set
 aside: the same strategy (and hyper-parameters), model and training settings, run over
-several orders and seeds. Each score is summarised as mean, sample standard deviation
-(``ddof=1``) and 95% interval over those runs; scores a run does not define (joint's BWT, G-mean on a balanced
-stream) are left out of that score's mean, and ``n`` says how many runs each mean is over.
+several orders and seeds. Each score is summarised over the table's replication unit
+(:mod:`clbench.leaderboard.stats`: the task order, its seeds averaged; the seed where a table
+has one order) as mean, sample standard deviation (``ddof=1``) and 95% interval of the
+units' values; scores a run does not define (joint's BWT, G-mean on a balanced stream) are
+left out of that score's mean, and ``n`` says how many runs each mean is over.
 Rows are ranked by mean ``acc`` (the mean final value of R: higher is better for accuracy,
 lower for an error; ties share the better rank). Failed runs are counted, never averaged.
 
@@ -20,10 +22,10 @@ Columns: the scores of :data:`SCORES` the entries have, then every other evaluat
 score they have (one a strategy or objective added, with its recorded title, unit and an
 arrow for its direction).
 
-Each mean carries a 95% interval (:mod:`clbench.leaderboard.stats`: Student's t over the runs;
-one run: its test set's interval, where the run recorded ``r_stderr``), and the rows of a table
-are put in rank groups on ``acc`` (:attr:`BenchmarkTable.groups`): methods sharing a letter are
-not significantly different.
+Each mean carries a 95% interval (:mod:`clbench.leaderboard.stats`: Student's t over the units,
+cut at the score's bounds; one unit: its test set's interval, where the runs recorded
+``r_stderr``), and the rows of a table are put in rank groups on ``acc``
+(:attr:`BenchmarkTable.groups`): methods sharing a letter are not significantly different.
 
 Rows are labelled by their strategy name; where two rows of one table share it (two models,
 two buffer sizes), the config fields that tell them apart are appended.
@@ -42,7 +44,7 @@ from clbench.errors import UserError
 from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta, shown
 from clbench.results.record import Status
 from clbench.plugins.registry import display_name
-from clbench.leaderboard.stats import Groups, Z, rank_groups, t_half_width
+from clbench.leaderboard.stats import Groups, interval, rank_groups, replication_unit, unit_means
 from clbench.metrics.stderr import entry_score_stderr
 
 # Score columns, titles, units and directions: clbench.metrics.score_registry.
@@ -86,15 +88,24 @@ def arrow(higher: bool) -> str:
 
 @dataclass
 class Stat:
-    """Mean and sample standard deviation of one score over ``n`` runs (``std`` is None for n=1),
-    and the half-width of its 95% interval (``half``; None where unknown): Student's t over the
-    runs, or for one run its test set's (``from_test_set``)."""
+    """Mean and sample standard deviation of one score over ``units`` replication units (``std``
+    is None for one) of ``n`` runs, and its 95% interval: ``half`` the t interval's half-width
+    over the units, or for one unit its test set's (``from_test_set``); ``low``/``high`` its ends
+    cut at the score's bounds (None where unknown)."""
 
     mean: float
     std: float | None
     n: int
     half: float | None = None
     from_test_set: bool = False
+    units: int = 1
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def cut(self) -> bool:
+        """Whether a bound of the score cut the interval (it is then written by its ends)."""
+        return self.half is not None and (self.low > self.mean - self.half or self.high < self.mean + self.half)
 
 
 def made_dirty(entry: dict) -> bool:
@@ -204,20 +215,17 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def summarize(values: list[float], stderr: list[float | None] | None = None) -> Stat | None:
-    """Mean, sd and 95% interval of the finite ``values``; ``stderr`` (each value's test-set
-    standard error, aligned with ``values``) gives the interval of a single run."""
-    kept = [(float(v), (stderr or [None] * len(values))[i]) for i, v in enumerate(values) if _finite(v)]
+def summarize(runs: dict[tuple, tuple[Any, float | None]], unit: str,
+              bounds: tuple[float, float] | None = None) -> Stat | None:
+    """Mean, sd and 95% interval over the units of the finite values of ``runs``: (order, seed)
+    -> (value, its test-set standard error or None); the error gives the interval of a single unit."""
+    kept = {key: (float(v), se) for key, (v, se) in runs.items() if _finite(v)}
     if not kept:
         return None
-    values = [v for v, _ in kept]
-    mean = sum(values) / len(values)
-    std = None
-    if len(values) > 1:
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-        return Stat(mean=mean, std=std, n=len(values), half=t_half_width(values))
-    se = kept[0][1]
-    return Stat(mean=mean, std=None, n=1, half=Z * se if _finite(se) else None, from_test_set=_finite(se))
+    means = list(unit_means(kept, unit).values())
+    ci = interval([m for m, _ in means], means[0][1], bounds)
+    return Stat(mean=ci.mean, std=ci.sd, n=len(kept), half=ci.half, from_test_set=ci.test_set, units=ci.n,
+                low=ci.low, high=ci.high)
 
 
 def _rank(rows: list[Row], higher: bool = True) -> None:
@@ -319,10 +327,12 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         meta = _meta(benches[key])
         added = [s for s in meta if s in present and s not in SCORES and _metric_score(s)]
         scores = [s for s in SCORES if s in present] + added
+        unit = replication_unit({e["order_label"] for e in benches[key] if e["status"] == Status.OK})
         for row in rows:
-            errors = [entry_score_stderr(e) for e in row.ok]
+            errors = [entry_score_stderr(e, wilson=True) for e in row.ok]
             for score in scores:
-                stat = summarize([e["scores"].get(score) for e in row.ok], [se.get(score) for se in errors])
+                stat = summarize({(e["order_label"], e["seed"]): (e["scores"].get(score), se.get(score))
+                                  for e, se in zip(row.ok, errors)}, unit, meta[score].bounds)
                 if stat is not None:
                     row.stats[score] = stat
         _rank(rows, higher.get(RANK_BY, True))
@@ -344,7 +354,8 @@ def table_groups(rows: list[Row], higher: bool, score: str = RANK_BY) -> Groups:
     """Rank groups of ``rows`` on ``score`` (:func:`clbench.leaderboard.stats.rank_groups`)."""
     runs = {}
     for row in rows:
-        runs[row.label] = {(e["order_label"], e["seed"]): (e["scores"][score], entry_score_stderr(e).get(score))
+        runs[row.label] = {(e["order_label"], e["seed"]): (e["scores"][score],
+                                                           entry_score_stderr(e, wilson=True).get(score))
                            for e in row.ok if _finite(e["scores"].get(score))}
     return rank_groups(runs, score, higher)
 
@@ -361,13 +372,16 @@ TEST_SET_MARK = "‡"  # a one-run interval: its test set's alone
 
 def fmt(stat: Stat | None, digits: int = 1, score: str | Score | None = None) -> str:
     """``85.1 ± 1.2`` in percent (a plain score: ``2.41 ± 0.10``), ± the 95% interval's
-    half-width; one run: ``41.3 ± 2.0‡`` (its test set's interval) or the mean alone; no value
-    shows an em dash."""
+    half-width; an interval a bound of the score cut by its ends, ``25.0 [0.0, 81.9]``; one
+    unit: ``41.3 ± 2.0‡`` (its test set's interval) or the mean alone; no value shows an em dash."""
     if stat is None:
         return "—"
     mean = number(stat.mean, score, digits)
     if stat.half is None:
         return mean
+    if stat.cut:
+        return (f"{mean} [{number(stat.low, score, digits)}, {number(stat.high, score, digits)}]"
+                + (TEST_SET_MARK if stat.from_test_set else ""))
     return f"{mean} ± {number(stat.half, score, digits)}" + (TEST_SET_MARK if stat.from_test_set else "")
 
 

@@ -31,7 +31,7 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
         scores, narrow = t.scores, 30 + label_width + 14 * len(t.scores) > console.width
         if narrow:
             scores = [s for s in t.scores if s in CORE_SCORES]
-        table = Table(title=f"{t.label}: mean ± 95% interval over orders and seeds (%), {t.ranked_by()}",
+        table = Table(title=f"{t.label}: mean ± 95% interval over task orders (%), {t.ranked_by()}",
                       title_justify="left", box=box.SIMPLE_HEAVY, padding=(0, 1))
         table.add_column("rank", justify="right")
         table.add_column("group", justify="center")

@@ -49,6 +49,16 @@ class Score:
         """Whether a larger value is better, for an R whose direction is ``r_higher`` (``"none"``: larger)."""
         return r_higher if self.direction == "level" else self.direction != "lower"
 
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The values a percentage score can take: a mean of R's cells (a ``"level"`` CL score) or
+        of a metric's is in [0, 1]; any other CL score is a difference of cells, in [-1, 1]. None
+        for a score in a unit of its own (an error, N_eff): intervals of it are not bounded."""
+        if not self.percent or self.direction == "none":
+            return None
+        signed = self.key in CL_SCORES and self.direction != "level"
+        return (-1.0, 1.0) if signed else (0.0, 1.0)
+
 
 @dataclass(frozen=True)
 class EvalMetric:

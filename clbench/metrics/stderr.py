@@ -19,7 +19,10 @@ with ``w_c`` the score's weight on cell c, read off the scoring function itself
 (:func:`clbench.metrics.derive.derive_scores`) by moving one cell at a time, so the weights can
 never disagree with the formulas. Cells of one row share a model and columns often share
 classes, so the independence is an approximation; Forgetting (a max over stages) is not
-propagated. Only the torch import of :func:`sampling_error` needs torch.
+propagated. Tests and intervals on a leaderboard replace a proportion's binomial error, which is
+0 at 0/n and n/n, by Wilson's (:func:`wilson_stderr`, ``entry_score_stderr(wilson=True)``);
+``scores_stderr`` records the binomial one. Only the torch import of :func:`sampling_error`
+needs torch.
 """
 
 from __future__ import annotations
@@ -124,13 +127,54 @@ def score_stderr(r: Sequence[Sequence[Any]], r_stderr: Sequence[Sequence[Any]] |
     return out
 
 
-def entry_score_stderr(entry: dict) -> dict[str, float | None]:
+Z = 1.959963984540054  # the normal 97.5% quantile
+
+
+def wilson_stderr(p: float, n: int) -> float:
+    """The standard error that makes ``p ± 1.96 se`` as wide as the 95% Wilson score interval
+    of a proportion ``p`` of ``n`` samples: ``sqrt(p (1 - p) / n + z² / 4n²) / (1 + z² / n)``.
+    Unlike the binomial (Wald) error it is not 0 at 0/n and n/n (0/100: 0.94 points, an
+    interval reaching 3.7%), so a score at a bound keeps its test set's noise in every test."""
+    z2 = Z * Z
+    return math.sqrt(max(p * (1 - p), 0.0) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+
+
+def _proportion_stderr(value: Any, se: Any, n: Any) -> Any:
+    """A cell's error as tests use it: :func:`wilson_stderr` where the recorded one is the
+    binomial error of the cell (its samples scored 0 or 1: accuracy, exact match; a mean of
+    scores in [0, 1] reaches the binomial variance only then), else the recorded one (a text
+    score keeps the standard error of a mean of per-sample scores)."""
+    if not (_known(value) and _known(se) and isinstance(n, int) and n > 0 and 0.0 <= value <= 1.0):
+        return se
+    binomial = math.sqrt(value * (1 - value) / n)
+    return wilson_stderr(float(value), n) if abs(se - binomial) <= 1e-9 + 1e-6 * binomial else se
+
+
+def proportion_stderrs(entry: dict) -> tuple[list, list]:
+    """``(r_stderr, r_init_stderr)`` of an entry with each proportion's cell error replaced by
+    its Wilson one (:func:`_proportion_stderr`); column j's test set has ``r_n[j]`` samples."""
+    sizes = entry.get("r_n") or []
+
+    def size(j: int) -> Any:
+        return sizes[j] if j < len(sizes) else None
+
+    rows = [[_proportion_stderr(v, se, size(j)) for j, (v, se) in enumerate(zip(r, e))]
+            for r, e in zip(entry["r_matrix"], entry["r_stderr"])]
+    init = [_proportion_stderr(v, se, size(j))
+            for j, (v, se) in enumerate(zip(entry.get("r_init") or [], entry.get("r_init_stderr") or []))]
+    return rows, init
+
+
+def entry_score_stderr(entry: dict, *, wilson: bool = False) -> dict[str, float | None]:
     """:func:`score_stderr` of a result or leaderboard entry; every score None (unknown) for one
-    written before ``r_stderr`` was recorded (result schema 1)."""
+    written before ``r_stderr`` was recorded (result schema 1). ``wilson``: from the cells' Wilson
+    errors (:func:`proportion_stderrs`), as intervals and tests use them; without it, from the
+    recorded errors, as ``scores_stderr`` records them."""
     from clbench.results.record import single_stage
 
     higher = bool((entry.get("r_metric") or {}).get("higher_is_better", True))
     if not entry.get("r_stderr"):
         return dict.fromkeys(LINEAR_SCORES)
-    return score_stderr(entry["r_matrix"], entry["r_stderr"], entry.get("r_init"), entry.get("r_init_stderr"),
+    r_stderr, r_init_stderr = proportion_stderrs(entry) if wilson else (entry["r_stderr"], entry.get("r_init_stderr"))
+    return score_stderr(entry["r_matrix"], r_stderr, entry.get("r_init"), r_init_stderr,
                         single_stage=single_stage(entry), higher_is_better=higher)

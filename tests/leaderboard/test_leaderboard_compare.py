@@ -86,19 +86,22 @@ def test_kendall_tau_between_per_order_rankings(synthetic):
     assert ranks["naive"]["default"] == 4 and ranks["naive"]["reverse"] == 3 and ranks["replay"]["reverse"] == 4
 
 
-def test_paired_test_matches_runs_on_order_and_seed(synthetic):
+def test_paired_test_pairs_the_orders_each_the_mean_of_its_seeds(synthetic):
     (bench,) = compare(synthetic, a="replay", b="naive")["benchmarks"]
     pt = bench["paired_test"]
-    a = [ACC["replay"][k][seed] for k in range(3) for seed in (0, 1)]
-    b = [ACC["naive"][k][seed] for k in range(3) for seed in (0, 1)]
-    # pairs are listed sorted by (order label, seed): default, perm1, reverse
-    by_unit = {(p["order"], p["seed"]): (p["a"], p["b"]) for p in pt["pairs"]}
-    assert pt["n_pairs"] == 6 >= MIN_PAIRS and len(by_unit) == 6
-    assert by_unit[("reverse", 1)] == (ACC["replay"][1][1], ACC["naive"][1][1])
-    assert pt["mean_difference"] == pytest.approx(sum(x - y for x, y in zip(a, b)) / 6)
+    a = [sum(ACC["replay"][k]) / 2 for k in range(3)]  # the order is the unit: its two seeds averaged
+    b = [sum(ACC["naive"][k]) / 2 for k in range(3)]
+    # pairs are listed sorted by order label: default, perm1, reverse
+    by_unit = {p["order"]: (p["a"], p["b"]) for p in pt["pairs"]}
+    assert pt["unit"] == "order" and pt["n_pairs"] == 3 >= MIN_PAIRS and len(by_unit) == 3
+    assert by_unit["reverse"] == pytest.approx((a[1], b[1]))
+    assert pt["mean_difference"] == pytest.approx(sum(x - y for x, y in zip(a, b)) / 3)
     assert pt["t_test"]["p_value"] == pytest.approx(ttest_rel(a, b).pvalue)
     assert pt["wilcoxon"]["p_value"] == pytest.approx(wilcoxon(a, b).pvalue)
     assert pt["a_better"] == sum(x > y for x, y in zip(a, b))
+    power = pt["power"]  # at the table's Holm level over all its pairs
+    assert power["level"] == pytest.approx(0.05 / (len(bench["strategies"]) * (len(bench["strategies"]) - 1) / 2))
+    assert power["detectable"] > 0 and (power["units_needed"] is None or power["units_needed"] >= 2)
 
 
 def test_default_paired_test_is_between_the_two_best(synthetic):
@@ -110,7 +113,7 @@ def test_too_few_pairs_says_so():
     runs = [("naive", "default", 0.4), ("naive", "reverse", 0.5), ("replay", "default", 0.6), ("replay", "reverse", 0.7)]
     few = [fake_entry(s, o, 0, v) for s, o, v in runs]
     (bench,) = compare(few)["benchmarks"]
-    assert bench["paired_test"]["n_pairs"] == 2 and "not enough paired runs" in bench["paired_test"]["note"]
+    assert bench["paired_test"]["n_pairs"] == 2 and "not enough paired orders" in bench["paired_test"]["note"]
     assert bench["rank_stability"]["kendall_tau_mean"] == pytest.approx(1.0)
 
 
@@ -182,7 +185,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, synthetic):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--metric" in err
     assert main(["compare", str(root), "--benchmark", "digits-domains", "--a", "ewc", "--b", "naive"]) == 0
-    assert "paired test ewc vs naive on 6" in capsys.readouterr().out
+    assert "paired test ewc vs naive on 3 orders" in capsys.readouterr().out
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     assert main(["compare", str(root), "--a", "naive", "--b", "naive", "--json", str(tmp_path / "c.json")]) == 2
     assert capsys.readouterr().err.splitlines() == [
