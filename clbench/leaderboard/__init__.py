@@ -21,6 +21,8 @@ One concept per module:
 * :mod:`~clbench.leaderboard.compare`: the same strategies across task orders (worst order,
   range, Kendall's tau between per-order rankings, a paired test).
 * :mod:`~clbench.leaderboard.render`: ``README.md`` and a self-contained ``index.html``.
+* :mod:`~clbench.leaderboard.doc_tables`: the leaderboard tables quoted in ``docs/*.md``,
+  written from the committed entries (``--check`` says where a document differs).
 * :mod:`~clbench.leaderboard.verify`: rerun entries from their recorded configs and compare
   their numbers with the committed ones.
 * :mod:`~clbench.leaderboard.trust`: what a received folder's entries may make verify run

@@ -33,8 +33,8 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.stats import (ALPHA, POWER, PairNoise, design_text, groups_line, needed_text,
-                                       replication_unit, scale_and_unit, unit_means)
+from clbench.leaderboard.notes import design_text, groups_line, power_text, scale_and_unit
+from clbench.leaderboard.stats import ALPHA, POWER, PairNoise, replication_unit, unit_means
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, table_groups
 from clbench.metrics.score_registry import TABLE_SCORES, shown
 from clbench.metrics.stderr import entry_score_stderr
@@ -333,14 +333,6 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
                 if pt.get("power"):
                     console.print(power_text(pt, fmt), highlight=False)
         console.print()
-
-
-def power_text(pt: dict[str, Any], fmt) -> str:
-    """The paired test's power: the gap it detects with 80% power, and the units the observed gap needs."""
-    power, name = pt["power"], "order" if pt.get("unit", "order") == "order" else "seed"
-    return (f"power: at the table's Holm level α/m = {power['level']:.2g}, this pair's test detects "
-            f"{fmt(power['detectable'])} with {POWER:.0%} power on {pt['n_pairs']} {name}s; the observed gap "
-            f"{fmt(abs(pt['mean_difference']))} needs {needed_text(power['units_needed'], name)}")
 
 
 def _interval(s: dict[str, Any], fmt) -> str:

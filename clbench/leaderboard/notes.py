@@ -7,8 +7,11 @@ The terminal (:mod:`clbench.leaderboard.terminal`), ``README.md`` and the HTML p
 
 from __future__ import annotations
 
-from clbench.leaderboard.stats import design_text, groups_line, scale_and_unit, ties_text
+import functools
+
+from clbench.leaderboard.stats import ALPHA, MAX_UNITS, POWER, TEST_LONG, Groups, letter_marks, mark_order
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, scoring
+from clbench.metrics.score_registry import shown
 from clbench.results.record import Status
 
 INDEX = "index.html"  # the rendered page, which the notes point readers to
@@ -167,3 +170,108 @@ def groups_text(table: BenchmarkTable) -> str | None:
         return None
     ties = ties_text(table.groups, *scale_and_unit(table.percent))
     return f"Rank groups on {_rank_title(table)}, best first: {line}." + (f" {ties}" if ties else "")
+
+
+def readme_notes(table: BenchmarkTable) -> tuple[list[str], list[str]]:
+    """The notes ``README.md`` writes above a table and below it (each present one)."""
+    above = (direction_note(table), trace_note(table), routing_note(table), groups_note(table))
+    below = (groups_text(table), dirty_note(table), gmean_note(table))
+    return [n for n in above if n], [n for n in below if n]
+
+
+# -- the rank groups in words (clbench.leaderboard.stats computes them) ---------------------
+def scale_and_unit(percent: bool):
+    """How a score's values and differences are written (:func:`~clbench.metrics.score_registry.shown`)
+    and their unit: ``" points"`` for a percentage, none for a score in a unit of its own (an error, N_eff)."""
+    return functools.partial(shown, percent=percent), " points" if percent else ""
+
+
+def span_text(span: tuple[float, float], scale=shown, unit: str = " points") -> str:
+    """``6.3 points`` or ``6.3–6.8 points``."""
+    low, high = span
+    return f"{scale(low)}{unit}" if scale(low) == scale(high) else f"{scale(low)}–{scale(high)}{unit}"
+
+
+def critical_text(groups: Groups, scale=shown, unit: str = " points") -> str:
+    return span_text(groups.critical, scale, unit)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def needed_text(needed: int | None, unit: str) -> str:
+    """How many units a tie needs: ``7 orders``, ``more than 10000 orders``, or why none will do."""
+    if needed is None:
+        return f"not by more {unit}s alone: the shared test set's noise hides the gap (a larger test set would help)"
+    if needed > MAX_UNITS:
+        return f"more than {MAX_UNITS} {unit}s"
+    return _plural(needed, unit)
+
+
+def spread_text(groups: Groups) -> str | None:
+    """Levene's test, as a sentence (None where it could not be run)."""
+    if not groups.spread:
+        return None
+    p = groups.spread["p_value"]
+    verdict = "the methods' spreads across units differ" if p < ALPHA else "no evidence that the spreads differ"
+    return f"Levene's test on the methods' residual spreads: p = {p:.2g} ({verdict}; the tests above pool none)"
+
+
+def design_text(groups: Groups, title: str, scale=shown, unit: str = " points") -> str:
+    """The header sentence of a table's groups: unit, test, correction, α, critical difference,
+    power, the spreads' test and the test-set noise."""
+    if groups.method is None:
+        return f"Rank groups on {title}: none ({groups.note})."
+    if groups.method == "paired":
+        if groups.unit == "order":
+            design = (f"{groups.k} methods × {_plural(groups.n, 'task order')}, seeds averaged within each order: "
+                      f"the order is the unit, so a claim holds across orders")
+        else:
+            design = (f"{groups.k} methods × {_plural(groups.n, 'seed')} of a single task order: the seed is the "
+                      "unit, so a claim holds for this order only")
+    else:
+        design = f"{groups.k} methods, one run each: test-set errors only"
+    noise = (f"test-set noise included (a unit's {title} has a standard error of {scale(groups.test_set_se)}{unit}, "
+             "Wilson's for proportions)" if groups.test_set_known else
+             "test-set noise not included: these entries did not record r_stderr")
+    parts = [f"Rank groups on {title}: {TEST_LONG}, α = {ALPHA} family-wise over all {groups.m} pairs ({design}); "
+             "methods sharing a letter are not significantly different.",
+             f"Critical difference (a gap always separated, at Holm's strictest level α/{groups.m}): "
+             f"{critical_text(groups, scale, unit)}."]
+    if groups.detectable:
+        parts.append(f"Smallest difference detected with {POWER:.0%} power: {span_text(groups.detectable, scale, unit)}.")
+    spread = spread_text(groups)
+    if spread:
+        parts.append(spread + ".")
+    parts.append(noise[0].upper() + noise[1:] + ".")
+    return " ".join(parts)
+
+
+def ties_text(groups: Groups, scale=shown, unit: str = " points") -> str | None:
+    """Each adjacent pair that ties, with the units its observed gap needs to be separated with 80% power."""
+    if not groups.ties or groups.unit is None:
+        return None
+    unit_name = "order" if groups.unit == "order" else "seed"
+    parts = [f"{tie['a']} vs {tie['b']} ({scale(abs(tie['difference']))}{unit}): "
+             f"{needed_text(tie['units_needed'], unit_name)}" for tie in groups.ties]
+    return (f"Adjacent ties, and the {unit_name}s that would separate the observed gap with {POWER:.0%} power: "
+            + "; ".join(parts) + ".")
+
+
+def groups_line(groups: Groups, scale=shown) -> str | None:
+    """The groups as text, best first: ``a: joint 87.7 · b: replay 70.8 · c: lwf 40.8, naive 40.7``."""
+    if groups.method is None:
+        return None
+    parts = [f"{mark}: " + ", ".join(f"{label} {scale(groups.means[label])}" for label in members)
+             for mark, members in zip(sorted({m for v in groups.letters.values() for m in letter_marks(v)}, key=mark_order),
+                                      groups.groups)]
+    return " · ".join(parts)
+
+
+def power_text(pt: dict, fmt) -> str:
+    """The paired test's power: the gap it detects with 80% power, and the units the observed gap needs."""
+    power, name = pt["power"], "order" if pt.get("unit", "order") == "order" else "seed"
+    return (f"power: at the table's Holm level α/m = {power['level']:.2g}, this pair's test detects "
+            f"{fmt(power['detectable'])} with {POWER:.0%} power on {pt['n_pairs']} {name}s; the observed gap "
+            f"{fmt(abs(pt['mean_difference']))} needs {needed_text(power['units_needed'], name)}")

@@ -30,14 +30,13 @@ from pathlib import Path
 
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
-from clbench.leaderboard.figures import BAR_METRIC, order_bar_figure, png_uri
+from clbench.leaderboard.figures import BAR_METRIC, groups_figure, order_bar_figure, png_uri
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
 from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, RECALL_MISSING, RECALL_NOTE, bench_meta,
                                       direction_note, dirty_note, gmean_note, groups_note, groups_text, meta_line,
-                                      page_notes, routing_note, trace_note)
-from clbench.leaderboard.stats import groups_figure
-from clbench.leaderboard.table import (RANK_BY, TEST_SET_MARK, BenchmarkTable, build_tables, fmt, made_dirty,
-                                      number, runs_cell)
+                                      page_notes, readme_notes, routing_note, trace_note)
+from clbench.leaderboard.table import (RANK_BY, TEST_SET_MARK, BenchmarkTable, build_tables, fmt, group_cell,
+                                      made_dirty, number, runs_cell)
 from clbench.results.record import Status
 
 README = "README.md"
@@ -117,23 +116,16 @@ def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict,
     contexts = []
     for table in tables:
         rows = [{"rank": str(row.rank or "—"), "label": f"{row.label} {DIRTY_MARK}" if row.dirty else row.label,
-                 "group": _group(table, row), "runs": runs_cell(row),
+                 "group": group_cell(table, row), "runs": runs_cell(row),
                  "cells": [fmt(row.stats.get(s), score=table.score(s)) for s in table.scores],
                  "wall": "—" if row.wall_seconds is None else f"{row.wall_seconds:.1f}"} for row in table.rows]
         contexts.append({"label": table.label, "meta": meta_line(bench_meta(table)),
-                         "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table),
-                                               groups_note(table)) if n],
-                         "titles": [table.title(s) for s in table.scores], "rows": rows,
-                         "after": [n for n in (groups_text(table), dirty_note(table), gmean_note(table)) if n]})
+                         "notes": readme_notes(table)[0], "titles": [table.title(s) for s in table.scores],
+                         "rows": rows, "after": readme_notes(table)[1]})
     text = _templates().get_template("readme.md.j2").render(
         suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest), notes=page_notes(tables),
         index=INDEX, tables=contexts, failed=_failed(entries))
     return text.removesuffix("\n")  # every block ends with a blank line; the file, with one newline
-
-
-def _group(table: BenchmarkTable, row) -> str:
-    """The row's group letters (— where it has none: no runs, or no groups formed)."""
-    return (table.groups.letters.get(row.label) if table.groups else None) or "—"
 
 
 # -- HTML -----------------------------------------------------------------------------------
@@ -191,7 +183,7 @@ def _table_context(table: BenchmarkTable) -> dict:
     for row in table.rows:
         wall = row.wall_seconds
         rows.append({"label": row.label, "rank": row.rank or "—", "rank_value": "" if row.rank is None else row.rank,
-                     "group": _group(table, row),
+                     "group": group_cell(table, row),
                      "detail": detail_name(table, row) if row.ok else None, "dirty": bool(row.dirty),
                      "runs": runs_cell(row), "runs_value": len(row.ok),
                      "cells": [_cell(row.stats.get(s), table.score(s)) for s in table.scores],

@@ -55,14 +55,12 @@ groups of the Rotated Fashion-MNIST table.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from itertools import combinations
 from string import ascii_lowercase
 from typing import Any
 
-from clbench.metrics.score_registry import shown
 from clbench.metrics.stderr import Z
 
 ALPHA = 0.05
@@ -247,9 +245,9 @@ class Groups:
     @property
     def groups(self) -> list[list[str]]:
         """The labels of each letter, in letter order, best first within each."""
-        marks = sorted({m for value in self.letters.values() for m in _marks(value)}, key=_mark_order)
+        marks = sorted({m for value in self.letters.values() for m in letter_marks(value)}, key=mark_order)
         best = sorted(self.letters, key=lambda m: (-self.means[m] if self.higher else self.means[m], m))
-        return [[label for label in best if mark in _marks(self.letters[label])] for mark in marks]
+        return [[label for label in best if mark in letter_marks(self.letters[label])] for mark in marks]
 
     def as_dict(self) -> dict[str, Any]:
         def span(pair):
@@ -264,7 +262,7 @@ class Groups:
                 "note": self.note}
 
 
-def _marks(value: str) -> list[str]:
+def letter_marks(value: str) -> list[str]:
     out, i = [], 0
     while i < len(value):
         if value[i] == "(":
@@ -277,7 +275,7 @@ def _marks(value: str) -> list[str]:
     return out
 
 
-def _mark_order(mark: str) -> int:
+def mark_order(mark: str) -> int:
     return ascii_lowercase.index(mark) if len(mark) == 1 else int(mark[1:-1]) - 1
 
 
@@ -373,146 +371,3 @@ def rank_groups(runs: dict[str, Runs], score: str, higher: bool, *, describe: bo
                 out.ties.append({"a": a, "b": b, "difference": gap,
                                  "units_needed": noises[a, b].units_needed(gap, level)})
     return out
-
-
-def scale_and_unit(percent: bool):
-    """How a score's values and differences are written (:func:`~clbench.metrics.score_registry.shown`)
-    and their unit: ``" points"`` for a percentage, none for a score in a unit of its own (an error, N_eff)."""
-    return functools.partial(shown, percent=percent), " points" if percent else ""
-
-
-def span_text(span: tuple[float, float], scale=shown, unit: str = " points") -> str:
-    """``6.3 points`` or ``6.3–6.8 points``."""
-    low, high = span
-    return f"{scale(low)}{unit}" if scale(low) == scale(high) else f"{scale(low)}–{scale(high)}{unit}"
-
-
-def critical_text(groups: Groups, scale=shown, unit: str = " points") -> str:
-    return span_text(groups.critical, scale, unit)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def needed_text(needed: int | None, unit: str) -> str:
-    """How many units a tie needs: ``7 orders``, ``more than 10000 orders``, or why none will do."""
-    if needed is None:
-        return f"not by more {unit}s alone: the shared test set's noise hides the gap (a larger test set would help)"
-    if needed > MAX_UNITS:
-        return f"more than {MAX_UNITS} {unit}s"
-    return _plural(needed, unit)
-
-
-def spread_text(groups: Groups) -> str | None:
-    """Levene's test, as a sentence (None where it could not be run)."""
-    if not groups.spread:
-        return None
-    p = groups.spread["p_value"]
-    verdict = "the methods' spreads across units differ" if p < ALPHA else "no evidence that the spreads differ"
-    return f"Levene's test on the methods' residual spreads: p = {p:.2g} ({verdict}; the tests above pool none)"
-
-
-def design_text(groups: Groups, title: str, scale=shown, unit: str = " points") -> str:
-    """The header sentence of a table's groups: unit, test, correction, α, critical difference,
-    power, the spreads' test and the test-set noise."""
-    if groups.method is None:
-        return f"Rank groups on {title}: none ({groups.note})."
-    if groups.method == "paired":
-        if groups.unit == "order":
-            design = (f"{groups.k} methods × {_plural(groups.n, 'task order')}, seeds averaged within each order: "
-                      f"the order is the unit, so a claim holds across orders")
-        else:
-            design = (f"{groups.k} methods × {_plural(groups.n, 'seed')} of a single task order: the seed is the "
-                      "unit, so a claim holds for this order only")
-    else:
-        design = f"{groups.k} methods, one run each: test-set errors only"
-    noise = (f"test-set noise included (a unit's {title} has a standard error of {scale(groups.test_set_se)}{unit}, "
-             "Wilson's for proportions)" if groups.test_set_known else
-             "test-set noise not included: these entries did not record r_stderr")
-    parts = [f"Rank groups on {title}: {TEST_LONG}, α = {ALPHA} family-wise over all {groups.m} pairs ({design}); "
-             "methods sharing a letter are not significantly different.",
-             f"Critical difference (a gap always separated, at Holm's strictest level α/{groups.m}): "
-             f"{critical_text(groups, scale, unit)}."]
-    if groups.detectable:
-        parts.append(f"Smallest difference detected with {POWER:.0%} power: {span_text(groups.detectable, scale, unit)}.")
-    spread = spread_text(groups)
-    if spread:
-        parts.append(spread + ".")
-    parts.append(noise[0].upper() + noise[1:] + ".")
-    return " ".join(parts)
-
-
-def ties_text(groups: Groups, scale=shown, unit: str = " points") -> str | None:
-    """Each adjacent pair that ties, with the units its observed gap needs to be separated with 80% power."""
-    if not groups.ties or groups.unit is None:
-        return None
-    unit_name = "order" if groups.unit == "order" else "seed"
-    parts = [f"{tie['a']} vs {tie['b']} ({scale(abs(tie['difference']))}{unit}): "
-             f"{needed_text(tie['units_needed'], unit_name)}" for tie in groups.ties]
-    return (f"Adjacent ties, and the {unit_name}s that would separate the observed gap with {POWER:.0%} power: "
-            + "; ".join(parts) + ".")
-
-
-def groups_line(groups: Groups, scale=shown) -> str | None:
-    """The groups as text, best first: ``a: joint 87.7 · b: replay 70.8 · c: lwf 40.8, naive 40.7``."""
-    if groups.method is None:
-        return None
-    parts = [f"{mark}: " + ", ".join(f"{label} {scale(groups.means[label])}" for label in members)
-             for mark, members in zip(sorted({m for v in groups.letters.values() for m in _marks(v)}, key=_mark_order),
-                                      groups.groups)]
-    return " · ".join(parts)
-
-
-def groups_figure(groups: Groups, title: str, benchmark: str, percent: bool = True):
-    """A critical-difference diagram (Demšar 2006's picture, on the score instead of mean ranks):
-    each method hangs from its mean on the score axis (better to the right), a thick bar joins
-    methods of one group, and the bar at the top is the largest pair's critical difference.
-    ``percent``: the score is a percentage (drawn x 100), else drawn in its own unit."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    order = sorted(groups.means, key=lambda m: (-groups.means[m] if groups.higher else groups.means[m], m))
-    factor = 100.0 if percent else 1.0
-    x = {m: factor * groups.means[m] for m in order}
-    k = len(order)
-    members = [g for g in groups.groups if len(g) > 1]
-    low, high = min(x.values()), max(x.values())
-    cd = factor * groups.critical[1] if groups.critical else 0.0
-    span = max(high - low, cd, 1.0 if percent else 0.01)
-    left, right = low - 0.08 * span, high + 0.08 * span
-    half = (k + 1) // 2
-    bar_y = [-0.8 - 0.3 * i for i in range(len(members))]
-    rows_top = (bar_y[-1] if bar_y else -0.2) - 0.45
-    fig, ax = plt.subplots(figsize=(7.5, 1.3 + 0.32 * max(half, k - half) + 0.2 * len(members)), dpi=100)
-    ax.axhline(0, color="black", lw=1)
-    for i, m in enumerate(order):  # better half labelled on the better side
-        row = i if i < half else k - 1 - i
-        y = rows_top - 0.38 * row
-        side = right if i < half else left
-        if not groups.higher:
-            side = left if i < half else right
-        ax.plot([x[m], x[m], side], [0, y, y], color="0.35", lw=0.8)
-        ax.plot([x[m]], [0], "o", color="black", ms=3)
-        ax.text(side, y, f" {m} {shown(groups.means[m], percent)} ({groups.letters.get(m, '')}) ", va="center", fontsize=8,
-                ha="left" if side == right else "right")
-    for y, group in zip(bar_y, members):
-        xs = [x[m] for m in group]
-        ax.plot([min(xs) - 0.01 * span, max(xs) + 0.01 * span], [y, y], color="tab:red", lw=4,
-                solid_capstyle="round")
-    if groups.critical:
-        start = low if groups.higher else high
-        ax.plot([start, start + (cd if groups.higher else -cd)], [0.45, 0.45], color="black", lw=1.5)
-        ax.text(start, 0.6, f"critical difference {cd:.{1 if percent else 2}f}", fontsize=8, va="bottom", ha="left")
-    ax.set_xlim(left, right) if groups.higher else ax.set_xlim(right, left)
-    ax.set_ylim(rows_top - 0.38 * max(half, k - half), 1.1)
-    ax.set_yticks([])
-    for spine in ("left", "right", "top"):
-        ax.spines[spine].set_visible(False)
-    ax.spines["bottom"].set_position(("data", 0))
-    ax.tick_params(axis="x", labelsize=8)
-    ax.set_title(f"{benchmark}: rank groups on {title} ({TEST}, α = {ALPHA}; better →)", fontsize=9)
-    fig.tight_layout()
-    return fig

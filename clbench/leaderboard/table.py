@@ -387,3 +387,8 @@ def fmt(stat: Stat | None, digits: int = 1, score: str | Score | None = None) ->
 
 def runs_cell(row: Row) -> str:
     return f"{len(row.ok)}" + (f" (+{len(row.failed)} failed)" if row.failed else "")
+
+
+def group_cell(table: BenchmarkTable, row: Row) -> str:
+    """The row's group letters (— where it has none: no runs, or no groups formed)."""
+    return (table.groups.letters.get(row.label) if table.groups else None) or "—"

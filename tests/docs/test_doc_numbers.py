@@ -1,0 +1,392 @@
+"""The documents' leaderboard numbers that are not a fragment's table (a derived table, a count, a
+verdict or a mean in a sentence), recomputed from the committed entries: a test fails where the
+entries and the words disagree. Tables of a leaderboard's own cells are fragments instead
+(``test_doc_tables.py``)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+
+import pytest
+
+from clbench.leaderboard.doc_tables import paired_rows, unit_values
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = "leaderboards/trace-mini-smollm2-short"
+TINY, SMOL = "leaderboards/trace-mini-moe", "leaderboards/trace-mini-smollm2"
+
+
+def doc(name: str) -> str:
+    """A document with its lines joined, so that a phrase wrapped over two lines is found."""
+    return " ".join((ROOT / "docs" / name).read_text(encoding="utf-8").split())
+
+
+def rows(boards, directory: str, label: str = "trace-mini") -> dict:
+    return {row.label: row for row in boards.table(directory, label, "test").rows}
+
+
+def pct(value: float, digits: int = 1) -> str:
+    return f"{100 * value:.{digits}f}"
+
+
+def whole(value: float) -> str:
+    """A share in whole percent, halves to even as the table has them (34.5 is 34, 39.5 is 40),
+    whatever the last bits of a float sum."""
+    return str(Decimal(f"{100 * value:.9f}").quantize(Decimal("1"), ROUND_HALF_EVEN))
+
+
+def by_order(row, score: str) -> dict[str, float]:
+    return unit_values(row, score, "order")
+
+
+def verdicts(boards, directory: str, a: str, b: str, scores: list[str]) -> dict[str, str]:
+    """score title -> "holds 0" / "above 0" / "below 0": what the paired fragment says."""
+    table = boards.table(directory, "trace-mini", "test")
+    found = {row.label: row for row in table.rows}
+    lines = paired_rows(table, scores, [found[a]], [found[b]])[2:]
+    return {line.split(" | ")[1]: line.rstrip(" |").rsplit(" | ", 1)[1] for line in lines}
+
+
+def task_mean(row, name: str, cell) -> list[float]:
+    """``cell(entry, j)`` of task ``name`` (its index j in the entry's own order), per run."""
+    return [cell(e, e["experiences"].index(name)) for e in row.ok]
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+# -- datasets.md ------------------------------------------------------------------------------
+def test_fashion_mnist_counts_and_claims(boards):
+    text = doc("datasets.md")
+    split, rotated = (boards.table("leaderboards/fashion-mnist", f"fashion-mnist-{s}", "test")
+                      for s in ("split", "rotated"))
+    runs = sum(len(row.ok) for t in (split, rotated) for row in t.rows)
+    seeds = len({e["seed"] for row in split.rows for e in row.ok})
+    assert f"{runs} runs ({len(split.rows)} methods x 2 streams x {len(split.orders)} orders x {seeds} seeds)" in text
+    acc = {row.label: row.stats["acc"].mean for row in split.rows}
+    memory = ["joint", "cumulative", "gem", "replay", "agem"]
+    regularisation = ["ewc", "ewc (gamma=1.0, mode=online)", "lwf"]
+    assert "On Split the memory-based methods (joint, cumulative, GEM, replay, A-GEM) end above every" in text
+    assert min(acc[m] for m in memory) > max(acc[m] for m in regularisation + ["naive"])
+    assert "EWC, online EWC and LwF end within a few points of naive" in text
+    assert max(abs(acc[m] - acc["naive"]) for m in regularisation) < 0.1
+
+
+def test_thesis_fashion_mnist_prototype_router_claim(boards):
+    assert "The prototype router ends highest, with the least forgetting" in doc("datasets.md")
+    table = boards.table("leaderboards/thesis-fashion-mnist", "fashion-mnist-rotated", "test")
+    best = "naive (model.label=Prototype router)"
+    assert table.rows[0].label == best and table.rows[0].rank == 1
+    assert max(table.rows, key=lambda row: row.stats["bwt"].mean).label == best
+    assert "18 runs from the clean commit d2403b0" in doc("datasets.md") and sum(len(r.ok) for r in table.rows) == 18
+
+
+def test_ewc_seeds_end_alike_on_split(boards):
+    text = doc("datasets.md")
+    ewc = rows(boards, "leaderboards/fashion-mnist", "fashion-mnist-split")["ewc"]
+    seed0, seed1 = sorted((e for e in ewc.ok if e["order_label"] == "default"), key=lambda e: e["seed"])[:2]
+    cells = [(i, j) for i in range(5) for j in range(i + 1)]
+    differ = sum(seed0["r_matrix"][i][j] != seed1["r_matrix"][i][j] for i, j in cells)
+    right = [[round(r * n) for r, n in zip(e["r_matrix"][-1], e["r_n"][-1] if isinstance(e["r_n"][0], list)
+                                                             else e["r_n"])] for e in (seed0, seed1)]
+    assert right[0] == right[1] == [right[0][0], 0, 0, 0, right[0][-1]]
+    assert (f"differ in {differ} of their {len(cells)} filled cells" in text and f"both end with {right[0][0]} of 300 "
+            f"test images right on the first task, {right[0][-1]} of 300 on the last and none on the three between, so "
+            f"both final averages are {pct(seed0['scores']['acc'])} %" in text)
+    assert seed0["scores"]["acc"] == seed1["scores"]["acc"]
+
+
+# -- language-models.md: SmolLM2 on three tasks, and the tiny random Qwen3 --------------------------
+def test_moses_routes_and_keys(boards):
+    text = doc("language-models.md")
+    tiny, smol = rows(boards, TINY)["moses"], rows(boards, SMOL)["moses"]
+    assert {f"{v:.2f}" for v in by_order(tiny, "n_eff").values()} == {"10.31"}
+    assert "On the tiny model it went from 68.00 to 10.31 in every order" in text
+    smol_neff = {o: f"{v:.2f}" for o, v in by_order(smol, "n_eff").items()}
+    assert f"to {smol_neff['standard']} (standard) and {smol_neff['order1']} (order 1)" in text
+    final = {e["order_label"]: e["strategy"]["diagnostics"]["task_identification"][-1]["accuracy"] for e in smol.ok}
+    shares = f"{pct(final['standard'], 0)}% and {pct(final['order1'], 0)}%"
+    assert f"its keys find the task for {shares} of the prompts" in text
+    assert f"{final['standard']:.2f} (standard), {final['order1']:.2f} (order 1)" in text
+    stages = [s["accuracy"] for e in tiny.ok for s in e["strategy"]["diagnostics"]["task_identification"]]
+    assert set(stages) == {1.0} and "| 1.00 (every order, every stage) |" in text
+
+
+def test_smollm2_claims(boards):
+    text = doc("language-models.md")
+    smol = rows(boards, SMOL)
+    assert "seq_ft and replay gain about 30 points per task and keep them: their BWT above is positive" in text
+    assert smol["seq_ft"].stats["bwt"].mean > 0 and smol["replay"].stats["bwt"].mean > 0
+    assert "no: neither moves (BWT 0.0 in both orders)" in text
+    for label in ("mh_moe", "loramoe"):
+        assert {pct(v) for v in by_order(smol[label], "bwt").values()} == {"0.0"}
+        untrained = [mean(e["r_init"]) for e in smol[label].ok]
+        assert all(abs(e["scores"]["acc"] - u) < 0.01 for e, u in zip(smol[label].ok, untrained))
+    assert "no: both stay at the untrained model's level" in text
+    neff = {label: by_order(smol[label], "n_eff") for label in ("mh_moe", "loramoe")}
+    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"]) and "| yes, in both orders |" in text
+    assert min(smol.values(), key=lambda row: row.stats["acc"].mean).label == "moses"
+    assert "yes, at the lowest OP of the nine methods" in text and len(smol) == 9
+    assert verdicts(boards, SMOL, "o_lora", "seq_lora", ["bwt", "acc"]) == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
+
+
+def test_tiny_qwen3_claims(boards):
+    text = doc("language-models.md")
+    assert verdicts(boards, TINY, "mh_moe", "loramoe", ["bwt", "acc", "n_eff"]) == {
+        "BWT": "holds 0", "OP (TRACE)": "holds 0", "N_eff": "below 0"}
+    tiny = rows(boards, TINY)
+    neff = {label: by_order(tiny[label], "n_eff") for label in ("mh_moe", "loramoe")}
+    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"]) and "| yes, in every order |" in text
+    assert "| no: a tie (the paired interval holds 0) |" in text
+    assert {pct(v) for v in by_order(tiny["moses"], "bwt").values()} == {"0.0"}
+    assert "yes: BWT 0.0 in every order" in text
+    assert verdicts(boards, TINY, "o_lora", "seq_lora", ["bwt", "acc"]) == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
+
+
+TASKS = ["MeetingBank", "Py150", "20Minuten"]
+
+
+def test_what_each_method_keeps_of_the_untrained_model(boards):
+    """The zero-shot table: the untrained and final rows per task (mean over the orders), the
+    final row's sum over the untrained row's, and the mean gain of the diagonal over ``r_init``."""
+    text = (ROOT / "docs" / "language-models.md").read_text(encoding="utf-8")
+    smol = rows(boards, SMOL)
+    untrained = [mean(task_mean(smol["seq_ft"], t, lambda e, j: e["r_init"][j])) for t in TASKS]
+    assert f"| `r_init` (untrained) | {' | '.join(pct(v) for v in untrained)} | | |" in text
+    for label in ("seq_ft", "seq_lora", "o_lora", "ewc", "gem", "replay", "loramoe", "mh_moe", "moses"):
+        row = smol[label]
+        final = [mean(task_mean(row, t, lambda e, j: e["r_matrix"][-1][j])) for t in TASKS]
+        learned = mean(mean(e["r_matrix"][j][j] - e["r_init"][j] for j in range(len(e["experiences"]))) for e in row.ok)
+        kept = f"{100 * sum(final) / sum(untrained):.0f}%"
+        gain = f"{'+' if learned >= 0 else ''}{pct(learned)}"
+        line = f"| `{label}` | {' | '.join(pct(v) for v in final)} | {kept} | {gain} |"
+        assert line in text, line
+    summaries = [row[e["experiences"].index("MeetingBank")] for e in smol["moses"].ok for row in e["r_matrix"]]
+    assert f"MeetingBank's summaries drop to {pct(min(summaries), 0)}-{pct(max(summaries), 0)} whichever task" in doc(
+        "language-models.md")
+    lora = mean(task_mean(smol["seq_lora"], "MeetingBank", lambda e, j: e["r_matrix"][-1][j]))
+    assert f"cost MeetingBank {100 * (untrained[0] - lora):.0f} points ({pct(untrained[0])} -> {pct(lora)})" in doc(
+        "language-models.md")
+
+
+# -- language-models.md: the short-answer suite ------------------------------------------------
+SHORT_TASKS = ["C-STANCE", "FOMC", "ScienceQA", "NumGLUE-cm"]
+SHORT_METHODS = ["seq_ft", "seq_lora", "loramoe", "mh_moe", "moses"]
+
+
+def test_each_task_right_after_training_and_at_the_end(boards):
+    text = (ROOT / "docs" / "language-models.md").read_text(encoding="utf-8")
+    short = rows(boards, SHORT)
+    for label in SHORT_METHODS:
+        diagonal = [task_mean(short[label], t, lambda e, j: e["r_matrix"][j][j]) for t in SHORT_TASKS]
+        final = [mean(task_mean(short[label], t, lambda e, j: e["r_matrix"][-1][j])) for t in SHORT_TASKS]
+        learned = " | ".join(f"{whole(mean(d))} ({whole(min(d))})" for d in diagonal)
+        assert f"| `{label}` | learned | {learned} |" in text, label
+        assert f"| `{label}` | after the last task | {' | '.join(whole(v) for v in final)} |" in text, label
+
+
+def test_which_tasks_clear_the_untrained_score(boards):
+    """The first column of "which tasks each method learned": the diagonal above the untrained
+    score (0) by more than twice its standard error (the second column needs the test sets'
+    commonest answers, which entries do not hold)."""
+    text = (ROOT / "docs" / "language-models.md").read_text(encoding="utf-8")
+    short = rows(boards, SHORT)
+    for label in SHORT_METHODS:
+        above = [sum(e["r_matrix"][j][j] - e["r_init"][j] > 2 * e["r_stderr"][j][j]
+                     for e in short[label].ok for j in [e["experiences"].index(t)]) for t in SHORT_TASKS]
+        runs = len(short[label].ok)
+        parts = ", ".join(f"{t} {n}/{runs}" for t, n in zip(SHORT_TASKS, above))
+        assert f"| `{label}` | {sum(above)} of {runs * len(SHORT_TASKS)} ({parts}) |" in text, label
+
+
+def test_short_suite_sentences(boards):
+    text = doc("language-models.md")
+    short = rows(boards, SHORT)
+    se = mean(e["scores_stderr"]["acc"] for row in short.values() for e in row.ok)
+    assert f"a run's OP has a test-set standard error of about {pct(se)} points" in text
+    wins = {s: sum(by_order(short["mh_moe"], s)[o] > v for o, v in by_order(short["loramoe"], s).items())
+            for s in ("bwt", "acc")}
+    assert f"MH-MoE forgets less in {wins['bwt']} of the 4 orders, and its OP is higher in {wins['acc']} of 4" in text
+    neff = {label: by_order(short[label], "n_eff") for label in ("mh_moe", "loramoe", "moses")}
+    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"])
+    stat = {label: short[label].stats["n_eff"].mean for label in neff}
+    assert f"(N_eff {stat['mh_moe']:.1f} against {stat['loramoe']:.1f}, lower in every order)" in text
+    assert (f"MoSEs' N_eff ({stat['moses']:.2f})" in text and f"LoRAMoE's ({stat['loramoe']:.2f}," in text
+            and f"MH-MoE's ({stat['mh_moe']:.2f}," in text)
+    stages = [s["accuracy"] for e in short["moses"].ok for s in e["strategy"]["diagnostics"]["task_identification"]]
+    assert set(stages) == {1.0} and "(100% at every stage of every order)" in text
+    assert "identification accuracy 1.00 after the last stage of every order, and at every stage" in text
+    assert {pct(v) for v in by_order(short["moses"], "bwt").values()} == {"0.0"}
+    assert "its BWT is 0.0 in every order" in text and "(BWT 0.0 in every order, above both mixtures" in text
+
+
+@pytest.mark.parametrize("a, b, expected, words", [
+    ("mh_moe", "loramoe", {"BWT": "holds 0", "OP (TRACE)": "holds 0"}, "neither difference is outside the noise"),
+    ("moses", "mh_moe", {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "so its OP ties both"),
+    ("moses", "loramoe", {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "so its OP ties both"),
+    ("seq_lora", "seq_ft", {"BWT": "below 0", "OP (TRACE)": "above 0"}, "seq_lora and loramoe forget more than it"),
+    ("loramoe", "seq_ft", {"BWT": "below 0", "OP (TRACE)": "above 0"}, "seq_lora and loramoe forget more than it"),
+    ("mh_moe", "seq_ft", {"BWT": "holds 0", "OP (TRACE)": "above 0"}, "every other method's OP is above its own"),
+    ("moses", "seq_ft", {"BWT": "holds 0", "OP (TRACE)": "above 0"}, "every other method's OP is above its own"),
+    ("loramoe", "seq_lora", {"BWT": "holds 0", "OP (TRACE)": "holds 0"}, "BWT: loramoe and mh_moe tie with it"),
+    ("mh_moe", "seq_lora", {"BWT": "holds 0", "OP (TRACE)": "above 0"}, "mh_moe is higher"),
+    ("moses", "seq_lora", {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "moses forgets less; OP: loramoe and moses tie"),
+])
+def test_short_suite_verdicts(boards, a, b, expected, words):
+    assert verdicts(boards, SHORT, a, b, ["bwt", "acc"]) == expected
+    assert words in doc("language-models.md")
+
+
+# -- strategies.md ------------------------------------------------------------------------------
+def test_trace_mini_moe_sentences(boards):
+    text = doc("strategies.md")
+    tiny = rows(boards, TINY)
+    learned = {label: mean(mean(e["r_matrix"][j][j] - e["r_init"][j] for j in range(len(e["experiences"])))
+                           for e in row.ok) for label, row in tiny.items()}
+    assert ("orders, percent): " + ", ".join(f"{label} {pct(learned[label])}" for label in
+                                             ("mh_moe", "loramoe", "seq_lora", "o_lora", "moses")) + ".") in text
+    others = [round(100 * v) for label, v in learned.items() if label != "moses"]
+    assert f"(15.2 points against {min(others)}-{max(others)})" in text and pct(learned["moses"]) == "15.2"
+    py150 = mean(task_mean(tiny["moses"], "Py150", lambda e, j: e["r_matrix"][j][j] - e["r_init"][j]))
+    assert f"Py150 falls below its untrained score ({pct(py150, 0).replace('-', '−')})" in text
+    assert {f"{v:.2f}" for v in by_order(tiny["moses"], "n_eff").values()} == {"10.31"}
+    assert "N_eff (10.31, equal for every order)" in text
+    assert verdicts(boards, TINY, "mh_moe", "loramoe", ["bwt"]) == {"BWT": "holds 0"}
+    assert "the paired interval holds 0, and if anything MH-MoE forgets a little more" in text
+    assert tiny["mh_moe"].stats["bwt"].mean < tiny["loramoe"].stats["bwt"].mean
+    stages = [s["accuracy"] for e in tiny["moses"].ok for s in e["strategy"]["diagnostics"]["task_identification"]]
+    assert set(stages) == {1.0} and len(tiny["moses"].ok) == 4
+    assert "task-identification accuracy 1.00 in all four orders" in text and "(BWT 0.0 in every order)" in text
+    standard = next(e for e in tiny["moses"].ok if e["order_label"] == "standard")
+    identified = [a for s in standard["strategy"]["diagnostics"]["task_identification"] for a in s["per_task"].values()]
+    assert set(identified) == {1.0} and "(standard order) it is 1.00 for every task at every stage" in text
+    s = standard["scores"]
+    assert f"ACC {pct(s['acc'])}, BWT {pct(s['bwt'])}, forgetting {pct(s['forgetting'])})" in text
+
+
+def test_grow_claim(boards):
+    bwt = {label: row.stats["bwt"].mean for label, row in rows(boards, "leaderboards/grow").items()}
+    grown = [bwt["grow (variant=freeze)"], bwt["grow (variant=train)"]]
+    assert bwt["seq_ft"] < min(grown) and max(grown) < bwt["seq_lora"]
+    assert "G-Freeze and G-Train forget less than sequential full fine-tuning (seq_ft) and more than one shared LoRA" \
+           in doc("strategies.md")
+
+
+# -- moe-vit.md -------------------------------------------------------------------------------
+ROUTERS = {"MoE (switch)": ("MoE", "blocks.4.mlp", "blocks.5.mlp"), "MoE-many (8 experts, top-2)":
+           ("MoE-many", "blocks.4.mlp", "blocks.5.mlp"), "EMA router": ("EMA router", "blocks.4.mlp", "blocks.5.mlp"),
+           "Prototype router": ("Prototype router", "router", None)}
+
+
+def thesis_runs(boards) -> dict[str, list[dict]]:
+    """model label -> its runs on leaderboards/thesis, by seed."""
+    table = boards.table("leaderboards/thesis", "digits-domains", "test")
+    return {row.ok[0]["config"]["model"]["init_args"]["label"]: sorted(row.ok, key=lambda e: e["seed"])
+            for row in table.rows}
+
+
+def bits(stage: dict, layer: str) -> float:
+    """I(D;E) of a stage's layer in bits (entries record it in nats, domains weighted equally)."""
+    return stage[layer]["mutual_information"] / math.log(2)
+
+
+def test_thesis_utilisation_and_specialisation(boards):
+    text = (ROOT / "docs" / "moe-vit.md").read_text(encoding="utf-8")
+    runs = thesis_runs(boards)
+    shown = {name: ROUTERS[name] for name in ("MoE (switch)", "EMA router", "Prototype router")}
+    domains = runs["MoE"][0]["experiences"]
+    for d, domain in enumerate(domains):  # the final utilisation at the first routing layer, mean over the seeds
+        cells = [" ".join(f"{mean(e['expert_utilization'][-1][layer]['utilization'][d][k] for e in runs[label]):.2f}"
+                          .lstrip("0") for k in range(4)) for label, layer, _ in shown.values()]
+        assert f"| {domain} | {' | '.join(cells)} |" in text, domain
+    for name, (label, first, second) in ROUTERS.items():
+        cells = []
+        for layer in (first, second):
+            if layer is None:
+                cells.append("—")
+                continue
+            values = [bits(e["expert_utilization"][-1], layer) for e in runs[label]]
+            cells.append(f"{mean(values):.2f} ± {statistics.stdev(values):.2f}"
+                         + (f" ({', '.join(f'{v:.2f}' for v in values)})" if name == "Prototype router" else ""))
+        assert f"| {name} | {' | '.join(cells)} |" in text, name
+    prose = doc("moe-vit.md")
+    final = {(label, layer): [bits(e["expert_utilization"][-1], layer) for e in runs[label]]
+             for label in ("MoE", "EMA router") for layer in ("blocks.4.mlp", "blocks.5.mlp")}
+    ema4, moe4 = final["EMA router", "blocks.4.mlp"], final["MoE", "blocks.4.mlp"]
+    assert (f"({mean(ema4):.2f} ± {statistics.stdev(ema4):.2f} against "
+            f"{mean(moe4):.2f} ± {statistics.stdev(moe4):.2f} "
+            f"at block 4, {mean(final['EMA router', 'blocks.5.mlp']):.2f} against "
+            f"{mean(final['MoE', 'blocks.5.mlp']):.2f} at block 5;") in prose
+    every = {(label, layer): f"{mean(bits(s, layer) for e in runs[label] for s in e['expert_utilization']):.2f}"
+             for label in ("MoE", "EMA router") for layer in ("blocks.4.mlp", "blocks.5.mlp")}
+    assert (f"averaged over all five stages {every['EMA router', 'blocks.4.mlp']} against "
+            f"{every['MoE', 'blocks.4.mlp']} at block 4, {every['EMA router', 'blocks.5.mlp']} against "
+            f"{every['MoE', 'blocks.5.mlp']} at block 5") in prose
+    seed1 = bits(runs["Prototype router"][1]["expert_utilization"][-1], "router")
+    assert f"Seed 1 stays mixed (I = {seed1:.2f})" in prose
+
+
+def test_thesis_routing_sentences(boards):
+    prose = doc("moe-vit.md")
+    runs = thesis_runs(boards)
+    final = {label: [e["expert_utilization"][-1] for e in runs[label]] for label in ("MoE", "Prototype router")}
+    switch = [[row for row in stage["blocks.4.mlp"]["utilization"]] for stage in final["MoE"]]
+    assert max(row[3] for row in switch[0]) <= 0.02 and "seed 0 leaves expert 3 at 2% or less in every domain" in prose
+    assert f"seed 1 gives expert 0 {pct(min(r[0] for r in switch[1]), 0)}-{pct(max(r[0] for r in switch[1]), 0)}%" \
+           in prose
+    domains = runs["MoE"][0]["experiences"]
+    turns = [max(final["Prototype router"][seed]["router"]["utilization"][domains.index(d)]) for seed in (0, 2)
+             for d in ("rot90", "rot270")]
+    assert f"({pct(min(turns), 0)}-{pct(max(turns), 0)}%) to one expert" in prose
+    forgetting = {label: mean(x["scores"]["forgetting"] for x in r) for label, r in runs.items()}
+    aia = {label: mean(x["scores"]["aia"] for x in r) for label, r in runs.items()}
+    others = [label for label in runs if label != "Prototype router"]
+
+    def span(values: dict) -> str:  # the others' range in whole points, outward
+        return f"{math.floor(100 * min(values[o] for o in others))}-{math.ceil(100 * max(values[o] for o in others))}"
+
+    least = pct(forgetting["Prototype router"])
+    assert f"(forgetting {least} against about {span(forgetting)} for the others)" in prose
+    assert f"lags in AIA ({pct(aia['Prototype router'])} against {span(aia)})" in prose
+
+
+# -- moe-theory.md ----------------------------------------------------------------------------
+def test_moe_theory_table_and_claims(boards):
+    """F_T and G_T at the last round (the paper's Eqs. 15-16 from each run's R of errors), mean ±
+    sample std over the seeds, and the off / on ratios (``examples/moe_theory_leaderboard.py``)."""
+    import torch
+
+    from clbench.metrics.theory import forgetting_curve, generalisation_curve
+
+    text = (ROOT / "docs" / "moe-theory.md").read_text(encoding="utf-8")
+    finals = {}
+    for row in boards.table("leaderboards/moe-theory", "moe-regression", "test").rows:
+        cfg = row.ok[0]["config"]
+        r = [torch.tensor(e["r_matrix"], dtype=torch.float64) for e in row.ok]
+        finals[cfg["model"]["init_args"]["num_experts"], cfg["strategy"]["init_args"]["terminate"]] = (
+            [float(forgetting_curve(m)[-1]) for m in r], [float(generalisation_curve(m)[-1]) for m in r])
+
+    def stat(values: list[float]) -> str:
+        return f"{mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+    ratio = {m: [mean(finals[m, False][k]) / mean(finals[m, True][k]) for k in (0, 1)] for m in (1, 5, 10, 20)}
+    assert finals[1, True] == finals[1, False]
+    one = finals[1, True]
+    assert f"| 1 | on / off (identical) | {stat(one[0])} | {stat(one[1])} | 1.00 | 1.00 |" in text
+    for m in (5, 10, 20):
+        on, off = finals[m, True], finals[m, False]
+        assert f"| {m} | on | {stat(on[0])} | {stat(on[1])} | {ratio[m][0]:.2f} | {ratio[m][1]:.2f} |" in text, m
+        assert f"| {m} | off | {stat(off[0])} | {stat(off[1])} | | |" in text, m
+    prose = doc("moe-theory.md")
+    assert f"falls {ratio[5][0]:.2f}x (M = 5), {ratio[10][0]:.2f}x (M = 10), {ratio[20][0]:.2f}x (M = 20)" in prose
+    g_on = [mean(finals[m, True][1]) for m in (5, 10, 20)]
+    g_off = [mean(finals[m, False][1]) for m in (1, 5, 10, 20)]
+    assert f"(`G_T` {min(g_on):.2f}-{max(g_on):.2f} against {mean(finals[1, True][1]):.2f})" in prose
+    assert f"(`G_T` {min(g_off):.2f}-{max(g_off):.2f})" in prose
+    f10, f20 = mean(finals[10, True][0]), mean(finals[20, True][0])
+    assert f"`F_T` is {f10:.2f} for M = 10 at round 100" in prose and f"(`F_T` {f20:.2f} against {f10:.2f})" in prose

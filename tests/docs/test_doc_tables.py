@@ -1,0 +1,136 @@
+"""Every leaderboard fragment of the documents is what the committed entries give, and the
+fragments' command writes, checks and refuses as it says (``clbench.leaderboard.doc_tables``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clbench.leaderboard import doc_tables
+from clbench.leaderboard.doc_tables import find_fragments, main, regenerate, run, split_list
+from clbench.leaderboard.table import fmt
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+GROW = "leaderboards/grow trace-mini"  # a small committed leaderboard: 4 rows, 2 orders
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
+def test_document_fragments_are_what_the_entries_give(path, boards):
+    name = str(path.relative_to(ROOT))
+    _, reports = regenerate(path.read_text(encoding="utf-8"), name, boards)
+    assert not reports, ("\n\n".join(reports) + f"\n\nrewrite them: python -m clbench.leaderboard.doc_tables {name}")
+
+
+def test_the_documents_quote_leaderboards_through_fragments():
+    quoting = [p.name for p in DOCUMENTS if find_fragments(p.read_text(encoding="utf-8").splitlines(), p.name)]
+    assert {"datasets.md", "language-models.md", "moe-vit.md", "strategies.md"} <= set(quoting)
+
+
+@pytest.fixture(autouse=True)
+def shared(boards, monkeypatch):
+    """The command reads the leaderboards these tests share, once (as it would read them once)."""
+    monkeypatch.setattr(doc_tables, "Leaderboards", lambda root: boards)
+
+
+def _document(tmp_path, body: str) -> Path:
+    path = tmp_path / "doc.md"
+    path.write_text(f"# A document\n\nSome text.\n\n{body}\nMore text.\n", encoding="utf-8")
+    return path
+
+
+def test_a_fragment_is_written_from_the_entries_and_then_checks(tmp_path, boards, capsys):
+    path = _document(tmp_path, f"<!-- leaderboard-table: {GROW} columns=acc,bwt rows=seq_lora,seq_ft -->\n"
+                                "stale text\n<!-- /leaderboard-table -->\n")
+    assert run([str(path)], check=True, root=ROOT) == 1
+    assert run([str(path)], check=False, root=ROOT) == 0
+    text = path.read_text(encoding="utf-8")
+    table = boards.table(*GROW.split(), "test")
+    rows = {row.label: row for row in table.rows}
+    assert "stale text" not in text and text.startswith("# A document\n") and text.endswith("\nMore text.\n")
+    assert "| Rank | Group | Strategy | Runs | OP (TRACE) | BWT |\n" in text
+    for label in ("seq_ft", "seq_lora"):  # the table's order, the README's cells
+        row = rows[label]
+        cells = [fmt(row.stats[s], score=table.score(s)) for s in ("acc", "bwt")]
+        assert f"| {row.rank} | {table.groups.letters[label]} | {label} | 2 | {cells[0]} | {cells[1]} |" in text
+    assert text.index("| seq_ft |") < text.index("| seq_lora |")
+    assert "grow (variant" not in text
+    capsys.readouterr()
+    assert main(["--check", str(path), "--root", str(ROOT)]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_check_fails_on_a_changed_cell_and_says_where(tmp_path, capsys):
+    path = _document(tmp_path, f"<!-- leaderboard-orders: {GROW} columns=acc -->\n<!-- /leaderboard-orders -->\n")
+    assert main([str(path), "--root", str(ROOT)]) == 0
+    text = path.read_text(encoding="utf-8")
+    line = next(line for line in text.splitlines() if line.startswith("| seq_lora |"))
+    changed = line.replace(line.split(" | ")[1], "99.9", 1)
+    path.write_text(text.replace(line, changed), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["--check", str(path), "--root", str(ROOT)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:5: <!-- leaderboard-orders: {GROW} columns=acc --> differs from the entries" in out
+    assert f"-{changed}\n+{line}\n" in out
+    assert path.read_text(encoding="utf-8") == text.replace(line, changed)  # --check writes nothing
+
+
+def test_a_paired_fragment_is_each_difference_per_order(tmp_path, boards):
+    path = _document(tmp_path, f"<!-- leaderboard-paired: {GROW} a=seq_ft b=seq_lora columns=bwt -->\n"
+                                "<!-- /leaderboard-paired -->\n")
+    run([str(path)], check=False, root=ROOT)
+    rows = {row.label: row for row in boards.table(*GROW.split(), "test").rows}
+    by_order = {label: {e["order_label"]: e["scores"]["bwt"] for e in rows[label].ok} for label in rows}
+    line = next(line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("| seq_ft − "))
+    cells = line.split(" | ")
+    assert cells[:2] == ["| seq_ft − seq_lora", "BWT"]
+    assert [float(c) for c in cells[2:4]] == pytest.approx(
+        [100 * (by_order["seq_ft"][o] - by_order["seq_lora"][o]) for o in ("standard", "order1")], abs=0.051)
+    assert cells[-1] in ("holds 0 |", "above 0 |", "below 0 |")
+
+
+BAD = [
+    ("<!-- leaderboard-table: leaderboards/none trace-mini -->\n<!-- /leaderboard-table -->\n",
+     "no leaderboard directory 'leaderboards/none'"),
+    ("<!-- leaderboard-table: ../outside trace-mini -->\n<!-- /leaderboard-table -->\n",
+     "no leaderboard directory '../outside'"),
+    ("<!-- leaderboard-table: leaderboards/grow trace-mni -->\n<!-- /leaderboard-table -->\n",
+     "no benchmark 'trace-mni' in leaderboards/grow (did you mean 'trace-mini'?"),
+    (f"<!-- leaderboard-table: {GROW} columns=acc,bwd -->\n<!-- /leaderboard-table -->\n", "no score 'bwd'"),
+    (f"<!-- leaderboard-table: {GROW} rows=naive -->\n<!-- /leaderboard-table -->\n", "no row 'naive'"),
+    (f"<!-- leaderboard-table: {GROW} colums=acc -->\n<!-- /leaderboard-table -->\n", "unknown or repeated option"),
+    (f"<!-- leaderboard-paired: {GROW} a=seq_ft -->\n<!-- /leaderboard-paired -->\n", "a=, b="),
+    (f"<!-- leaderboard-table: {GROW} -->\nno end\n", "leaderboard-table is not closed"),
+    ("<!-- /leaderboard-orders -->\n", "closes no fragment"),
+    (f"<!-- leaderboard-table: {GROW} -->\n<!-- leaderboard-table: {GROW} -->\n", "opened at line 5 is not closed"),
+    (f"<!-- leaderboard-tabel: {GROW} -->\n<!-- /leaderboard-tabel -->\n", "malformed leaderboard fragment"),
+    (f"<!-- leaderboard-table: {GROW} rows='seq_ft -->\n<!-- /leaderboard-table -->\n", "cannot read"),
+]
+
+
+@pytest.mark.parametrize("body, message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, body, message):
+    path = _document(tmp_path, body)
+    before = path.read_text(encoding="utf-8")
+    assert main([str(path), "--root", str(ROOT)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"clbench: error: {path}:") and message in err, err
+    assert path.read_text(encoding="utf-8") == before
+
+
+def test_a_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main([str(tmp_path / "none.md")]) == 2
+    assert capsys.readouterr().err == f"clbench: error: {tmp_path / 'none.md'}: no such file (give Markdown files, " \
+                                      "e.g. docs/*.md README.md)\n"
+
+
+def test_the_syntax_shown_in_a_code_block_is_no_fragment():
+    text = "```\n<!-- leaderboard-table: leaderboards/none x -->\n```\n<!-- leaderboard-table: a b -->\n\n" \
+           "<!-- /leaderboard-table -->\n"
+    [fragment] = find_fragments(text.splitlines(), "doc.md")
+    assert (fragment.kind, fragment.args, fragment.line, fragment.end) == ("leaderboard-table", "a b", 4, 6)
+
+
+def test_lists_keep_the_commas_of_a_label():
+    assert split_list("joint, ewc (gamma=1.0, mode=online),naive") == ["joint", "ewc (gamma=1.0, mode=online)", "naive"]
