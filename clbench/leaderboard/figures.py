@@ -3,8 +3,9 @@
 :func:`png_uri` turns a matplotlib figure into the ``data:`` URI the pages embed (a palette PNG
 without software metadata, so unchanged entries render to identical bytes);
 :func:`order_bar_figure` is the index page's per-order chart and :func:`groups_figure` its
-critical-difference diagram. The run pages' figures (R
-heatmaps, curves, utilization) are drawn by :mod:`clbench.results.plots`.
+critical-difference diagram. The run pages draw no R heatmap: their R matrices are HTML tables
+and their curves inline SVG (:mod:`clbench.results.plots`); only a long stream's heatmap and
+the expert utilization are PNGs.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ PNG_COLOURS = 64  # a page's figures as palette PNGs: about a quarter of the byt
 
 def png_uri(fig) -> str:
     """The figure as a ``data:`` URI of a 72-dpi palette PNG (no software metadata, so unchanged
-    entries give identical bytes); the figure is closed."""
+    entries give identical bytes); the figure is closed. It is drawn once, in the layout its
+    function gave it (``tight_layout``): ``bbox_inches="tight"`` would draw it twice."""
     import matplotlib.pyplot as plt
     from PIL import Image
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=72, metadata={"Software": None})
     plt.close(fig)
     image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
     small = io.BytesIO()

@@ -79,7 +79,8 @@ NOTES = ("Scores are percentages: mean ± the half-width of its 95% interval ove
          "average incremental accuracy; BWT < 0 means forgetting; FWT is forward transfer against the "
          "untrained model; Forgetting is the mean drop from each experience's best accuracy to its final one "
          "(lower is better). Rows are ranked by mean ACC. Joint training has a single stage, so its BWT, FWT and "
-         "Forgetting are undefined (—).")
+         "Forgetting are undefined (—). Wall s is a run's mean wall time on the machine that made the entries (the "
+         "header names it), not on the machine reading them.")
 
 
 def page_notes(tables: list[BenchmarkTable]) -> str:

@@ -1,27 +1,25 @@
 """Render a leaderboard directory: ``README.md`` (tables), ``index.html`` and one page per table row.
 
-All three are rendered from the jinja2 templates in ``clbench/leaderboard/templates``
-(``readme.md.j2``, ``index.html.j2``, ``run.html.j2``); their words are those of
-:mod:`clbench.leaderboard.notes`. The pages need nothing but a browser: figures are matplotlib
-PNGs embedded as ``data:`` URIs, the sortable table is a few lines of inline script, and a
-Content-Security-Policy forbids every network fetch, so they open from disk or a CI artifact
-as they are. ``index.html`` holds the tables and per-order charts only, so it stays small;
-each strategy's name links to its row's page under ``pages/`` (R-matrix heatmaps of every
-run, in its order and in the stream's own order with their mean over orders, so that they
-compare across orders and strategies cell by cell; per-experience curves over the stages; the
-final per-class recall; expert utilization), which the browser loads only when it is opened.
-Output is a pure function of the entries (no
-timestamps, PNGs without software metadata), so re-rendering unchanged entries gives identical
-files.
+All three are rendered from the jinja2 templates in ``clbench/leaderboard/templates``; their
+words are those of :mod:`clbench.leaderboard.notes`. The pages need nothing but a browser:
+figures are coloured tables, inline SVG or PNGs as ``data:`` URIs, the sorter is a few lines of
+inline script, and a Content-Security-Policy forbids every network fetch, so they open from
+disk or a CI artifact. ``index.html`` holds the tables and per-order charts only; each
+strategy's name links to its row's page under ``pages/`` (every run's R matrix as a table of
+coloured cells, in the stream's order or the run's as a switch on the page says, with their
+mean over orders, so that they compare cell by cell; curves as inline SVG; the final per-class
+recall; expert utilization). Only the index's charts, a long stream's heatmaps and the
+utilization are matplotlib PNGs, each drawn once. Output is a pure function of the entries
+(no timestamps, PNGs without software metadata): unchanged entries give identical files.
 
 Sorting: click (or Enter on) a column header; the first click sorts the way "better" points
 (descending for higher-is-better scores, ascending for rank, forgetting and the levels of an R
-of errors). ``index.html?sort=<key>&dir=asc``
-opens the page sorted, which is also how the tests drive the sorter in headless Chromium.
+of errors). ``index.html?sort=<key>&dir=asc`` opens the page sorted, which is also how the tests drive the sorter in headless Chromium.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -133,9 +131,11 @@ CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src
        "base-uri 'none'; form-action 'none'")
 
 
+@functools.cache
 def _templates():
     """The templates of ``clbench/leaderboard/templates``: pages HTML-escaped, the README not
-    (what it takes from files goes through the ``md`` and ``code`` filters instead)."""
+    (what it takes from files goes through the ``md`` and ``code`` filters instead). One
+    environment per process, so that each template is compiled once, not once per page."""
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
     env = Environment(loader=PackageLoader("clbench.leaderboard", "templates"), undefined=StrictUndefined,
@@ -266,15 +266,25 @@ def _recall_lines(e: dict) -> dict | None:
     return {"lines": lines, "classes": list(range(width))}
 
 
+def _matrix(experiences: int, cells, figure) -> dict:
+    """One view of an R matrix: an HTML table of coloured cells (``cells()``), or, for a long
+    stream (more than ``MAX_CELLS`` experiences, whose cells would be too many to write), its
+    heatmap as a PNG (``figure()``, drawn once)."""
+    from clbench.results.plots import MAX_CELLS
+
+    if experiences <= MAX_CELLS:
+        return {"table": cells(), "png": None}
+    return {"table": None, "png": png_uri(figure())}
+
+
 def render_run_page(table: BenchmarkTable, row) -> str:
-    """A row's page: its runs' R-matrix heatmaps (in their orders and in the stream's, with the mean
-    over orders), per-experience curves, final per-class recall and expert utilization."""
-    from clbench.results.plots import r_matrix_figure, routing_layers, utilization_figure
+    """A row's page: its runs' R matrices (one view each, in the stream's order or the run's, as a
+    switch on the page picks, with the mean over orders), per-experience curves, final per-class
+    recall and expert utilization."""
+    from clbench.results.plots import routing_layers, utilization_figure
 
     title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
     runs = _runs(table, row)
-    heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, table, title), "png": png_uri(r_matrix_figure(e))}
-                for e in runs]
     fixed = _fixed_order(table, runs, title)
     recalls = []
     for e in runs:
@@ -294,34 +304,46 @@ def render_run_page(table: BenchmarkTable, row) -> str:
     summary = f"{runs_cell(row)} runs · " + " · ".join(f"{table.title(s)} {fmt(row.stats.get(s), score=table.score(s))}"
                                                        for s in table.scores)
     return _templates().get_template("run.html.j2").render(
-        csp=CSP, label=row.label, benchmark=table.label, index=INDEX, summary=summary, heatmaps=heatmaps,
-        fixed=fixed, recalls=recalls, recall_note=recall_note, routing=routing)
+        csp=CSP, label=row.label, benchmark=table.label, index=INDEX, summary=summary, fixed=fixed, recalls=recalls,
+        recall_note=recall_note, routing=routing)
 
 
 def _fixed_order(table: BenchmarkTable, runs: list[dict], title: str) -> dict:
-    """The row's figures in the stream's own experience order, so that runs of different orders
-    compare cell by cell: the mean R over orders, each run's R, and each multi-stage run's
-    per-experience curves over its stages. No heatmaps where the runs share no fixed order (a
-    stream drawn for each seed); curves in each run's own order then, and none past
+    """The row's R matrices and curves. Each run's R in the stream's own experience order, so
+    that runs of different orders compare cell by cell, and in its own order (the page shows
+    one of the two, as its switch says); the mean R over orders; and each multi-stage run's
+    per-experience curves over its stages. Only the run's order where the runs share no fixed
+    order (a stream drawn for each seed); curves in each run's own order then, and none past
     ``MAX_LINES`` experiences."""
+    from markupsafe import Markup
+
     from clbench.results.fixed_order import canonical_names
-    from clbench.results.plots import MAX_LINES, curves_figure, fixed_order_figure, mean_over_orders_figure
+    from clbench.results.plots import (MAX_LINES, curves_svg, fixed_order_cells, fixed_order_figure,
+                                       mean_over_orders_cells, mean_over_orders_figure, r_matrix_cells,
+                                       r_matrix_figure)
     from clbench.results.record import single_stage
 
     names = canonical_names([e for r in table.rows for e in r.ok]) or canonical_names(runs)
     if names is not None and any(sorted(e["experiences"]) != sorted(names) for e in runs):
         names = canonical_names(runs)
-    heatmaps, mean = [], None
+    matrices, mean = [], None
+    for e in runs:
+        views = []
+        if names is not None:
+            views.append({"order": "stream", **_matrix(len(names), lambda e=e: fixed_order_cells(e, names),
+                                                       lambda e=e: fixed_order_figure(e, names))})
+        views.append({"order": "run", **_matrix(len(e["experiences"]), lambda e=e: r_matrix_cells(e),
+                                                lambda e=e: r_matrix_figure(e))})
+        matrices.append({"hash": e["config_hash"], "caption": _run_caption(e, table, title), "views": views})
     if names is not None:
-        heatmaps = [{"hash": e["config_hash"], "caption": _run_caption(e, table, title), "png": png_uri(fixed_order_figure(e, names))}
-                    for e in runs]
         orders = len({e["order_label"] for e in runs})
-        mean = {"png": png_uri(mean_over_orders_figure(runs, names)),
+        mean = {"order": None, **_matrix(len(names), lambda: mean_over_orders_cells(runs, names),
+                                         lambda: mean_over_orders_figure(runs, names)),
                 "caption": f"mean over {orders} order{'s' if orders != 1 else ''} ({len(runs)} run"
                            f"{'s' if len(runs) != 1 else ''}, each order's averaged first)"}
-    curves = [{"hash": e["config_hash"], "caption": _run_caption(e, table, title), "png": png_uri(curves_figure(e, names))}
+    curves = [{"hash": e["config_hash"], "caption": _run_caption(e, table, title), "svg": Markup(curves_svg(e, names))}
               for e in runs if not single_stage(e) and len(e["experiences"]) <= MAX_LINES]
-    return {"names": names or [], "mean": mean, "heatmaps": heatmaps, "curves": curves}
+    return {"names": names or [], "mean": mean, "matrices": matrices, "curves": curves}
 
 
 def _refuse_links(root: Path) -> None:

@@ -17,18 +17,45 @@ def _ticks(labels: list[str]) -> tuple[list[int], list[str]]:
 def r_matrix_figure(result: dict):
     """Heatmap of a result's R matrix: rows = after training stage (the untrained model first,
     when the result has it), columns = test experience, both in the run's order."""
+    r, rows = run_order(result)
+    title = f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')})"
+    return heatmap_figure(r, rows, result["experiences"], title, higher=_higher(result), percent=result_percent(result))
+
+
+def run_order(result: dict):
+    """A result's R in the run's order (the untrained row first, when recorded) and its rows' labels."""
     import numpy as np
 
     from clbench.results.record import single_stage
 
     r = np.asarray(result["r_matrix"], dtype=float)
-    names = result["experiences"]
-    rows = [f"after {n}" for n in (["joint"] if single_stage(result) else names)]
+    rows = [f"after {n}" for n in (["joint"] if single_stage(result) else result["experiences"])]
     if result.get("r_init") is not None:
         r = np.vstack([np.asarray(result["r_init"], dtype=float)[None, :], r])
         rows = ["untrained", *rows]
-    title = f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')})"
-    return heatmap_figure(r, rows, names, title, higher=_higher(result), percent=result_percent(result))
+    return r, rows
+
+
+def r_matrix_cells(result: dict) -> dict:
+    """:func:`r_matrix_figure`'s heatmap as table cells (:func:`heatmap_cells`)."""
+    r, rows = run_order(result)
+    return heatmap_cells(r, rows, result["experiences"], higher=_higher(result), percent=result_percent(result))
+
+
+def fixed_order_cells(result: dict, names: list[str]) -> dict:
+    """:func:`fixed_order_figure`'s heatmap as table cells (:func:`heatmap_cells`)."""
+    from clbench.results.fixed_order import fixed_order
+
+    r, rows = fixed_order(result, names)
+    return heatmap_cells(r, rows, list(names), higher=_higher(result), percent=result_percent(result))
+
+
+def mean_over_orders_cells(results: list[dict], names: list[str]) -> dict:
+    """:func:`mean_over_orders_figure`'s heatmap as table cells (:func:`heatmap_cells`)."""
+    from clbench.results.fixed_order import mean_over_orders
+
+    r, rows, _ = mean_over_orders(results, names)
+    return heatmap_cells(r, rows, list(names), higher=_higher(results[0]), percent=result_percent(results[0]))
 
 
 def _higher(result: dict) -> bool:
@@ -60,6 +87,49 @@ def text_colour(rgba) -> str:
     return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
 
 
+def _scale(r, percent: bool = True) -> tuple[float, float, bool]:
+    """The colour scale of an R heatmap: its ends and whether it is drawn as a percentage (a fixed
+    [0, 1] scale), else the finite values' own range."""
+    import numpy as np
+
+    r = np.asarray(r, dtype=float)
+    finite = r[np.isfinite(r)]
+    unit = _unit(r, percent)
+    if unit or finite.size == 0:
+        return 0.0, 1.0, unit
+    return float(finite.min()), float(finite.max()) or 1.0, unit
+
+
+def heatmap_cells(r, rows: list[str], columns: list[str], *, higher: bool = True, percent: bool = True) -> dict:
+    """An R heatmap as the cells of an HTML table, coloured as :func:`heatmap_figure` colours them:
+    each cell's text (a percentage, or the value as measured), its background (viridis on the same
+    scale, reversed for errors) and its text colour (black or white, whichever contrasts more);
+    an unmeasured cell (NaN) is blank and uncoloured. No figure is drawn."""
+    import matplotlib
+    import numpy as np
+    from matplotlib.colors import Normalize, to_hex
+
+    r = np.asarray(r, dtype=float)
+    low, high, unit = _scale(r, percent)
+    cmap = matplotlib.colormaps["viridis" if higher else "viridis_r"]
+    colours = cmap(Normalize(vmin=low, vmax=high)(r))  # every cell at once, as imshow maps them
+    lines = []
+    for label, values, rgbas in zip(rows, r, colours):
+        cells = []
+        for column, value, rgba in zip(columns, values, rgbas):
+            if not np.isfinite(value):
+                cells.append({"text": "", "background": None, "colour": None,
+                              "title": f"{label} · {column}: not measured"})
+                continue
+            rgba = tuple(float(c) for c in rgba)
+            text = f"{100 * value:.0f}" if unit else f"{value:.3g}"
+            exact = f"{100 * value:.2f} %" if unit else f"{value:.6g}"
+            cells.append({"text": text, "background": to_hex(rgba), "colour": text_colour(rgba),
+                          "title": f"{label} · {column}: {exact}"})
+        lines.append({"label": label, "cells": cells})
+    return {"columns": list(columns), "rows": lines, "unit": unit}
+
+
 def heatmap_figure(r, rows: list[str], columns: list[str], title: str, *, higher: bool = True,
                    percent: bool = True):
     """An R heatmap: rows and columns as labelled. Scores in [0, 1] are drawn as percentages on a
@@ -74,9 +144,7 @@ def heatmap_figure(r, rows: list[str], columns: list[str], title: str, *, higher
     import numpy as np
 
     r = np.asarray(r, dtype=float)
-    finite = r[np.isfinite(r)]
-    unit = _unit(r, percent)
-    low, high = (0.0, 1.0) if unit else (float(finite.min()), float(finite.max()) or 1.0)
+    low, high, unit = _scale(r, percent)
     # A long stream (the theory benchmark's 100 rounds) keeps the size of a 24-experience map:
     # its cells are not numbered and every k-th experience is named.
     dense = len(columns) > MAX_CELLS
@@ -167,6 +235,102 @@ def curves_figure(result: dict, names: list[str] | None = None):
     ax.legend(title="test experience", fontsize=7, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
+
+
+def _f(value: float) -> str:
+    """An SVG coordinate: one decimal, no trailing zero (the same bytes for the same figure)."""
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def curves_svg(result: dict, names: list[str] | None = None) -> str:
+    """:func:`curves_figure` as inline SVG markup, written rather than drawn (no matplotlib
+    layout or rasterizing): x the stages in the run's order, y the score on each test
+    experience after that stage, one line and colour per experience in the stream's order
+    ``names`` (the run's where None; the colours those of :func:`curves_figure`), a legend, and
+    each point's value as its tooltip. An unmeasured point (NaN) breaks its line."""
+    import math
+    from html import escape
+
+    import matplotlib
+    import numpy as np
+    from matplotlib.colors import to_hex
+
+    run = list(result["experiences"])
+    names = list(names or run)
+    r, _ = run_order(result)
+    stages = [f"+{n}" for n in run]
+    if result.get("r_init") is not None:
+        stages = ["untrained", *stages]
+    unit = _unit(r, result_percent(result))
+    scale = 100.0 if unit else 1.0
+    values = scale * r
+    finite = values[np.isfinite(values)]
+    if unit:
+        low, high, ticks = 0.0, 100.0, [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
+    else:
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        if high <= low:
+            low, high = low - 0.5, high + 0.5
+        pad = 0.05 * (high - low)
+        low, high = low - pad, high + pad
+        ticks = list(np.linspace(low, high, 5))
+    colours = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
+    left, top, width, height = 48.0, 24.0, max(150.0, 34.0 * len(stages)), 150.0
+    bottom = top + height
+    longest = max([len(s) for s in stages] + [1])
+    legend_x = left + width + 14
+    legend_w = 16 + 6.2 * max([len(n) for n in names] + [len("test experience")])
+    total_w, total_h = legend_x + legend_w, bottom + 14 + 4.6 * min(longest, 24)
+
+    def x(i: int) -> float:
+        return left + width * (i + 0.5) / len(stages)
+
+    def y(v: float) -> float:
+        return bottom - height * (v - low) / (high - low)
+
+    title = f"{result['strategy']['name']} on {result['benchmark']['name']} ({result.get('order_label', '')})"
+    out = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{_f(total_w)}" height="{_f(total_h)}" '
+           f'viewBox="0 0 {_f(total_w)} {_f(total_h)}" role="img" aria-label="{escape(title)}: R per test experience '
+           f'over the stages">',
+           f'<text x="{_f(left + width / 2)}" y="14" text-anchor="middle" class="title">{escape(title)}</text>']
+    for t in ticks:
+        label = f"{t:.0f}" if unit else f"{t:.3g}"
+        out.append(f'<line class="grid" x1="{_f(left)}" x2="{_f(left + width)}" y1="{_f(y(t))}" y2="{_f(y(t))}"/>'
+                   f'<text x="{_f(left - 4)}" y="{_f(y(t) + 3)}" text-anchor="end">{label}</text>')
+    for i, stage in enumerate(stages):
+        out.append(f'<line class="grid" x1="{_f(x(i))}" x2="{_f(x(i))}" y1="{_f(top)}" y2="{_f(bottom)}"/>'
+                   f'<text x="{_f(x(i))}" y="{_f(bottom + 10)}" text-anchor="end" '
+                   f'transform="rotate(-45 {_f(x(i))} {_f(bottom + 10)})">{escape(stage)}</text>')
+    out.append(f'<rect class="frame" x="{_f(left)}" y="{_f(top)}" width="{_f(width)}" height="{_f(height)}"/>')
+    out.append(f'<text x="12" y="{_f(top + height / 2)}" text-anchor="middle" '
+               f'transform="rotate(-90 12 {_f(top + height / 2)})">{"R (%)" if unit else "R"}</text>')
+    out.append(f'<text x="{_f(legend_x)}" y="{_f(top + 4)}">test experience</text>')
+    for k, name in enumerate(names):
+        j = run.index(name)
+        colour = to_hex(colours(k % colours.N))
+        column = values[:, j]
+        segments, current = [], []
+        for i, v in enumerate(column):
+            if math.isfinite(v):
+                current.append(f"{_f(x(i))},{_f(y(v))}")
+            elif current:
+                segments.append(current)
+                current = []
+        if current:
+            segments.append(current)
+        for segment in segments:
+            out.append(f'<polyline points="{" ".join(segment)}" stroke="{colour}"/>')
+        for i, v in enumerate(column):
+            if math.isfinite(v):
+                shown = f"{v:.1f}" if unit else f"{v:.4g}"
+                out.append(f'<circle cx="{_f(x(i))}" cy="{_f(y(v))}" r="2.5" fill="{colour}"><title>{escape(name)} '
+                           f'after {escape(stages[i])}: {shown}</title></circle>')
+        ly = top + 18 + 14 * k
+        out.append(f'<line x1="{_f(legend_x)}" x2="{_f(legend_x + 12)}" y1="{_f(ly - 3)}" y2="{_f(ly - 3)}" '
+                   f'stroke="{colour}" stroke-width="2"/>'
+                   f'<text x="{_f(legend_x + 16)}" y="{_f(ly)}">{escape(name)}</text>')
+    out.append("</svg>")
+    return "".join(out)
 
 
 def routing_layers(result: dict, max_layers: int | None = None) -> list[str]:

@@ -140,3 +140,72 @@ def test_an_error_below_one_is_drawn_as_measured_not_as_a_percentage():
     assert curves.axes[0].get_ylabel() == "R"
     np.testing.assert_allclose(curves.axes[0].get_lines()[0].get_ydata()[1:], [r[0] for r in run["r_matrix"]])
     plt.close(curves)
+
+
+def test_table_cells_are_coloured_and_lettered_as_the_heatmap_draws_them():
+    """The run pages' R tables: each cell's background is the colour the heatmap figure gives it,
+    its text the figure's text in the figure's (most contrasting) colour; NaN is blank."""
+    from matplotlib.colors import to_hex
+
+    from clbench.results.plots import heatmap_cells
+
+    values = np.linspace(0.0, 1.0, 21)
+    for higher in (True, False):
+        r = [values, [float("nan")] * 21]
+        cells = heatmap_cells(r, ["after a", "after b"], [str(j) for j in range(21)], higher=higher)
+        fig = heatmap_figure(r, ["after a", "after b"], [str(j) for j in range(21)], "t", higher=higher)
+        image, texts = fig.axes[0].images[0], fig.axes[0].texts
+        first, blank = cells["rows"]
+        assert [c["text"] for c in first["cells"]] == [t.get_text() for t in texts]
+        assert [c["colour"] for c in first["cells"]] == [t.get_color() for t in texts]
+        assert [c["background"] for c in first["cells"]] == [to_hex(image.cmap(image.norm(v))) for v in values]
+        assert all(c["text"] == "" and c["background"] is None for c in blank["cells"])
+        assert first["cells"][3]["title"] == "after a · 3: 15.00 %"
+        plt.close(fig)
+
+
+def test_fixed_order_cells_hold_the_stream_order_values_and_the_mean():
+    from clbench.results.plots import fixed_order_cells, mean_over_orders_cells, r_matrix_cells
+
+    permuted = _entry({"permutation": 3}, 0, 0.0)
+    cells = fixed_order_cells(permuted, NAMES)
+    assert cells["columns"] == NAMES
+    assert [row["label"] for row in cells["rows"]] == ["untrained", *(f"after {n}" for n in NAMES)]
+    assert [[c["text"] for c in row["cells"]] for row in cells["rows"][1:]] == [[f"{10 * a + b}" for b in range(5)]
+                                                                                for a in range(5)]
+    run = r_matrix_cells(permuted)  # the same run in its own order
+    assert run["columns"] == permuted["experiences"]
+    assert [[c["text"] for c in row["cells"]] for row in run["rows"][1:]] == [[f"{100 * v:.0f}" for v in line]
+                                                                              for line in permuted["r_matrix"]]
+    runs = [_entry("default", 0, 0.0), _entry("reverse", 0, 0.2)]
+    mean = mean_over_orders_cells(runs, NAMES)
+    assert [c["text"] for c in mean["rows"][1]["cells"]] == [f"{100 * (0.1 + b / 100):.0f}" for b in range(5)]
+
+
+def test_curves_svg_draws_each_experiences_column_in_the_figures_colours():
+    """The run pages' curves: written as SVG, one polyline per experience in the stream's order,
+    coloured as :func:`curves_figure` colours them, a point per stage with its value as tooltip."""
+    import re
+
+    from matplotlib.colors import to_hex
+
+    from clbench.results.plots import curves_svg
+
+    run = _entry("reverse", 0, 0.0)
+    svg = curves_svg(run, NAMES)
+    assert svg.startswith('<svg class="plot"') and svg.endswith("</svg>")
+    lines = re.findall(r'<polyline points="([^"]+)" stroke="(#[0-9a-f]{6})"/>', svg)
+    assert len(lines) == len(NAMES)
+    fig = curves_figure(run, NAMES)
+    assert [colour for _, colour in lines] == [to_hex(line.get_color()) for line in fig.axes[0].get_lines()]
+    plt.close(fig)
+    assert all(len(points.split()) == 1 + len(NAMES) for points, _ in lines)  # untrained + one point per stage
+    r = np.vstack([run["r_init"], run["r_matrix"]])
+    tips = re.findall(r"<title>rot90 after ([^:]+): ([0-9.]+)</title>", svg)
+    assert [stage for stage, _ in tips] == ["untrained", *(f"+{n}" for n in run["experiences"])]
+    assert [float(v) for _, v in tips] == [round(100 * v, 1) for v in r[:, run["experiences"].index("rot90")]]
+    # an unmeasured point breaks its line; a name is escaped
+    gap = {**run, "r_matrix": [[float("nan")] + line[1:] if k == 2 else line for k, line in enumerate(run["r_matrix"])],
+           "experiences": ["<b>", *run["experiences"][1:]]}
+    svg = curves_svg(gap)
+    assert "<b>" not in svg and "&lt;b&gt;" in svg and svg.count("<polyline") == len(NAMES) + 1

@@ -92,11 +92,17 @@ def test_page_is_self_contained_and_links_each_row_to_its_runs_heatmaps(rendered
     entries = E.load_entries(rendered)
     for e in entries:
         mine = runs[e["strategy"]["name"]]
+        # one figure per run holding its R as tables, one shown at a time: in the stream's order and in the run's,
+        # switched by a pair of radio buttons; the mean over the two orders; curves for a multi-stage run, as SVG
         assert mine.count('<figure class="heatmap"') == 2 and f'data-hash="{e["config_hash"]}"' in mine
-        # in the stream's order: each run's R and their mean over the two orders; curves for a multi-stage run
-        assert mine.count('<figure class="heatmap-fixed"') == 2 and mine.count('<figure class="heatmap-mean"') == 1
+        assert mine.count('<figure class="heatmap-mean"') == 1 and '<figure class="heatmap-fixed"' not in mine
+        assert mine.count('<table class="rmatrix" data-order="stream">') == 2
+        assert mine.count('<table class="rmatrix" data-order="run">') == 2
+        assert mine.count('type="radio" name="order"') == 2 and 'id="order-stream" checked' in mine
         assert "mean over 2 orders (2 runs, each order's averaged first)" in html.unescape(mine) and "(rot0, rot90)" in mine
         assert mine.count('<figure class="curves"') == (0 if e["strategy"]["name"] == "joint" else 2)
+        assert mine.count('<svg class="plot"') == mine.count('<figure class="curves"')
+        assert "data:image/png" not in mine  # no PNG drawn for a short stream without MoE layers
         assert 'href="../index.html#digits-domains"' in mine
         # the final per-class recall behind G-mean, one table per run, in percent, zeros marked
         table = re.search(rf'<table class="recall" data-hash="{e["config_hash"]}">(.*?)</table>', mine, re.S).group(1)
@@ -105,6 +111,41 @@ def test_page_is_self_contained_and_links_each_row_to_its_runs_heatmaps(rendered
         assert first[:-1] == ["·" if v is None else f"{100 * v:.0f}" for v in recall]
         assert table.count('class="zero"') == sum(v == 0 for row in e["recall_final"]["columns"] +
                                                   [e["recall_final"]["global"] or []] for v in row if v is not None)
+
+
+def _rmatrix(page: str, config_hash: str, order: str) -> tuple[list[str], list[str], list[list[str]], list[str]]:
+    """A run's R table on its page: the columns, the rows' labels, the cells' text and their styles."""
+    figure = re.search(rf'<figure class="heatmap" data-hash="{config_hash}">(.*?)</figure>', page, re.S).group(1)
+    table = re.search(rf'<table class="rmatrix" data-order="{order}">(.*?)</table>', figure, re.S).group(1)
+    head, body = table.split("</thead>")
+    columns = [html.unescape(c) for c in re.findall(r'<th scope="col">([^<]*)</th>', head)]
+    lines = re.findall(r"<tr>(.*?)</tr>", body, re.S)
+    rows = [html.unescape(re.search(r'<th scope="row">([^<]*)</th>', line).group(1)) for line in lines]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", line) for line in lines]
+    styles = re.findall(r'<td style="([^"]*)"', body)
+    return columns, rows, cells, styles
+
+
+def test_run_pages_hold_each_r_matrix_as_a_table_of_its_values_in_both_orders(rendered):
+    from clbench.results.fixed_order import canonical_names, fixed_order
+
+    page = (rendered / "index.html").read_text()
+    runs = _run_pages(rendered, page)
+    entries = E.load_entries(rendered)
+    names = canonical_names(entries)
+    for e in entries:
+        mine = runs[e["strategy"]["name"]]
+        columns, rows, cells, styles = _rmatrix(mine, e["config_hash"], "run")
+        assert columns == e["experiences"]
+        r = ([e["r_init"]] if e.get("r_init") is not None else []) + e["r_matrix"]
+        assert len(rows) == len(r) and rows[0] == ("untrained" if e.get("r_init") is not None else rows[0])
+        assert cells == [["" if v is None or v != v else f"{100 * v:.0f}" for v in line] for line in r]
+        assert len(styles) == sum(v is not None and v == v for line in r for v in line)  # a coloured cell per value
+        assert all(re.fullmatch(r"background:#[0-9a-f]{6};color:(black|white)", s) for s in styles)
+        columns, rows, cells, _ = _rmatrix(mine, e["config_hash"], "stream")
+        fixed, labels = fixed_order(e, names)
+        assert columns == names and rows == labels
+        assert cells == [[f"{100 * v:.0f}" for v in line] for line in fixed]
 
 
 def test_render_is_deterministic(rendered, tmp_path):
@@ -192,8 +233,8 @@ def test_page_loads_in_headless_chromium_without_console_errors(rendered, tmp_pa
     run_page = next((rendered / "pages").glob("*naive*.html")).resolve().as_uri()
     dom = _chromium_run(tmp_path, run_page, "--dump-dom")
     assert _console_messages(dom.stderr) == []
-    assert dom.stdout.count('<figure class="heatmap"') == 2
-    assert dom.stdout.count('<figure class="heatmap-fixed"') == 2 and dom.stdout.count('<figure class="curves"') == 2
+    assert dom.stdout.count('<figure class="heatmap"') == 2 and dom.stdout.count('<table class="rmatrix"') == 5
+    assert dom.stdout.count('<figure class="curves"') == 2 and dom.stdout.count('<svg class="plot"') == 2
     shot = tmp_path / "run-page.png"
     proc = _chromium_run(tmp_path, run_page, f"--screenshot={shot}", "--window-size=1280,1600")
     assert shot.is_file(), proc.stderr[-3000:]
