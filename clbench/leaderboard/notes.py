@@ -70,8 +70,8 @@ def direction_note(table: BenchmarkTable) -> str | None:
 
 
 NOTES = ("Scores are percentages: mean ± the half-width of its 95% interval over task orders, the replication "
-         "unit (each order's seeds are averaged first; Student's t with orders − 1 degrees of freedom; a table of one "
-         "order uses its seeds instead). An interval that a score's bounds cut (0 and 100; −100 and 100 for BWT, FWT "
+         "unit (each order's seeds are averaged first; Student's t with orders − 1 degrees of freedom; a table of "
+         "one order uses its seeds instead). An interval that a score's bounds cut (0 and 100; −100 and 100 for BWT, FWT "
          "and Forgetting) is written by its ends, [low, high]. A row of one unit shows its test set's 95% interval, "
          "marked ‡ (Wilson's for accuracy and exact match), where the runs recorded their test-set errors, else the "
          "value alone. Group: methods sharing a letter are not "
@@ -241,7 +241,8 @@ def design_text(groups: Groups, title: str, scale=shown, unit: str = " points") 
              f"Critical difference (a gap always separated, at Holm's strictest level α/{groups.m}): "
              f"{critical_text(groups, scale, unit)}."]
     if groups.detectable:
-        parts.append(f"Smallest difference detected with {POWER:.0%} power: {span_text(groups.detectable, scale, unit)}.")
+        detectable = span_text(groups.detectable, scale, unit)
+        parts.append(f"Smallest difference detected with {POWER:.0%} power: {detectable}.")
     spread = spread_text(groups)
     if spread:
         parts.append(spread + ".")
@@ -264,9 +265,9 @@ def groups_line(groups: Groups, scale=shown) -> str | None:
     """The groups as text, best first: ``a: joint 87.7 · b: replay 70.8 · c: lwf 40.8, naive 40.7``."""
     if groups.method is None:
         return None
+    marks = sorted({m for v in groups.letters.values() for m in letter_marks(v)}, key=mark_order)
     parts = [f"{mark}: " + ", ".join(f"{label} {scale(groups.means[label])}" for label in members)
-             for mark, members in zip(sorted({m for v in groups.letters.values() for m in letter_marks(v)}, key=mark_order),
-                                      groups.groups)]
+             for mark, members in zip(marks, groups.groups)]
     return " · ".join(parts)
 
 

@@ -13,8 +13,8 @@ utilization are matplotlib PNGs, each drawn once. Output is a pure function of t
 (no timestamps, PNGs without software metadata): unchanged entries give identical files.
 
 Sorting: click (or Enter on) a column header; the first click sorts the way "better" points
-(descending for higher-is-better scores, ascending for rank, forgetting and the levels of an R
-of errors). ``index.html?sort=<key>&dir=asc`` opens the page sorted, which is also how the tests drive the sorter in headless Chromium.
+(descending for higher-is-better scores, ascending for rank, forgetting and an R of errors'
+levels). ``index.html?sort=<key>&dir=asc`` opens it sorted, as the tests drive it in Chromium.
 """
 
 from __future__ import annotations

@@ -219,7 +219,8 @@ class PairNoise:
 
 @dataclass
 class Groups:
-    """Rank groups of one table's rows on ``score`` (see the module notes); ``method`` None: none formed (``note`` says why)."""
+    """Rank groups of one table's rows on ``score`` (see the module notes); ``method`` None: none
+    formed (``note`` says why)."""
 
     score: str
     higher: bool
