@@ -145,7 +145,7 @@ def paired_test(row_a: Row, row_b: Row, metric: str, higher: bool = True, *, uni
     mean = out["mean_difference"]
     ses = [ua[u][1] for u in units] + [ub[u][1] for u in units]
     v_test = sum(se * se for se in ses) / len(units) if all(se is not None for se in ses) else 0.0
-    noise = PairNoise(sum((d - mean) ** 2 for d in diffs) / (len(units) - 1), v_test, len(units))
+    noise = PairNoise.of(diffs, v_test)
     level = ALPHA / max(pairs_in_table, 1)
     out["power"] = {"level": level, "power": POWER, "test_set_included": all(se is not None for se in ses),
                     "detectable": noise.detectable(level), "units_needed": noise.units_needed(mean, level)}

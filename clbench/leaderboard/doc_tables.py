@@ -163,7 +163,7 @@ def paired_rows(table: BenchmarkTable, scores: list[str], a_rows: list[Row], b_r
         ci, verdict = interval(list(diffs.values())), "—"
         if ci.half is not None:
             verdict = "holds 0" if ci.low <= 0 <= ci.high else "above 0" if ci.mean > 0 else "below 0"
-        stat = Stat(mean=ci.mean, std=ci.sd, n=len(diffs), half=ci.half, units=ci.n, low=ci.low, high=ci.high)
+        stat = Stat.of(ci, len(diffs))
         cells = [number(diffs[k], meta) if k in diffs else "—" for k in keys] + [fmt(stat, score=meta)]
         signed = [c if c.startswith(("-", "—")) else f"+{c}" for c in cells]  # a difference shows its sign
         lines.append(_line([md_text(f"{a.label} − {b.label}"), md_text(table.title(score))] + signed + [verdict]))

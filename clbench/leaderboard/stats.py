@@ -131,7 +131,12 @@ class Interval:
     @property
     def cut(self) -> bool:
         """Whether a bound cut the interval (it is then written by its ends, not ± a half-width)."""
-        return self.half is not None and (self.low > self.mean - self.half or self.high < self.mean + self.half)
+        return is_cut(self.mean, self.half, self.low, self.high)
+
+
+def is_cut(mean: float, half: float | None, low: float | None, high: float | None) -> bool:
+    """Whether the ends ``low``/``high`` are narrower than ``mean ± half``: a bound cut the interval."""
+    return half is not None and (low > mean - half or high < mean + half)
 
 
 def interval(values: list[float], se: float | None = None, bounds: tuple[float, float] | None = None) -> Interval:
@@ -186,6 +191,13 @@ class PairNoise:
     v_units: float
     v_test: float
     n: int
+
+    @classmethod
+    def of(cls, diffs: list[float], v_test: float) -> PairNoise:
+        """The noise of a pair from its per-unit differences and the test sets' variance."""
+        n = len(diffs)
+        mean = sum(diffs) / n
+        return cls(sum((d - mean) ** 2 for d in diffs) / (n - 1) if n >= 2 else 0.0, v_test, n)
 
     def se(self, n: int | None = None) -> float:
         return math.sqrt(self.v_units / (n or self.n) + self.v_test)
@@ -343,8 +355,7 @@ def rank_groups(runs: dict[str, Runs], score: str, higher: bool, *, describe: bo
     for a, b in combinations(labels, 2):
         diffs = [x - y for x, y in zip(values[a], values[b])]
         d = sum(diffs) / out.n
-        v_units = sum((x - d) ** 2 for x in diffs) / (out.n - 1) if out.n >= 2 else 0.0
-        noise = noises[a, b] = PairNoise(v_units, s2[a] + s2[b], out.n)
+        noise = noises[a, b] = PairNoise.of(diffs, s2[a] + s2[b])
         se, df = noise.se(), noise.df()
         if se > 0:
             stat = abs(d) / se

@@ -44,7 +44,7 @@ from clbench.errors import UserError
 from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta, shown
 from clbench.results.record import Status
 from clbench.plugins.registry import display_name
-from clbench.leaderboard.stats import Groups, interval, rank_groups, replication_unit, unit_means
+from clbench.leaderboard.stats import Groups, Interval, interval, is_cut, rank_groups, replication_unit, unit_means
 from clbench.metrics.stderr import entry_score_stderr
 
 # Score columns, titles, units and directions: clbench.metrics.score_registry.
@@ -105,7 +105,13 @@ class Stat:
     @property
     def cut(self) -> bool:
         """Whether a bound of the score cut the interval (it is then written by its ends)."""
-        return self.half is not None and (self.low > self.mean - self.half or self.high < self.mean + self.half)
+        return is_cut(self.mean, self.half, self.low, self.high)
+
+    @classmethod
+    def of(cls, ci: Interval, runs: int) -> Stat:
+        """The summary of ``runs`` runs whose units' mean has the interval ``ci``."""
+        return cls(mean=ci.mean, std=ci.sd, n=runs, half=ci.half, from_test_set=ci.test_set, units=ci.n,
+                   low=ci.low, high=ci.high)
 
 
 def made_dirty(entry: dict) -> bool:
@@ -223,9 +229,7 @@ def summarize(runs: dict[tuple, tuple[Any, float | None]], unit: str,
     if not kept:
         return None
     means = list(unit_means(kept, unit).values())
-    ci = interval([m for m, _ in means], means[0][1], bounds)
-    return Stat(mean=ci.mean, std=ci.sd, n=len(kept), half=ci.half, from_test_set=ci.test_set, units=ci.n,
-                low=ci.low, high=ci.high)
+    return Stat.of(interval([m for m, _ in means], means[0][1], bounds), len(kept))
 
 
 def _rank(rows: list[Row], higher: bool = True) -> None:
