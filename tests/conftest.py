@@ -61,5 +61,5 @@ def clean_smoke_board(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("smoke") / "lb"
     with as_clean_tree(), contextlib.redirect_stdout(io.StringIO()):
-        assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--no-progress"]) == 0
+        assert main(["leaderboard", "run", "--no-render", "--suite", str(SMOKE), "--output", str(out), "--no-progress"]) == 0
     return out

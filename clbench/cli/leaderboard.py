@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 
 from clbench.cli import check_folder
 from clbench.errors import UserError
@@ -24,10 +25,11 @@ _SBATCH_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 def register(sub) -> None:
     p = sub.add_parser("leaderboard", help="run a suite into a leaderboard directory, render its tables and page")
     lb = p.add_subparsers(dest="leaderboard_command", metavar="ACTION", required=True)
-    run = lb.add_parser("run", help="run the suite's missing entries and print the leaderboard",
+    run = lb.add_parser("run", help="run the suite's missing entries, print the leaderboard and write its page",
                         description="Run every grid point of a suite that has no entry yet in the output directory "
-                                    "(interrupt and rerun freely), then print the leaderboard. Several processes may "
-                                    "run into one directory at once: each grid point is locked while it runs.")
+                                    "(interrupt and rerun freely), then print the leaderboard and write its README.md "
+                                    "and index.html there. Several processes may run into one directory at once: "
+                                    "each grid point is locked while it runs.")
     run.add_argument("--suite", "-s", help="suite YAML (default: configs/suites/quickstart.yaml)")
     run.add_argument("--output", "-o", default=DEFAULT_OUTPUT,
                      help=f"leaderboard directory (default: {DEFAULT_OUTPUT})")
@@ -36,6 +38,9 @@ def register(sub) -> None:
                      help="rerun every grid point from scratch, replacing its entry when the new run ends "
                           "(after changing code: entries are named by config, not by code)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (one line per run is still printed)")
+    run.add_argument("--no-render", action="store_true",
+                     help="do not write README.md and index.html at the end (render later with "
+                          "'clbench leaderboard render DIR')")
     run.add_argument("--allow-dirty", action="store_true",
                      help="write entries into a folder of clbench's own repository even though tracked files have "
                           "uncommitted changes (the entries record it; render marks them, verify cannot rerun them)")
@@ -161,26 +166,43 @@ def handle_run(args: argparse.Namespace) -> int:
         console.print(f"nothing ran: all {len(hashes)} grid points already have an entry in {args.output}, so the "
                       f"table shows those entries; to run the suite yourself: clbench leaderboard run "
                       f"--output runs/{suite.name}", highlight=False)
-    if entries_dir(args.output).is_dir():  # with --no-wait, maybe nothing has finished yet
+    finished = entries_dir(args.output).is_dir()  # with --no-wait, maybe nothing has finished yet
+    if finished:
         print_tables(build_tables(load_entries(args.output, hashes), hashes, source=args.output), console)
     done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered)
     elsewhere = f", {len(outcome.elsewhere)} finished by another process" if outcome.elsewhere else ""
     queued = f", {len(outcome.submitted)} still queued or running" if outcome.submitted else ""
-    console.print(f"{done} ran, {len(outcome.failed)} failed, {len(outcome.skipped)} already done{elsewhere}{queued}; "
-                  f"render with: clbench leaderboard render {args.output}", highlight=False)
+    console.print(f"{done} ran, {len(outcome.failed)} failed, {len(outcome.skipped)} already done{elsewhere}{queued}",
+                  highlight=False)
+    from clbench.leaderboard.render import INDEX, README
+
+    page = [Path(args.output) / README, Path(args.output) / INDEX]
+    if args.no_render or not finished:
+        console.print(f"render the page with: clbench leaderboard render {args.output}", highlight=False)
+    elif done or outcome.elsewhere or not all(p.is_file() for p in page):
+        _render(args.output, partial=bool(outcome.submitted))
+    else:  # nothing new: leave the page as it is (a received folder may be read-only)
+        console.print(f"no new entries, so the page is as it was: {page[0]}, {page[1]} (rewrite it with: "
+                      f"clbench leaderboard render {args.output})", highlight=False)
     return 0
 
 
-def handle_render(args: argparse.Namespace) -> int:
+def _render(folder: str, partial: bool = False) -> None:
+    """Write the folder's README.md and index.html and say where they are (and what they leave out)."""
     from clbench.leaderboard.manifest import left_out
     from clbench.leaderboard.render import DETAILS, render
 
-    check_folder(args.dir, "DIR")
-    readme, index = render(args.dir)
-    print(f"wrote {readme}, {index} and {index.parent / DETAILS}/")
-    note = left_out(args.dir)
+    readme, index = render(folder)
+    print(f"wrote {readme}, {index} and {index.parent / DETAILS}/"
+          + (" (the runs still queued are missing: rerun the command to add them)" if partial else ""), flush=True)
+    note = left_out(folder)
     if note:
         print(note, file=sys.stderr)
+
+
+def handle_render(args: argparse.Namespace) -> int:
+    check_folder(args.dir, "DIR")
+    _render(args.dir)
     return 0
 
 

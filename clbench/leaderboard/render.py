@@ -79,7 +79,7 @@ def _regenerate(root_arg: str, manifest: dict | None) -> str:
     """The command that remakes the folder; the paths quoted for the shell, as ``suite.json`` may say anything."""
     folder = shlex.quote(root_arg)
     suite = f" --suite {shlex.quote(manifest['source'])}" if manifest and manifest.get("source") else ""
-    return f"clbench leaderboard run{suite} --output {folder} && clbench leaderboard render {folder}"
+    return f"clbench leaderboard run{suite} --output {folder}"
 
 
 # -- Markdown escaping ------------------------------------------------------------------------

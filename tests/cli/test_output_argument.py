@@ -15,7 +15,7 @@ QUICKSTART = str(REPO / "configs" / "suites" / "quickstart.yaml")
 
 @pytest.mark.parametrize("argv, flag", [
     (["run", "--config", "{config}", "--output", ""], "--output"),
-    (["leaderboard", "run", "--suite", QUICKSTART, "--output", "", "--no-progress"], "--output"),
+    (["leaderboard", "run", "--no-render", "--suite", QUICKSTART, "--output", "", "--no-progress"], "--output"),
     (["leaderboard", "render", ""], "DIR"),
     (["leaderboard", "verify", ""], "DIR"),
 ], ids=["run", "leaderboard-run", "render", "verify"])

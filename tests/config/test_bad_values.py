@@ -235,7 +235,7 @@ def test_a_list_is_accepted_for_a_tuple_and_an_int_for_a_float(tmp_path):
 
 def test_suite_refuses_a_negative_permutation_at_its_own_field(tmp_path, capsys):
     path = write_suite(tmp_path, smoke(orders=["default", {"permutation": -1}]))
-    line = refused(capsys, "leaderboard", "run", "--suite", str(path), "--output", str(tmp_path / "board"))
+    line = refused(capsys, "leaderboard", "run", "--no-render", "--suite", str(path), "--output", str(tmp_path / "board"))
     assert line == (f"{path}: orders[1]: a permutation's seed must be >= 0, got -1 "
                     "(give a seed such as {permutation: 3})")
     assert not (tmp_path / "board").exists()
@@ -330,13 +330,13 @@ def test_a_suite_asking_more_threads_or_workers_than_cpus_is_refused_before_any_
 
     monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     path = write_suite(tmp_path, smoke(threads=100000))
-    line = refused(capsys, "leaderboard", "run", "--suite", str(path), "--output", str(tmp_path / "board"))
+    line = refused(capsys, "leaderboard", "run", "--no-render", "--suite", str(path), "--output", str(tmp_path / "board"))
     assert line == (f"{path}: threads: 100000 torch threads, but this process may use 2 CPUs "
                     "(set threads to a whole number from 1 to 2)")
     data = smoke()
     data["base"]["train"]["num_workers"] = 100000
     path = write_suite(tmp_path, data)
-    line = refused(capsys, "leaderboard", "run", "--suite", str(path), "--output", str(tmp_path / "board"))
+    line = refused(capsys, "leaderboard", "run", "--no-render", "--suite", str(path), "--output", str(tmp_path / "board"))
     assert line.startswith(f"{path}: base.train.num_workers: 100000 data-loader worker processes"), line
     assert not (tmp_path / "board").exists()
 

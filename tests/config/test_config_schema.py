@@ -105,7 +105,7 @@ def test_every_field_error_is_one_line_naming_the_field():
 ])
 def test_a_bad_suite_field_is_one_line_exit_2(capsys, tmp_path, change, message):
     path = write_suite(tmp_path, smoke(**change))
-    line = _refused(capsys, "leaderboard", "run", "--suite", str(path), "--output", str(tmp_path / "board"))
+    line = _refused(capsys, "leaderboard", "run", "--no-render", "--suite", str(path), "--output", str(tmp_path / "board"))
     assert line == f"{path}: {message}"
     assert not (tmp_path / "board").exists()
 

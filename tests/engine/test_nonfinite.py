@@ -100,7 +100,7 @@ def test_a_suite_records_the_diverged_run_as_failed_and_goes_on(tmp_path, poison
         "base": {"train": base["train"], "logging": base["logging"]},
     }, sort_keys=False))
     board = tmp_path / "board"
-    proc = run_cli("leaderboard", "run", "--suite", str(suite), "--output", str(board), "--no-progress")
+    proc = run_cli("leaderboard", "run", "--no-render", "--suite", str(suite), "--output", str(board), "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     hashes = [r.hash for r in load_suite(suite).runs]
@@ -112,7 +112,7 @@ def test_a_suite_records_the_diverged_run_as_failed_and_goes_on(tmp_path, poison
     assert ok["status"] == "ok" and len(ok["r_matrix"]) == 3
     # rerunning does nothing twice: the failed entry stays failed, nothing is rerun
     before = {p.name: p.read_bytes() for p in (board / "entries").iterdir()}
-    again = run_cli("leaderboard", "run", "--suite", str(suite), "--output", str(board), "--no-progress")
+    again = run_cli("leaderboard", "run", "--no-render", "--suite", str(suite), "--output", str(board), "--no-progress")
     assert again.returncode == 0, again.stderr
     assert {p.name: p.read_bytes() for p in (board / "entries").iterdir()} == before
     assert json.loads((board / "suite.json").read_text())["name"] == "diverging"

@@ -214,7 +214,7 @@ def test_an_interrupted_leaderboard_run_completes_with_every_entry_once(tmp_path
     first, second = [r.hash for r in load_suite(suite).runs]
 
     def suite_run(kill_at: str | None):
-        return _cli(["leaderboard", "run", "--suite", str(suite), "--output", str(board), "--no-progress"], kill_at)
+        return _cli(["leaderboard", "run", "--no-render", "--suite", str(suite), "--output", str(board), "--no-progress"], kill_at)
 
     def entries() -> list[str]:
         folder = board / "entries"

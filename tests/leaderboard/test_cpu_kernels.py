@@ -53,7 +53,7 @@ def boards(tmp_path_factory) -> dict[str, Path]:
     made = {}
     for level in ("default",):
         board = folder / f"lb-{level}"
-        done = _clbench("leaderboard", "run", "--suite", str(_one_cell_suite(folder, level)), "--output", str(board),
+        done = _clbench("leaderboard", "run", "--no-render", "--suite", str(_one_cell_suite(folder, level)), "--output", str(board),
                         "--no-progress", "--allow-dirty", cwd=folder)
         assert done.returncode == 0, done.stderr[-2000:]
         _as_clean(board)

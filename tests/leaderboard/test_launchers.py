@@ -54,7 +54,7 @@ def crash_strategy(folder: Path) -> dict:
 def cli(*args: str) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["leaderboard", "run", "--no-progress", *args])
+        code = main(["leaderboard", "run", "--no-render", "--no-progress", *args])
     return code, out.getvalue()
 
 
@@ -96,7 +96,7 @@ def test_local_jobs_give_the_serial_entries_and_a_dead_worker_fails_only_its_cel
 def test_an_interrupted_local_launcher_reruns_only_the_missing_cells(tmp_path, serial):
     suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"])))  # two cells: the two orders
     out = tmp_path / "lb"
-    command = [sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--suite", str(suite.path), "--output",
+    command = [sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--no-render", "--suite", str(suite.path), "--output",
                str(out), "--no-progress", "--launcher", "local", "--jobs", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -273,7 +273,7 @@ def test_the_sbatch_script_carries_the_suite_and_command_line_options(tmp_path, 
     (["--launcher", "slurm", "--time-min", "0"], "--time-min: expected at least 1, got 0"),
 ])
 def test_bad_launcher_options_are_one_line_errors(tmp_path, capsys, args, message):
-    assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(tmp_path / "lb"), *args]) == 2
+    assert main(["leaderboard", "run", "--no-render", "--suite", str(SMOKE), "--output", str(tmp_path / "lb"), *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "lb").exists()
@@ -287,14 +287,14 @@ def test_bad_launcher_options_are_one_line_errors(tmp_path, capsys, args, messag
 ])
 def test_bad_launcher_sections_are_one_line_errors(tmp_path, capsys, launcher, where, fix):
     path = write_suite(tmp_path, smoke(launcher=launcher))
-    assert main(["leaderboard", "run", "--suite", str(path), "--output", str(tmp_path / "lb")]) == 2
+    assert main(["leaderboard", "run", "--no-render", "--suite", str(path), "--output", str(tmp_path / "lb")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}: {where}" in err and fix in err, err
 
 
 def test_slurm_without_slurm_is_a_user_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun
-    assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(tmp_path / "lb"),
+    assert main(["leaderboard", "run", "--no-render", "--suite", str(SMOKE), "--output", str(tmp_path / "lb"),
                  "--launcher", "slurm"]) == 2
     assert "no SLURM here (srun is not on PATH)" in capsys.readouterr().err
 

@@ -68,6 +68,11 @@ def copy_board(board, tmp_path) -> Path:
     return dst
 
 
+def page_of(out: Path) -> dict[str, bytes]:
+    """The rendered page's files, to check that a refused command left them as they were."""
+    return {p.name: p.read_bytes() for p in (out / "README.md", out / "index.html")}
+
+
 # -- suites -----------------------------------------------------------------------------------
 def test_suite_expands_the_grid_into_resolved_configs():
     suite = load_suite(SMOKE)
@@ -186,7 +191,7 @@ def test_an_order_every_cell_would_fail_on_stops_the_suite_before_any_cell_and_w
     path = write_suite(tmp_path, smoke(orders=["default", "backwards"]))
     calls = spy_runner(monkeypatch)
     out = tmp_path / "out"
-    assert main(["leaderboard", "run", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
+    assert main(["leaderboard", "run", "--no-render", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"clbench: error: {path}: orders (digits-domains): "
                                                    "unknown order 'backwards' (valid named orders: "), lines
@@ -204,7 +209,7 @@ def test_two_orders_that_are_the_same_sequence_stop_the_suite_before_any_cell(
     path = write_suite(tmp_path, smoke(orders=orders))
     calls = spy_runner(monkeypatch)
     out = tmp_path / "out"
-    assert main(["leaderboard", "run", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
+    assert main(["leaderboard", "run", "--no-render", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert lines == [f"clbench: error: {path}: orders (digits-domains): {message} (list each order once)"], lines
     assert calls == [] and not out.exists()
@@ -213,7 +218,7 @@ def test_two_orders_that_are_the_same_sequence_stop_the_suite_before_any_cell(
 def test_slurm_launcher_without_slurm_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no srun, no sbatch
     out = tmp_path / "out"
-    assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--launcher", "slurm"]) == 2
+    assert main(["leaderboard", "run", "--no-render", "--suite", str(SMOKE), "--output", str(out), "--launcher", "slurm"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["clbench: error: --launcher slurm: no SLURM here (srun is not on PATH) (run it on a cluster "
                      "login node, or use --launcher local)"]
@@ -242,10 +247,11 @@ def test_a_complete_leaderboard_on_a_read_only_disk_prints_its_table(board, tmp_
     assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--no-progress"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "4 already done, 0 to run" in captured.out and "ranked by ACC" in captured.out
+    assert f"no new entries, so the page is as it was: {out / 'README.md'}, {out / 'index.html'}" in captured.out
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     data = smoke(seeds=[0, 1])  # one more seed: there is something to write, and the disk refuses it
     path = write_suite(tmp_path, data)
-    assert main(["leaderboard", "run", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
+    assert main(["leaderboard", "run", "--no-render", "--suite", str(path), "--output", str(out), "--no-progress"]) == 2
     assert "Read-only file system" in capsys.readouterr().err
 
 
@@ -270,6 +276,22 @@ def test_run_writes_one_verified_entry_per_grid_point_and_prints_the_table(board
     manifest = json.loads((out / "suite.json").read_text())
     assert [r["hash"] for r in manifest["runs"]] == [r.hash for r in suite.runs]
     assert not (out / RUNS_DIR).exists()  # working folders are cleaned up once entries exist
+    # the run ends with its page, and says where it is
+    assert f"wrote {out / 'README.md'}, {out / 'index.html'} and {out / 'pages'}/" in stdout
+    assert "| naive" in (out / "README.md").read_text() and "<table" in (out / "index.html").read_text()
+
+
+def test_no_render_leaves_the_page_to_a_later_render(board, tmp_path, capsys):
+    out = copy_board(board, tmp_path)
+    for page in ("README.md", "index.html"):
+        (out / page).unlink()
+    assert main(["leaderboard", "run", "--no-render", "--suite", str(SMOKE), "--output", str(out),
+                 "--no-progress"]) == 0
+    assert f"render the page with: clbench leaderboard render {out}" in capsys.readouterr().out
+    assert not (out / "README.md").exists() and not (out / "index.html").exists()
+    # without the flag, a folder whose page is missing gets it even when nothing new ran
+    assert main(["leaderboard", "run", "--suite", str(SMOKE), "--output", str(out), "--no-progress"]) == 0
+    assert f"wrote {out / 'README.md'}" in capsys.readouterr().out and (out / "index.html").is_file()
 
 
 def test_second_run_does_no_work_and_deleting_an_entry_reruns_only_it(board, tmp_path, monkeypatch):
@@ -340,7 +362,7 @@ def test_a_killed_suite_resumes_the_interrupted_run_from_its_checkpoint(board, t
     suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"], orders=["default"], cpu_kernels="native")))
     digest = suite.runs[0].hash
     out = tmp_path / "lb"
-    killed = run_cli("leaderboard", "run", "--suite", str(suite.path), "--output", str(out), "--no-progress",
+    killed = run_cli("leaderboard", "run", "--no-render", "--suite", str(suite.path), "--output", str(out), "--no-progress",
                      env=kill_env("stage:1:step:0"))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (out / RUNS_DIR / digest / CHECKPOINT).is_file()
@@ -414,9 +436,10 @@ def test_default_command_on_the_committed_leaderboard_does_no_work(tmp_path, mon
     shutil.copytree(REPO / "leaderboard", out)
     monkeypatch.chdir(REPO)
     calls = spy_runner(monkeypatch)
+    readme = (out / "README.md").read_bytes()
     assert main(["leaderboard", "run", "--output", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert calls == []
+    assert calls == [] and (out / "README.md").read_bytes() == readme  # nothing new: the page is left alone
     assert "suite quickstart: 36 runs, 36 already done, 0 to run" in printed
     # said before the table, so the committed numbers are not taken for a fresh run
     said = printed.index("nothing ran: all 36 grid points already have an entry")
@@ -435,6 +458,7 @@ def _one_entry(board, tmp_path) -> tuple[Path, Path, dict]:
 
 def test_tampered_score_is_refused(board, tmp_path, capsys):
     out, path, entry = _one_entry(board, tmp_path)
+    page = page_of(out)
     entry["scores"]["acc"] = 0.999
     path.write_text(json.dumps(entry, indent=2))
     with pytest.raises(UserError, match="content hash mismatch"):
@@ -442,7 +466,7 @@ def test_tampered_score_is_refused(board, tmp_path, capsys):
     assert main(["leaderboard", "render", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(path) in err and "content hash mismatch" in err
-    assert not (out / "README.md").exists()
+    assert page_of(out) == page
 
 
 def test_tampered_config_is_refused_even_with_a_fresh_content_hash(board, tmp_path):
@@ -527,6 +551,7 @@ def _edit_scores(entry: dict, edit: str) -> str:
 @pytest.mark.parametrize("edit", ["acc", "hidden bwt", "dropped bwt", "gmean_final", "r_matrix", "invented score"])
 def test_edited_scores_are_refused_even_with_a_fresh_content_hash(board, tmp_path, capsys, edit):
     out = copy_board(board, tmp_path)
+    page = page_of(out)
     path = next(p for p in sorted((out / "entries").glob("*.json")) if json.loads(p.read_text())["strategy"]["name"]
                 == "naive")
     entry = json.loads(path.read_text())
@@ -538,7 +563,7 @@ def test_edited_scores_are_refused_even_with_a_fresh_content_hash(board, tmp_pat
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and str(path) in err, err
         assert f"score '{score}'" in err or f"{score} missing" in err, err
-    assert not (out / "README.md").exists()
+    assert page_of(out) == page
     with pytest.raises(UserError):
         run_suite(load_suite(SMOKE), out, console=quiet())  # run's check of what is done refuses it too
 
@@ -593,11 +618,12 @@ def test_stray_files_in_entries_are_reported_not_ignored(board, tmp_path, monkey
 ])
 def test_malformed_suite_json_is_refused(board, tmp_path, capsys, text, what):
     out = copy_board(board, tmp_path)
+    page = page_of(out)
     (out / "suite.json").write_text(text)
     for command in (["leaderboard", "render", str(out)], ["compare", str(out)]):
         assert main(command) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and str(out / "suite.json") in err and what in err, err
-    assert not (out / "README.md").exists()
+    assert page_of(out) == page
     (out / "suite.json").unlink()  # no manifest at all: every entry is shown
     assert main(["leaderboard", "render", str(out)]) == 0

@@ -60,14 +60,14 @@ def test_uncommitted_code_is_refused_in_the_repository_and_allowed_with_the_flag
     suite = str(write_suite(tmp_path, smoke(orders=["default"])))  # naive and joint, one order
     (fake_code_repo / "code.py").write_text("x = 2\n")
     out = fake_code_repo / "board"
-    assert main(["leaderboard", "run", "--suite", suite, "--output", str(out), "--no-progress"]) == 2
+    assert main(["leaderboard", "run", "--no-render", "--suite", suite, "--output", str(out), "--no-progress"]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert "\n" not in err and err.startswith("clbench: error: --output: ") and "code.py" in err, err
     assert "--allow-dirty" in err and "uncommitted changes" in err
     assert not out.exists()  # nothing written, not even the folder
 
-    assert main(["leaderboard", "run", "--suite", suite, "--output", str(out), "--no-progress", "--allow-dirty"]) == 0
+    assert main(["leaderboard", "run", "--no-render", "--suite", suite, "--output", str(out), "--no-progress", "--allow-dirty"]) == 0
     entries = [json.loads(p.read_text()) for p in sorted((out / "entries").glob("*.json"))]
     assert entries and all(e["env"]["git_dirty"] is True for e in entries)
     assert {e["env"]["git_commit"] for e in entries} == {git(fake_code_repo, "rev-parse", "HEAD").strip()}
@@ -138,7 +138,7 @@ def test_the_real_command_refuses_from_a_copied_repository(tmp_path):
     with open(copy / "strategies" / "naive.py", "a") as f:
         f.write("\n# an uncommitted change\n")
     env = {**os.environ, "PYTHONPATH": str(copy)}
-    done = subprocess.run([sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--suite",
+    done = subprocess.run([sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--no-render", "--suite",
                            "configs/suites/smoke.yaml", "--output", "leaderboards/smoke"], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr

@@ -49,7 +49,7 @@ def test_a_part_of_the_wrong_kind_is_one_line_naming_it(tmp_path, capsys, comman
     out = _board(tmp_path, name)
     argv = ["leaderboard", command, str(out)]
     if command == "run":
-        argv = ["leaderboard", "run", "--suite", str(REPO / "configs/suites/quickstart.yaml"), "--output", str(out),
+        argv = ["leaderboard", "run", "--no-render", "--suite", str(REPO / "configs/suites/quickstart.yaml"), "--output", str(out),
                 "--no-progress"]
     before = _snapshot(out)
     assert main(argv) == 2

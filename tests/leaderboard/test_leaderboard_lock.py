@@ -66,7 +66,7 @@ def test_two_processes_share_the_grid_and_run_each_point_once(tmp_path):
     suite_path = _gated_suite(tmp_path)
     marks = tmp_path / "marks"
     out = tmp_path / "lb"
-    command = [sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--suite", str(suite_path), "--output",
+    command = [sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--no-render", "--suite", str(suite_path), "--output",
                str(out), "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     procs = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

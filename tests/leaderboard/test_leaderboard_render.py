@@ -241,6 +241,87 @@ def test_page_loads_in_headless_chromium_without_console_errors(rendered, tmp_pa
     assert _console_messages(proc.stderr) == []
 
 
+# Added to a copy of a page: the page-coordinate box of every visible element a selector matches.
+BOXES = """<script>
+window.addEventListener("load", function () {
+  var out = {};
+  SELECTORS.forEach(function (sel) {
+    out[sel] = [];
+    document.querySelectorAll(sel).forEach(function (el) {
+      var b = el.getBoundingClientRect();
+      if (b.width > 0 && b.height > 0) {
+        out[sel].push([b.left + window.scrollX, b.top + window.scrollY, b.right + window.scrollX,
+                       b.bottom + window.scrollY]);
+      }
+    });
+  });
+  var pre = document.createElement("pre");
+  pre.id = "boxes";
+  pre.style.display = "none";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+WINDOW = (1280, 4000)  # tall enough that the screenshot holds each small page whole
+
+
+def _seen(tmp_path: Path, page: Path, selectors: list[str]) -> tuple[dict[str, list[list[float]]], object]:
+    """Lay out a copy of ``page`` in headless Chromium: each selector's visible boxes, and the screenshot."""
+    import json
+
+    from PIL import Image
+
+    copy = page.with_name(f"seen-{page.name}")
+    script = BOXES.replace("SELECTORS", json.dumps(selectors))
+    copy.write_text(page.read_text().replace("</body>", script + "</body>"))
+    size = f"--window-size={WINDOW[0]},{WINDOW[1]}"
+    try:
+        dom = _chromium_run(tmp_path, copy.resolve().as_uri(), size, "--force-device-scale-factor=1", "--dump-dom")
+        shot = tmp_path / f"{page.stem}.png"
+        proc = _chromium_run(tmp_path, copy.resolve().as_uri(), size, "--force-device-scale-factor=1",
+                             f"--screenshot={shot}")
+    finally:
+        copy.unlink()
+    assert _console_messages(dom.stderr) == [] and _console_messages(proc.stderr) == []
+    found = re.search(r'<pre id="boxes"[^>]*>(.*?)</pre>', dom.stdout, re.S)
+    assert found and shot.is_file(), (dom.stderr + proc.stderr)[-3000:]
+    return json.loads(html.unescape(found.group(1))), Image.open(shot).convert("RGB")
+
+
+def _check_seen(boxes: dict[str, list[list[float]]], image, counts: dict[str, int]) -> None:
+    """Each selector shows ``counts`` boxes, inside the window, none overlapping another, and the
+    screenshot is not blank where each one is (the reader sees ink there, not the page's background)."""
+    assert {sel: len(found) for sel, found in boxes.items()} == counts
+    placed = [(sel, box) for sel, found in boxes.items() for box in found]
+    for sel, (left, top, right, bottom) in placed:
+        assert left >= 0 and right <= WINDOW[0] and bottom <= WINDOW[1], (sel, left, right, bottom)
+        crop = image.crop((int(left), int(top), int(right), int(bottom)))
+        background = image.getpixel((2, 2))
+        ink = sum(n for n, colour in crop.getcolors(maxcolors=1 << 20) if colour != background)
+        assert ink > 0.01 * crop.width * crop.height, f"{sel} at {(left, top)} is blank in the screenshot"
+    for i, (a, box_a) in enumerate(placed):
+        for b, box_b in placed[i + 1:]:
+            width = min(box_a[2], box_b[2]) - max(box_a[0], box_b[0])
+            height = min(box_a[3], box_b[3]) - max(box_a[1], box_b[1])
+            assert width <= 0 or height <= 0, f"{a} {box_a} overlaps {b} {box_b}"
+
+
+@needs_chromium
+def test_a_reader_sees_tables_diagrams_heatmaps_and_curves_each_in_its_own_place(rendered, tmp_path):
+    """What the screenshots show, not only that they exist: on the index page the table, the
+    critical-difference diagram and the per-order chart; on a run page the mean R matrix, each
+    run's (one view of each: the other order is switched off) and the curves. Each is visible,
+    inside the window, clear of the others, and drawn (not blank)."""
+    boxes, image = _seen(tmp_path, rendered / "index.html", ["table.sortable", "img.groups", "img.orders"])
+    _check_seen(boxes, image, {"table.sortable": 1, "img.groups": 1, "img.orders": 1})
+    run_page = next((rendered / "pages").glob("*naive*.html"))
+    runs = run_page.read_text().count('<figure class="heatmap"')
+    figures = ["figure.heatmap-mean", "figure.heatmap", "figure.curves"]
+    boxes, image = _seen(tmp_path, run_page, [*figures, "table.rmatrix"])
+    assert runs == 2 and len(boxes.pop("table.rmatrix")) == 1 + runs  # one view of each matrix, not both orders
+    _check_seen(boxes, image, {"figure.heatmap-mean": 1, "figure.heatmap": runs, "figure.curves": runs})
+
+
 # Added to a copy of a page: where each table and its last header cell lie once laid out.
 GEOMETRY = """<script>
 window.addEventListener("load", function () {
