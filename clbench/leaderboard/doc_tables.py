@@ -37,7 +37,8 @@ from clbench.leaderboard.manifest import manifest_hashes
 from clbench.leaderboard.notes import DIRTY_MARK, readme_notes
 from clbench.leaderboard.render import md_text
 from clbench.leaderboard.stats import interval, replication_unit, unit_means
-from clbench.leaderboard.table import BenchmarkTable, Row, Stat, build_tables, fmt, group_cell, number, runs_cell
+from clbench.leaderboard.cell_text import fmt, group_cell, number, runs_cell
+from clbench.leaderboard.table import BenchmarkTable, Row, Stat, build_tables
 
 OPTIONS = {"leaderboard-table": ("columns", "rows", "notes"), "leaderboard-orders": ("columns", "rows"),
            "leaderboard-paired": ("columns", "a", "b")}

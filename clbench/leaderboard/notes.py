@@ -173,10 +173,19 @@ def groups_text(table: BenchmarkTable) -> str | None:
     return f"Rank groups on {_rank_title(table)}, best first: {line}." + (f" {ties}" if ties else "")
 
 
+def constant_note(table: BenchmarkTable) -> str | None:
+    """Why a column that a table's runs make constant by construction shows — (table.constant_scores)."""
+    if "fwt" not in table.constant:
+        return None
+    return ("FWT is not shown (—): on this class-incremental stream every run scored exactly 0 on each "
+            "experience before training it (a shared head does not predict classes it has not seen), so FWT "
+            "would be −mean(r_init) for every method, a property of the untrained network, not a transfer.")
+
+
 def readme_notes(table: BenchmarkTable) -> tuple[list[str], list[str]]:
     """The notes ``README.md`` writes above a table and below it (each present one)."""
     above = (direction_note(table), trace_note(table), routing_note(table), groups_note(table))
-    below = (groups_text(table), dirty_note(table), gmean_note(table))
+    below = (groups_text(table), dirty_note(table), gmean_note(table), constant_note(table))
     return [n for n in above if n], [n for n in below if n]
 
 

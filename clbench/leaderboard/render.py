@@ -30,11 +30,11 @@ from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.figures import BAR_METRIC, groups_figure, order_bar_figure, png_uri
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
-from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, RECALL_MISSING, RECALL_NOTE, bench_meta,
+from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, RECALL_MISSING, RECALL_NOTE, bench_meta, constant_note,
                                       direction_note, dirty_note, gmean_note, groups_note, groups_text, meta_line,
                                       page_notes, readme_notes, routing_note, trace_note)
-from clbench.leaderboard.table import (RANK_BY, TEST_SET_MARK, BenchmarkTable, build_tables, fmt, group_cell,
-                                      made_dirty, number, runs_cell)
+from clbench.leaderboard.cell_text import TEST_SET_MARK, fmt, group_cell, number, runs_cell
+from clbench.leaderboard.table import RANK_BY, BenchmarkTable, build_tables, made_dirty
 from clbench.results.record import Status
 
 README = "README.md"
@@ -201,7 +201,7 @@ def _table_context(table: BenchmarkTable) -> dict:
         groups = {"text": groups_text(table), "title": title,
                   "png": png_uri(groups_figure(table.groups, title, table.label, table.percent))}
     after = [(note, "dirty") for note in [dirty_note(table)] if note]
-    after += [(note, "") for note in [gmean_note(table, page=True)] if note]
+    after += [(note, "") for note in [gmean_note(table, page=True), constant_note(table)] if note]
     return {"label": table.label, "meta": meta_line(bench_meta(table)), "columns": columns, "rows": rows,
             "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table), groups_note(table))
                       if n],

@@ -41,7 +41,7 @@ from typing import Any
 from clbench.config.load import canonical_json
 from clbench.leaderboard.labels import disambiguate
 from clbench.errors import UserError
-from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta, shown
+from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta
 from clbench.results.record import Status
 from clbench.plugins.registry import display_name
 from clbench.leaderboard.stats import Groups, Interval, interval, is_cut, rank_groups, replication_unit, unit_means
@@ -167,6 +167,8 @@ class BenchmarkTable:
     groups: Groups | None = None  # rank groups on RANK_BY (clbench.leaderboard.stats)
     # score -> its title, unit and direction, as the entries recorded them (clbench.metrics.score_registry)
     meta: dict[str, Score] = field(default_factory=dict)
+    # scores shown as — because the table's runs make them constant by construction (see constant_scores)
+    constant: list[str] = field(default_factory=list)
 
     @property
     def r_higher(self) -> bool:
@@ -332,9 +334,10 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         added = [s for s in meta if s in present and s not in SCORES and _metric_score(s)]
         scores = [s for s in SCORES if s in present] + added
         unit = replication_unit({e["order_label"] for e in benches[key] if e["status"] == Status.OK})
+        constant = constant_scores(benches[key])
         for row in rows:
             errors = [entry_score_stderr(e, wilson=True) for e in row.ok]
-            for score in scores:
+            for score in (s for s in scores if s not in constant):
                 stat = summarize({(e["order_label"], e["seed"]): (e["scores"].get(score), se.get(score))
                                   for e, se in zip(row.ok, errors)}, unit, meta[score].bounds)
                 if stat is not None:
@@ -350,8 +353,21 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         scorings = sorted({s for e in benches[key] if e["status"] == Status.OK and (s := scoring(e))})
         tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
                                      scores=scores, rows=rows, higher=higher, r_names=names, scorings=scorings,
-                                     groups=groups, meta=meta))
+                                     groups=groups, meta=meta, constant=constant))
     return tables
+
+
+def constant_scores(entries: list[dict]) -> list[str]:
+    """Scores that say nothing about the method on these runs: FWT on a class-incremental stream
+    where every sequential run scored exactly 0 on each experience before training it (R above
+    the diagonal, a shared head that never predicts a class it has not seen), so that FWT equals
+    −mean(r_init) for every method, a property of the initialisation. Checked on the runs, not
+    assumed from the scenario type: a method or model that does score unseen classes keeps the column."""
+    runs = [e for e in entries if e["status"] == Status.OK and not e.get("single_stage")]
+    if not runs or any(e["benchmark"].get("scenario_type") != "class-il" for e in runs):
+        return []
+    above = [row[j + 1] for e in runs for j, row in enumerate(e["r_matrix"][:-1])]
+    return ["fwt"] if above and all(v == 0 for v in above) else []
 
 
 def table_groups(rows: list[Row], higher: bool, score: str = RANK_BY) -> Groups:
@@ -362,37 +378,3 @@ def table_groups(rows: list[Row], higher: bool, score: str = RANK_BY) -> Groups:
                                                            entry_score_stderr(e, wilson=True).get(score))
                            for e in row.ok if _finite(e["scores"].get(score))}
     return rank_groups(runs, score, higher)
-
-
-def number(value: float | None, score: str | Score | None = None, digits: int = 1) -> str:
-    """One value of ``score`` as shown: ``85.1`` (percent), a plain score ``2.41``, or an em dash.
-    ``score`` is a built-in key or a table's :meth:`BenchmarkTable.score` (any score)."""
-    percent = score is None or (score.percent if isinstance(score, Score) else score_meta(score).percent)
-    return shown(value, percent, digits)
-
-
-TEST_SET_MARK = "‡"  # a one-run interval: its test set's alone
-
-
-def fmt(stat: Stat | None, digits: int = 1, score: str | Score | None = None) -> str:
-    """``85.1 ± 1.2`` in percent (a plain score: ``2.41 ± 0.10``), ± the 95% interval's
-    half-width; an interval a bound of the score cut by its ends, ``25.0 [0.0, 81.9]``; one
-    unit: ``41.3 ± 2.0‡`` (its test set's interval) or the mean alone; no value shows an em dash."""
-    if stat is None:
-        return "—"
-    mean = number(stat.mean, score, digits)
-    if stat.half is None:
-        return mean
-    if stat.cut:
-        return (f"{mean} [{number(stat.low, score, digits)}, {number(stat.high, score, digits)}]"
-                + (TEST_SET_MARK if stat.from_test_set else ""))
-    return f"{mean} ± {number(stat.half, score, digits)}" + (TEST_SET_MARK if stat.from_test_set else "")
-
-
-def runs_cell(row: Row) -> str:
-    return f"{len(row.ok)}" + (f" (+{len(row.failed)} failed)" if row.failed else "")
-
-
-def group_cell(table: BenchmarkTable, row: Row) -> str:
-    """The row's group letters (— where it has none: no runs, or no groups formed)."""
-    return (table.groups.letters.get(row.label) if table.groups else None) or "—"

@@ -4,7 +4,8 @@ table per benchmark, with the notes of :mod:`clbench.leaderboard.notes`."""
 from __future__ import annotations
 
 from clbench.leaderboard.notes import gmean_note, groups_note, groups_text
-from clbench.leaderboard.table import BenchmarkTable, fmt, runs_cell
+from clbench.leaderboard.cell_text import fmt, runs_cell
+from clbench.leaderboard.table import BenchmarkTable
 from clbench.metrics.score_registry import CORE_SCORES
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from clbench.leaderboard import doc_tables
 from clbench.leaderboard.doc_tables import find_fragments, main, regenerate, run, split_list
-from clbench.leaderboard.table import fmt
+from clbench.leaderboard.cell_text import fmt
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]

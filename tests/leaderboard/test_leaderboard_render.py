@@ -464,6 +464,31 @@ def test_a_gmean_of_zero_is_explained_under_the_table():
     assert "G-mean is 0 on some test set in 2 of 3 runs here" in note and "per-class recall" in note
 
 
+@pytest.mark.skipif(not (REPO / "leaderboards" / "fashion-mnist" / "entries").is_dir(), reason="no committed board")
+def test_fwt_in_class_il_is_withheld_only_where_the_runs_make_it_constant():
+    """On Split Fashion-MNIST (class-IL) no run ever scored a class before training it, so FWT is
+    −mean(r_init) for every method: the column shows —, with its reason. Rotated (domain-IL) keeps
+    it; and one class-IL run that does score an experience early brings the column back."""
+    import copy
+
+    from clbench.leaderboard.notes import constant_note, readme_notes
+    from clbench.leaderboard.table import build_tables
+
+    entries = E.load_entries(REPO / "leaderboards" / "fashion-mnist")
+    split, rotated = sorted(build_tables(entries), key=lambda t: t.name != "fashion-mnist-split")
+    assert split.name == "fashion-mnist-split" and rotated.name == "fashion-mnist-rotated"
+    assert split.constant == ["fwt"] and "fwt" in split.scores
+    assert not any("fwt" in row.stats for row in split.rows) and all("bwt" in r.stats for r in split.rows
+                                                                      if r.strategy != "joint")
+    assert "−mean(r_init)" in constant_note(split) and constant_note(split) in readme_notes(split)[1]
+    assert rotated.constant == [] and constant_note(rotated) is None and any("fwt" in r.stats for r in rotated.rows)
+    changed = copy.deepcopy(entries)
+    early = next(e for e in changed if e["benchmark"]["name"] == "fashion-mnist-split" and not e["single_stage"])
+    early["r_matrix"][0][1] = 0.01
+    split = next(t for t in build_tables(changed) if t.name == "fashion-mnist-split")
+    assert split.constant == [] and any("fwt" in row.stats for row in split.rows)
+
+
 def _read_only_bind(folder: Path) -> bool:
     """``folder`` remounted read-only onto itself (root with mount rights only)."""
     try:
