@@ -22,6 +22,8 @@ are made once, when the stream is built); each batch is scaled to [0, 1] as one 
 operation (:func:`to_unit`), so nothing is decoded per sample. ``train_per_class`` and
 ``test_per_class`` take a seeded class-stratified subsample of the official splits, which is
 how a suite fits a small CPU; ``null`` keeps all 6,000 / 1,000 images per class.
+``validation_per_class`` scores a run on that many training images per class, held out of
+training, instead of the test set: the split hyper-parameter searches use (:func:`load_tensors`).
 """
 
 from __future__ import annotations
@@ -60,12 +62,25 @@ def subsample(labels: np.ndarray, per_class: int | None, seed: int) -> np.ndarra
 
 
 def load_tensors(root: str | None, train_per_class: int | None, test_per_class: int | None, seed: int,
-                 verify: Verify) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x_train, y_train, x_test, y_test): x uint8 (N, 1, 28, 28), y int64, subsampled per class."""
+                 verify: Verify, validation_per_class: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x_train, y_train, x_test, y_test): x uint8 (N, 1, 28, 28), y int64, subsampled per class.
+
+    With ``validation_per_class``, the "test" pair is a seeded class-stratified validation set
+    carved out of the official training set, and the training pair is what is left of it: the
+    split that hyper-parameters are chosen on, which never reads the official test images.
+    """
+    if validation_per_class is not None and test_per_class is not None:
+        raise ArgumentError("benchmark", "test_per_class", "subsamples the official test set, which a run with "
+                            "validation_per_class does not read", fix="leave test_per_class out (or null)")
     data = load(root, verify)
+    x_train, y_train, x_test, y_test = data.x_train, data.y_train, data.x_test, data.y_test
+    if validation_per_class is not None:
+        held = subsample(y_train, validation_per_class, seed + 2)
+        rest = np.setdiff1d(np.arange(len(y_train)), held)
+        x_train, y_train, x_test, y_test = x_train[rest], y_train[rest], x_train[held], y_train[held]
     out = []
-    for x, y, n, part in ((data.x_train, data.y_train, train_per_class, 0), (data.x_test, data.y_test,
-                                                                             test_per_class, 1)):
+    for x, y, n, part in ((x_train, y_train, train_per_class, 0), (x_test, y_test, test_per_class, 1)):
         idx = subsample(y, n, seed + part)
         out += [torch.from_numpy(x[idx]).unsqueeze(1), torch.from_numpy(y[idx])]
     return tuple(out)
@@ -81,14 +96,15 @@ def fashion_mnist_split(root: str | None = None,
                                          Field(min_length=1)] | None = None,
                         scenario: Literal["class-il", "task-il"] = "class-il",
                         train_per_class: PerClass = None, test_per_class: PerClass = None, subsample_seed: int = 0,
-                        verify: Verify = "md5"):
+                        validation_per_class: PerClass = None, verify: Verify = "md5"):
     """Split Fashion-MNIST: one experience per entry of ``tasks`` (default five pairs of classes)."""
     tasks = [list(t) for t in (tasks if tasks is not None else SPLIT_TASKS)]
     flat = [c for t in tasks for c in t]
     if len(set(flat)) != len(flat):
         raise ArgumentError("benchmark", "tasks", "a class is in more than one task",
                             fix="give each class to one task, e.g. [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]")
-    x_tr, y_tr, x_te, y_te = load_tensors(root, train_per_class, test_per_class, subsample_seed, verify)
+    x_tr, y_tr, x_te, y_te = load_tensors(root, train_per_class, test_per_class, subsample_seed, verify,
+                                          validation_per_class)
     train, test = [], []
     for classes in tasks:
         tr, te = torch.isin(y_tr, torch.tensor(classes)), torch.isin(y_te, torch.tensor(classes))
@@ -120,10 +136,11 @@ def rotate(x: torch.Tensor, angle: float) -> torch.Tensor:
 def fashion_mnist_rotated(root: str | None = None,
                           angles: Annotated[list[float], Field(min_length=1), AfterValidator(distinct)] | None = None,
                           train_per_class: PerClass = None, test_per_class: PerClass = None, subsample_seed: int = 0,
-                          verify: Verify = "md5"):
+                          validation_per_class: PerClass = None, verify: Verify = "md5"):
     """Rotated Fashion-MNIST: one experience per angle in ``angles`` (degrees), the same images in each."""
     angles = list(angles) if angles is not None else list(DEFAULT_ANGLES)
-    x_tr, y_tr, x_te, y_te = load_tensors(root, train_per_class, test_per_class, subsample_seed, verify)
+    x_tr, y_tr, x_te, y_te = load_tensors(root, train_per_class, test_per_class, subsample_seed, verify,
+                                          validation_per_class)
     names = [f"rot{a:g}" for a in angles]
     if len(set(names)) != len(names):
         raise ArgumentError("benchmark", "angles", f"angles {angles} name the same experience twice",
@@ -150,9 +167,10 @@ def permute(x: torch.Tensor, perm: np.ndarray) -> torch.Tensor:
 
 def fashion_mnist_permuted(root: str | None = None, num_experiences: NumExperiences = 5, permutation_seed: int = 0,
                            train_per_class: PerClass = None, test_per_class: PerClass = None, subsample_seed: int = 0,
-                           verify: Verify = "md5"):
+                           validation_per_class: PerClass = None, verify: Verify = "md5"):
     """Permuted Fashion-MNIST: ``num_experiences`` fixed pixel permutations (the first the identity)."""
-    x_tr, y_tr, x_te, y_te = load_tensors(root, train_per_class, test_per_class, subsample_seed, verify)
+    x_tr, y_tr, x_te, y_te = load_tensors(root, train_per_class, test_per_class, subsample_seed, verify,
+                                          validation_per_class)
     perms = permutations(num_experiences, permutation_seed)
     train = [ArrayDataset(permute(x_tr, p), y_tr, to_unit) for p in perms]
     test = [ArrayDataset(permute(x_te, p), y_te, to_unit) for p in perms]
@@ -169,9 +187,10 @@ fashion_mnist_permuted.objective = "classification"  # the stream's objective, k
 def fashion_mnist_dirichlet(root: str | None = None, num_experiences: NumExperiences = 5, alpha: Alpha = 0.3,
                             min_size: MinSize = 20, balanced: bool = False, partition_seed: int = 0,
                             train_per_class: PerClass = None, test_per_class: PerClass = None, subsample_seed: int = 0,
-                            verify: Verify = "md5"):
+                            validation_per_class: PerClass = None, verify: Verify = "md5"):
     """Class-imbalanced Fashion-MNIST: Dirichlet(``alpha``) partitions of the training split."""
-    x_tr, y_tr, x_te, y_te = load_tensors(root, train_per_class, test_per_class, subsample_seed, verify)
+    x_tr, y_tr, x_te, y_te = load_tensors(root, train_per_class, test_per_class, subsample_seed, verify,
+                                          validation_per_class)
     split = dirichlet_split(y_tr.numpy(), y_te.numpy(), num_experiences=num_experiences, alpha=alpha,
                             min_size=min_size, balanced=balanced, seed=partition_seed)
     train = [ArrayDataset(x_tr[idx], y_tr[idx], to_unit) for idx in split.train_indices]

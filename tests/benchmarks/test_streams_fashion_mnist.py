@@ -221,6 +221,26 @@ def test_subsample_is_per_class_and_seeded(gz_root):
     assert any(not torch.equal(x.train.x, y.train.x) for x, y in zip(a, b))
 
 
+def test_a_validation_run_scores_held_out_training_images_and_never_reads_the_test_set(gz_root, tmp_path):
+    """validation_per_class: the "test" sets are training images held out of training (seeded,
+    per class), the rest trains, and the official test images appear nowhere (not even once
+    their file is made unreadable as images: every test pixel set to 255 changes nothing)."""
+    data = fm.load(str(gz_root), "header")
+    exps = ordered_experiences(fashion_mnist_split(str(gz_root), validation_per_class=2, verify="header"), "default")
+    train = torch.cat([e.train.x for e in exps]).reshape(-1, 784)
+    held = torch.cat([e.test.x for e in exps]).reshape(-1, 784)
+    assert [len(e.test) for e in exps] == [4] * 5 and [len(e.train) for e in exps] == [2 * (TRAIN - 2)] * 5
+    official_train = {bytes(row) for row in data.x_train.reshape(len(data.x_train), -1)}
+    official_test = {bytes(row) for row in data.x_test.reshape(len(data.x_test), -1)}
+    assert {bytes(row.numpy()) for row in held} <= official_train - official_test
+    assert not {bytes(row.numpy()) for row in held} & {bytes(row.numpy()) for row in train}  # no image in both
+    again = ordered_experiences(fashion_mnist_rotated(str(gz_root), validation_per_class=2, verify="header"),
+                                "default")[0]
+    assert torch.equal(torch.sort(again.test.y).values, torch.tensor([c for c in range(10) for _ in range(2)]))
+    assert "validation_per_class does not read" in one_line(
+        lambda: fashion_mnist_split(str(gz_root), validation_per_class=2, test_per_class=1, verify="header"))
+
+
 def test_rotated_domains_are_the_same_images_rotated(gz_root):
     exps = ordered_experiences(fashion_mnist_rotated(str(gz_root), angles=[0, 90, 45], verify="header"), "default")
     assert [e.name for e in exps] == ["rot0", "rot90", "rot45"]
