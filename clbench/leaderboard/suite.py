@@ -20,7 +20,8 @@ Each grid point (benchmark x model x strategy x order x seed) becomes ``base`` w
 point's five fields laid over it, resolved by :func:`clbench.config.load.resolve_config`, so a run
 in a suite is exactly the run ``clbench run`` would make from the same config and has the
 same hash. A benchmark item may carry its own ``orders`` (orders given as experience names
-only make sense for one stream). A strategy item may carry ``model_args``, laid over every
+only make sense for one stream) and its own ``strategies``, in the place of the suite's (a
+method for one scenario type; settings chosen per stream). A strategy item may carry ``model_args``, laid over every
 model's ``init_args`` for that strategy's points: a method defined on adapters (EWC or GEM on
 LoRA) beside one that trains the whole model, in one grid. It may carry ``train_args`` too,
 laid over ``base.train`` for its points: full fine-tuning wants a learning rate far below an
@@ -61,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from clbench.config.load import config_hash, deep_merge, order_label, resolve_config
 from clbench.config.yaml_files import read_yaml
@@ -112,18 +113,24 @@ Orders = Annotated[list[Order], AfterValidator(_distinct_orders),
                                                    "lists of experience names, {permutation: <seed>})")]
 
 
-class BenchmarkItem(Named):
-    """A benchmark of the grid; ``orders`` of its own (experience names belong to one stream)."""
-
-    orders: Orders = None  # type: ignore[assignment]
-
-
 class StrategyItem(Named):
     """A strategy of the grid; ``model_args`` laid over every model's ``init_args`` for it,
     ``train_args`` over ``base.train``."""
 
     model_args: dict[str, Any] = None  # type: ignore[assignment]
     train_args: dict[str, Any] = None  # type: ignore[assignment]
+
+
+Strategies = Annotated[list[str | StrategyItem], Field(min_length=1)]
+
+
+class BenchmarkItem(Named):
+    """A benchmark of the grid; ``orders`` of its own (experience names belong to one stream), and
+    ``strategies`` of its own, in the place of the suite's: a method that runs on one scenario
+    type only, or hyper-parameters chosen for this stream."""
+
+    orders: Orders = None  # type: ignore[assignment]
+    strategies: Strategies = None  # type: ignore[assignment]
 
 
 class SuiteFile(Section):
@@ -135,13 +142,23 @@ class SuiteFile(Section):
     base: Annotated[dict[str, Any] | None, AfterValidator(_grid_free)] = None
     benchmarks: Annotated[list[str | BenchmarkItem], Field(min_length=1)]
     models: Annotated[list[str | Named], Field(min_length=1)]
-    strategies: Annotated[list[str | StrategyItem], Field(min_length=1)]
+    strategies: Strategies = None  # type: ignore[assignment]  # every benchmark's, unless it lists its own
     orders: Orders
     seeds: Annotated[list[NonNegative], Field(min_length=1), AfterValidator(_distinct_seeds)]
     threads: Count | None = None
     cpu_kernels: Literal["native", "default", "avx2", "avx512"] | None = None  # None: portable_default()
     precision: Literal["32-true", "bf16-mixed"] = "32-true"
     launcher: Launchers | None = None
+
+    @model_validator(mode="after")
+    def _strategies_everywhere(self) -> SuiteFile:
+        for i, bench in enumerate(self.benchmarks):
+            if self.strategies is None and not (isinstance(bench, BenchmarkItem) and bench.strategies):
+                name = bench if isinstance(bench, str) else bench.class_path
+                raise refuse(f"missing: benchmarks[{i}] ({name}) lists no strategies of its own",
+                             "list them here (for every benchmark) or under that benchmark's 'strategies'",
+                             at="strategies")
+        return self
 
 
 @dataclass(frozen=True)
@@ -232,10 +249,19 @@ def load_suite(path: str | Path) -> Suite:
     resolve_config(base, source=f"{source}: base")  # type-check the shared settings once
     components: dict[str, list[tuple[str, dict]]] = {}
     for key in ("benchmarks", "models", "strategies"):
-        extra = {"benchmarks": ("orders",), "strategies": ("model_args", "train_args")}.get(key, ())
+        extra = {"benchmarks": ("orders", "strategies"), "strategies": ("model_args", "train_args")}.get(key, ())
         components[key] = [(f"{key}[{i}]", _component(item, f"{source}: {key}[{i}]", _KIND[key], extra))
-                           for i, item in enumerate(raw[key])]
-    for where, strat in components["strategies"]:
+                           for i, item in enumerate(raw.get(key) or [])]
+    shared = list(components["strategies"])
+    per_benchmark: dict[str, list[tuple[str, dict]]] = {}  # a benchmark's own strategies, checked like the suite's
+    for b_where, bench in components["benchmarks"]:
+        if "strategies" in bench:
+            own = [(f"{b_where}.strategies[{j}]", _component(item, f"{source}: {b_where}.strategies[{j}]",
+                                                            "strategies", ("model_args", "train_args")))
+                   for j, item in enumerate(bench.pop("strategies"))]
+            per_benchmark[b_where] = own
+            components["strategies"] += own
+    for where, strat in components["strategies"]:  # the suite's and every benchmark's own
         if "train_args" in strat:  # checked as a run config's train section, named by its suite field
             resolve_config({"train": strat["train_args"]}, source=f"{source}: {where}.train_args")
     orders, seeds, threads = raw["orders"], raw["seeds"], raw.get("threads")
@@ -249,8 +275,9 @@ def load_suite(path: str | Path) -> Suite:
     for b_where, bench in components["benchmarks"]:
         bench_orders = bench.get("orders", orders)
         bench_component = {"class_path": bench["class_path"], "init_args": bench["init_args"]}
+        strategies = per_benchmark.get(b_where, shared)
         for m_where, model in components["models"]:
-            for s_where, strat in components["strategies"]:
+            for s_where, strat in strategies:
                 strategy = {"class_path": strat["class_path"], "init_args": strat["init_args"]}
                 model_here = model if "model_args" not in strat else \
                     {**model, "init_args": deep_merge(model["init_args"], strat["model_args"])}

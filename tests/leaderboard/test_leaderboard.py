@@ -97,6 +97,29 @@ def test_benchmark_orders_override_the_suite_orders(tmp_path):
     assert [r.config["order"] for r in suite.runs] == [["rot90", "rot0"], ["rot90", "rot0"]]
 
 
+def test_benchmark_strategies_replace_the_suite_strategies_for_that_benchmark(tmp_path):
+    """A method for one scenario type only, or settings chosen per stream: a benchmark's own list."""
+    domains = {"class_path": "digits-domains", "init_args": {"domains": ["rot0", "rot90"]}}
+    own = {**domains, "init_args": {"domains": ["rot0", "invert"]},
+           "strategies": ["naive", {"class_path": "ewc", "init_args": {"ewc_lambda": 3.0}}]}
+    data = smoke(benchmarks=[domains, own], orders=["default"])
+    suite = load_suite(write_suite(tmp_path, data))
+    points = [(r.config["benchmark"]["init_args"]["domains"][1], r.strategy, r.config["strategy"]["init_args"])
+              for r in suite.runs]
+    assert points == [("rot90", "naive", {}), ("rot90", "joint", {}), ("invert", "naive", {}),
+                      ("invert", "ewc", {"ewc_lambda": 3.0})]
+    assert all("strategies" not in r.config["benchmark"] for r in suite.runs)
+    own["strategies"][1]["init_args"]["ewc_lambda"] = -1.0  # checked before any run, as the suite's own are
+    with pytest.raises(UserError, match=r"benchmarks\[1\]\.strategies\[1\]\.init_args\.ewc_lambda"):
+        preflight(load_suite(write_suite(tmp_path, data)))
+    del data["strategies"]  # then every benchmark needs its own
+    own["strategies"][1]["init_args"]["ewc_lambda"] = 3.0
+    with pytest.raises(UserError, match=r"benchmarks\[0\] \(digits-domains\) lists no strategies of its own"):
+        load_suite(write_suite(tmp_path, data))
+    data["benchmarks"][0] = {**domains, "strategies": ["naive"]}
+    assert [r.strategy for r in load_suite(write_suite(tmp_path, data)).runs] == ["naive", "naive", "ewc"]
+
+
 def test_a_strategys_model_args_apply_to_its_points_only(tmp_path):
     data = yaml.safe_load(SMOKE.read_text())
     data["strategies"] = ["naive", {"class_path": "replay", "init_args": {"mem_size": 50},
