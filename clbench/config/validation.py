@@ -6,9 +6,10 @@ time, against the annotation in its signature: containers element by element (``
 is not a ``list[int]``), ``Literal`` and ``Union`` against every allowed form, and constraints
 declared in the signature (``Annotated[int, Field(ge=1)]``). Whole files are checked the same
 way against pydantic models of their fields (:func:`check_fields`: the run config's
-:mod:`clbench.config.schema`, a suite's ``SuiteFile``): a model's own rules that no type says
-(an unknown key, a seed listed twice) raise :func:`refuse` with their words and fix. pydantic
-does the checking; this module only chooses the rules and words the first problem as one line.
+:mod:`clbench.config.schema`, a suite's :class:`~clbench.leaderboard.suite_file.SuiteFile`): a
+model's own rules that no type says (an unknown key, a seed listed twice) raise :func:`refuse`
+with their words and fix. pydantic does the checking; this module only chooses the rules and
+words the first problem as one line.
 
 The rules, for values that come from YAML:
 

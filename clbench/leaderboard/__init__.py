@@ -3,7 +3,8 @@
 One concept per module:
 
 * :mod:`~clbench.leaderboard.suite`: read and check a suite YAML, expand its grid into
-  resolved run configs (one per benchmark x model x strategy x order x seed).
+  resolved run configs (one per benchmark x model x strategy x order x seed);
+  :mod:`~clbench.leaderboard.suite_file`: the file's fields and their rules.
 * :mod:`~clbench.leaderboard.entries`: the entry schema; write, read and verify one JSON file
   per run, named by the hash of its resolved config.
 * :mod:`~clbench.leaderboard.rescore`: recompute an entry's scores from its stored matrices

@@ -1,5 +1,5 @@
 """The config file's and the suite file's fields are pydantic models (``clbench.config.schema``,
-``clbench.leaderboard.suite.SuiteFile``), checked and worded by the mechanism that checks every
+``clbench.leaderboard.suite_file.SuiteFile``), checked and worded by the mechanism that checks every
 component's ``init_args`` (``clbench.config.validation``): one line naming the file, the field and the
 fix, exit 2. YAML booleans are YAML 1.2's: ``yes``/``no``/``on``/``off`` are text, which a bool
 field refuses."""

@@ -49,13 +49,17 @@ def classic(name: str):
     from clbench.strategies.joint import Joint
     from clbench.strategies.lwf import LwF
     from clbench.strategies.naive import Naive
+    from clbench.strategies.gdumb import GDumb
+    from clbench.strategies.mas import MAS
     from clbench.strategies.replay import Replay
+    from clbench.strategies.si import SI
 
     return {"naive": lambda: Naive(), "cumulative": lambda: Cumulative(), "joint": lambda: Joint(),
             "replay": lambda: Replay(mem_size=10), "ewc": lambda: EWC(ewc_lambda=1.0),
             "lwf": lambda: LwF(), "agem": lambda: AGEM(patterns_per_experience=10, sample_size=6),
             "gem": lambda: GEM(patterns_per_experience=8), "grow": lambda: Grow(top_n=1, probe_steps=2,
-                                                                               probe_batch_size=8)}[name]()
+                                                                               probe_batch_size=8),
+            "si": lambda: SI(c=1.0), "mas": lambda: MAS(), "gdumb": lambda: GDumb(mem_size=12)}[name]()
 
 
 def language(name: str):
@@ -69,7 +73,8 @@ def language(name: str):
             "moses": lambda: MoSEs(r=2)}[name]()
 
 
-GROUPS = {"classic": ["naive", "cumulative", "joint", "replay", "ewc", "lwf", "agem", "gem", "grow"],
+GROUPS = {"classic": ["naive", "cumulative", "joint", "replay", "ewc", "lwf", "agem", "gem", "grow", "si", "mas",
+                      "gdumb"],
           "lm": ["seq_lora", "o_lora", "loramoe", "mh_moe", "moses"]}
 
 
