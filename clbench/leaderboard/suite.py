@@ -21,7 +21,8 @@ point's five fields laid over it, resolved by :func:`clbench.config.load.resolve
 in a suite is exactly the run ``clbench run`` would make from the same config and has the
 same hash. A benchmark item may carry its own ``orders`` (orders given as experience names
 only make sense for one stream) and its own ``strategies``, in the place of the suite's (a
-method for one scenario type; settings chosen per stream). A strategy item may carry ``model_args``, laid over every
+method for one scenario type; settings chosen per stream), and ``train_args`` laid over
+``base.train`` for its points (a strategy's ``train_args`` go over those). A strategy item may carry ``model_args``, laid over every
 model's ``init_args`` for that strategy's points: a method defined on adapters (EWC or GEM on
 LoRA) beside one that trains the whole model, in one grid. It may carry ``train_args`` too,
 laid over ``base.train`` for its points: full fine-tuning wants a learning rate far below an
@@ -160,7 +161,8 @@ def load_suite(path: str | Path) -> Suite:
     resolve_config(base, source=f"{source}: base")  # type-check the shared settings once
     components: dict[str, list[tuple[str, dict]]] = {}
     for key in ("benchmarks", "models", "strategies"):
-        extra = {"benchmarks": ("orders", "strategies"), "strategies": ("model_args", "train_args")}.get(key, ())
+        extra = {"benchmarks": ("orders", "strategies", "train_args"),
+                 "strategies": ("model_args", "train_args")}.get(key, ())
         components[key] = [(f"{key}[{i}]", _component(item, f"{source}: {key}[{i}]", _KIND[key], extra))
                            for i, item in enumerate(raw.get(key) or [])]
     shared = list(components["strategies"])
@@ -172,9 +174,9 @@ def load_suite(path: str | Path) -> Suite:
                    for j, item in enumerate(bench.pop("strategies"))]
             per_benchmark[b_where] = own
             components["strategies"] += own
-    for where, strat in components["strategies"]:  # the suite's and every benchmark's own
-        if "train_args" in strat:  # checked as a run config's train section, named by its suite field
-            resolve_config({"train": strat["train_args"]}, source=f"{source}: {where}.train_args")
+    for where, item in components["strategies"] + components["benchmarks"]:  # every benchmark's own strategies too
+        if "train_args" in item:  # checked as a run config's train section, named by its suite field
+            resolve_config({"train": item["train_args"]}, source=f"{source}: {where}.train_args")
     orders, seeds, threads = raw["orders"], raw["seeds"], raw.get("threads")
     launcher = {name: dict(section or {}) for name, section in (raw.get("launcher") or {}).items()}
 
@@ -196,8 +198,9 @@ def load_suite(path: str | Path) -> Suite:
                     for seed in seeds:
                         point = {"seed": seed, "benchmark": bench_component, "model": model_here,
                                  "strategy": strategy, "order": order}
-                        if "train_args" in strat:
-                            point["train"] = strat["train_args"]
+                        train = deep_merge(bench.get("train_args") or {}, strat.get("train_args") or {})
+                        if train:  # the benchmark's, then the strategy's, over base.train
+                            point["train"] = train
                         cfg = resolve_config(deep_merge(run_base, point), source=source)
                         digest = config_hash(cfg)
                         here = f"{b_where} x {m_where} x {s_where} x order {order_label(order)} x seed {seed}"

@@ -68,12 +68,14 @@ Strategies = Annotated[list[str | StrategyItem], Field(min_length=1)]
 
 
 class BenchmarkItem(Named):
-    """A benchmark of the grid; ``orders`` of its own (experience names belong to one stream), and
-    ``strategies`` of its own, in the place of the suite's: a method that runs on one scenario
-    type only, or hyper-parameters chosen for this stream."""
+    """A benchmark of the grid; ``orders`` of its own (experience names belong to one stream),
+    ``strategies`` of its own, in the place of the suite's (a method that runs on one scenario
+    type only, or hyper-parameters chosen for this stream), and ``train_args`` laid over
+    ``base.train`` for its points (the epochs that give its experiences a protocol's iterations)."""
 
     orders: Orders = None  # type: ignore[assignment]
     strategies: Strategies = None  # type: ignore[assignment]
+    train_args: dict[str, Any] = None  # type: ignore[assignment]
 
 
 class SuiteFile(Section):

@@ -120,6 +120,24 @@ def test_benchmark_strategies_replace_the_suite_strategies_for_that_benchmark(tm
     assert [r.strategy for r in load_suite(write_suite(tmp_path, data)).runs] == ["naive", "naive", "ewc"]
 
 
+def test_benchmark_train_args_apply_to_its_points_under_a_strategys_own(tmp_path):
+    """Epochs per stream (the same iterations on experiences of different sizes); a strategy's
+    train_args still win for its points."""
+    domains = {"class_path": "digits-domains", "init_args": {"domains": ["rot0", "rot90"]}}
+    longer = {**domains, "init_args": {"domains": ["rot0", "invert"]}, "train_args": {"epochs": 5, "batch_size": 16}}
+    data = smoke(benchmarks=[domains, longer], orders=["default"],
+                 strategies=["naive", {"class_path": "joint", "train_args": {"epochs": 7}}])
+    suite = load_suite(write_suite(tmp_path, data))
+    base = data["base"]["train"]
+    got = [(r.config["benchmark"]["init_args"]["domains"][1], r.strategy, r.config["train"]["epochs"],
+            r.config["train"]["batch_size"]) for r in suite.runs]
+    assert got == [("rot90", "naive", base["epochs"], base["batch_size"]), ("rot90", "joint", 7, base["batch_size"]),
+                   ("invert", "naive", 5, 16), ("invert", "joint", 7, 16)]
+    longer["train_args"] = {"epochs": 0}
+    with pytest.raises(UserError, match=r"benchmarks\[1\]\.train_args"):
+        load_suite(write_suite(tmp_path, data))
+
+
 def test_a_strategys_model_args_apply_to_its_points_only(tmp_path):
     data = yaml.safe_load(SMOKE.read_text())
     data["strategies"] = ["naive", {"class_path": "replay", "init_args": {"mem_size": 50},
