@@ -22,9 +22,9 @@ in a suite is exactly the run ``clbench run`` would make from the same config an
 same hash. A benchmark item may carry its own ``orders`` (orders given as experience names
 only make sense for one stream) and its own ``strategies``, in the place of the suite's (a
 method for one scenario type; settings chosen per stream), and ``train_args`` laid over
-``base.train`` for its points (a strategy's ``train_args`` go over those). A strategy item may carry ``model_args``, laid over every
-model's ``init_args`` for that strategy's points: a method defined on adapters (EWC or GEM on
-LoRA) beside one that trains the whole model, in one grid. It may carry ``train_args`` too,
+``base.train`` for its points (a strategy's ``train_args`` go over those). A strategy item may
+carry ``model_args``, laid over every model's ``init_args`` for that strategy's points: a method
+defined on adapters (EWC or GEM on LoRA) beside one that trains the whole model, in one grid. It may carry ``train_args`` too,
 laid over ``base.train`` for its points: full fine-tuning wants a learning rate far below an
 adapter's (TRACE trains the whole model at 1e-5, LoRA at 1e-4). Every mistake is reported
 before any run starts, as one line naming the suite file and the field
