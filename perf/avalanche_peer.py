@@ -15,20 +15,20 @@ Settings, from ``--suite`` (default configs/suites/fashion-mnist.yaml): the benc
 that class_path: the search suite's class-IL split before its task-IL one) and its ``init_args``; the first model;
 training = ``base.train``, with the benchmark's ``train_args`` and then the method's own laid over it; the method's
 ``init_args`` from the benchmark's own ``strategies`` list where it has one, else the suite's (the first item of
-that name: the fashion-mnist suite's separate-penalty EWC). A method the suite does not list (the six of the second
-group below, in the fashion-mnist suite) runs with the clbench strategy's defaults. ``--args METHOD:KEY=VALUE,...``
-lays values (numbers, else YAML) over either. The complete arguments, defaults filled in from the clbench
-strategy's signature, go to both sides and are printed above the table.
+that name: the fashion-mnist suite's separate-penalty EWC). A method the suite does not list (derpp, er_ace, icarl,
+gdumb, si and mas, in the fashion-mnist suite) runs with the clbench strategy's defaults.
+``--args METHOD:KEY=VALUE,...`` lays values (numbers, else YAML) over either. The complete arguments, defaults
+filled in from the clbench strategy's signature, go to both sides and are printed above the table.
 
 Verdict: for each method, the per-seed differences d = clbench − Avalanche (paired: the same seed on both sides)
 get a TOST (two one-sided t-tests, alpha 0.05) of H0: mean d ≤ −M and H0: mean d ≥ M; "equivalent within ±M" when
 both are rejected (p, the larger of the two p-values, below alpha), which is when the 90% confidence interval of the
 mean difference lies inside (−M, M); else "not established", with that interval. Default M = ``--margin`` 2.0
-points: the order of the seed-to-seed standard deviation of one method's final accuracy on this suite (0.3 to 1.6
-points for EWC, LwF and GEM in docs/datasets.md; naive and replay swing by 5 to 10), so a gap inside it would not
-change how the leaderboard reads. With three seeds (t at 2 degrees of freedom: 2.92) the interval is the mean
-± 1.69 sd of the differences, so ±2 needs differences both small and consistent; more seeds narrow it. One seed
-gives no interval (not established).
+points: the order of the seed-to-seed standard deviation of one method's final accuracy on this suite (up to 1.6
+points for EWC, LwF and GEM in docs/datasets.md; 5 to 10 for naive, replay and A-GEM, whose final rows hinge on a
+few classes), so a gap inside it would not change how the leaderboard reads. With three seeds (t at 2 degrees of
+freedom: 2.92) the interval is the mean ± 1.69 sd of the differences, so ±2 needs differences both small and
+consistent; more seeds narrow it. One seed gives no interval (not established).
 
 Mapping, clbench -> Avalanche 0.6, and what differs:
 
@@ -56,8 +56,8 @@ Mapping, clbench -> Avalanche 0.6, and what differs:
   clbench's Alg. 4 as a distance; its class means average the exemplars' features and their horizontal flips' (for
   4-D inputs: Fashion-MNIST's are 1x28x28), clbench's the exemplars' only; its loss is the BCE averaged over every
   output unit (target 0 for classes not seen yet) and the batch, clbench's summed over the classes seen, averaged
-  over the batch. The script gives the scenario the ``n_classes_per_exp`` and ``classes_order`` Avalanche reads,
-  from the experiences' classes. Class-incremental benchmarks only (clbench's icarl refuses others).
+  over the batch. The script gives the scenario the ``n_classes_per_exp`` and ``classes_order`` Avalanche reads
+  through ``experience.benchmark`` (set too), from the experiences' classes. Class-IL only, as clbench's icarl.
 * ``gdumb`` -> ``GDumb`` (mem_size): both reset to the initial weights at every experience and train on the memory
   alone. Avalanche's memory is a reservoir per class of ⌊K/|Y|⌋ items (the remainder to the first classes), updated
   at each experience's start; clbench's the paper's greedy sampler, fed a seeded random order. On a class-IL stream
@@ -65,16 +65,18 @@ Mapping, clbench -> Avalanche 0.6, and what differs:
   class in every experience) the greedy sampler, balanced and full after the first experience, takes no later
   sample, while Avalanche's reservoir spreads each class's quota over all experiences seen.
 * ``si`` -> ``SynapticIntelligence`` (si_lambda = 2c: Avalanche's penalty is λ/2 Σ Ω(θ − θ̃)², clbench's c Σ ...;
-  eps = xi). Not settable: Avalanche caps Ω at 0.001 from above (AR1's clip, hard-coded) and does not floor it at 0;
-  clbench floors it at 0 and has no cap, so wherever clbench's Ω exceeds 0.001 Avalanche's penalty is the weaker.
-  Avalanche's ω also takes the gradient of the total loss (the surrogate's pull included), clbench's the
-  unregularised one.
+  eps = xi). Not settable: Avalanche caps Ω at 0.001 from above (``clip_to``, hard-coded in the plugin's
+  after_training_exp) and does not floor it at 0; clbench floors it at 0 and has no cap, so wherever clbench's Ω
+  exceeds 0.001 Avalanche's penalty is the weaker, and no equivalence is expected unless c is small enough for both
+  to stay near naive. Avalanche's ω also takes the gradient of the total loss (the surrogate's pull included),
+  clbench's the unregularised one.
 * ``mas`` -> ``MAS`` (lambda_reg = mas_lambda). Avalanche keeps a moving average Ω ← αΩ + (1 − α)Ω_new, which no
   fixed α makes a sum; the script sets α = e/(e + 1) and λ = e·mas_lambda before experience e (0-based), a running
-  mean times the count, so λΩ = mas_lambda Σ_k Ω_k exactly, clbench's sum. Left: Avalanche's Ω is |∂/∂θ| of each
-  batch's mean squared output norm (batches of the training batch size), averaged over batches, in train mode; that
-  is |Σ_k g_k|/N where clbench takes the per-sample Σ_k |g_k|/N (never smaller). clbench's ``samples`` (a subset)
-  has no counterpart and is refused.
+  mean times the count, so λΩ = mas_lambda Σ_k Ω_k exactly, clbench's sum. Left: Avalanche's Ω is the mean over
+  batches (of the training batch size) of |(1/B) Σ_k g_k|, the gradient of the batch's mean squared output norm,
+  in train mode (the same for an MLP without dropout); clbench's the per-sample (1/N) Σ_k |g_k|, never smaller with
+  equal batches: a weaker Avalanche penalty wherever samples pull a parameter opposite ways. clbench's ``samples``
+  (a subset) has no counterpart and is refused.
 """
 
 from __future__ import annotations
@@ -230,9 +232,7 @@ def mas_sum_schedule(mas_lambda: float):
     from avalanche.training.plugins import MASPlugin
 
     class SumSchedule(SupervisedPlugin):
-        def __init__(self):
-            super().__init__()
-            self.experience = 0
+        experience = 0  # experiences started so far
 
         def before_training_exp(self, strategy, **kwargs):
             mas = next(p for p in strategy.plugins if isinstance(p, MASPlugin))
@@ -243,6 +243,14 @@ def mas_sum_schedule(mas_lambda: float):
     return SumSchedule()
 
 
+def collate(batch):
+    """default_collate on items whose ints are tensors: the stream's labels are 0-d tensors, those of the
+    tensor datasets Avalanche builds (iCaRL's exemplars) ints, and one batch may mix the two."""
+    from torch.utils.data import default_collate
+
+    return default_collate([tuple(torch.as_tensor(v) if isinstance(v, int) else v for v in item) for item in batch])
+
+
 def avalanche_strategy(method: str, args: dict, model, optimizer, common: dict):
     from avalanche import training as av
 
@@ -251,6 +259,9 @@ def avalanche_strategy(method: str, args: dict, model, optimizer, common: dict):
             def make_optimizer(self, **kwargs):
                 kwargs["reset_optimizer_state"] = True
                 super().make_optimizer(**kwargs)
+
+            def _obtain_common_dataloader_parameters(self, **kwargs):
+                return {**super()._obtain_common_dataloader_parameters(**kwargs), "collate_fn": collate}
         return Fresh
 
     def make(cls, **kwargs):
@@ -296,6 +307,8 @@ def build_scenario(settings: dict, benchmark: str):
         scenario.n_classes_per_exp = [len(c) for c in classes]
     if not hasattr(scenario, "classes_order"):
         scenario.classes_order = [c for cs in classes for c in cs]
+    for exp in scenario.train_stream:  # iCaRL reads the layout through experience.benchmark
+        exp.benchmark = scenario
     return scenario
 
 
@@ -358,6 +371,7 @@ def main() -> None:
         parser.error(f"--args names methods not run: {', '.join(unknown)}")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
+    warnings.showwarning = lambda *a, **k: None  # Avalanche's deprecation notices turn themselves back on
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     settings = suite_settings(args.suite)
     benchmark = BENCHMARKS.get(args.benchmark, args.benchmark)

@@ -17,8 +17,9 @@ Choices:
 * Per-sample gradients, the paper's Σ_k |g_k| (the reference code's ``b1`` mode). The reference
   code's default takes the gradient of a whole batch's Σ_k ‖F(x_k)‖², whose magnitude is
   |Σ_k g_k| ≤ Σ_k |g_k|: smaller wherever samples pull a parameter in opposite directions, and
-  dependent on the batch size. Per-sample gradients come from ``torch.func`` as in EWC's Fisher
-  (vmap in chunks; keyword inputs one backward pass per sample).
+  dependent on the batch size. Per-sample gradients are summed as in EWC's Fisher: for linear
+  layers from ``|δ|ᵀ|a|`` (:func:`clbench.strategies.ewc.linear_gradient_moments`), else from
+  ``torch.func`` (vmap in chunks; keyword inputs one backward pass per sample).
 * F in the harness's heads. Class- and domain-incremental streams share one head: F is all its
   logits. On a task-incremental stream whose objective masks logits outside a sample's task,
   only that task's logits count (the others are zeroed, not masked to the lowest value, which
@@ -45,8 +46,13 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from clbench import Objective, Strategy
 from clbench.data.datasets import make_loader, subset
-from clbench.strategies.ewc import _CHUNK_BUDGET, EWC, _Functional
+from clbench.strategies.ewc import _CHUNK_BUDGET, EWC, _Functional, linear_gradient_moments
 from clbench.strategies.replay import seeded_generator
+
+
+def _squared_norms(outputs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Each sample's ``‖F(x)‖²`` over the outputs ``keep`` marks (B,)."""
+    return (outputs.float() * keep).square().sum(1)
 
 
 def output_importance(model: nn.Module, dataset, *, batch_size: int = 64, device: torch.device | None = None,
@@ -83,7 +89,8 @@ def output_importance(model: nn.Module, dataset, *, batch_size: int = 64, device
             keep = torch.ones(n, 1, device=device) if mask is None else mask.to(device)[y].float()
             if isinstance(x, dict):
                 _accumulate_one_by_one(model, objective, x, keep, importance)
-            else:
+            elif not linear_gradient_moments(model, objective.forward, _squared_norms, trainable, x, keep,
+                                             importance, power=1):
                 for name, g in per_sample(trainable, x, keep).items():
                     importance[name] += g.abs().sum(0)
             count += n

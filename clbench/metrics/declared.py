@@ -121,11 +121,27 @@ def contributed(objective: Any, strategy: Any = None) -> dict[str, MetricSpec]:
     return out
 
 
+def _check_primary_direction(objective: Any, own: Mapping[str, "Metric"]) -> None:
+    """R's direction is the objective's ``higher_is_better`` (CL scores, tables and ranks follow
+    it); its primary metric declares one too. Refuse a disagreement: it would rank every method
+    backwards without any other sign."""
+    if not own:
+        return
+    name, metric = next(iter(own.items()))
+    higher = describe(name, metric, objective.metric_specs().get(name))["higher_is_better"]
+    if higher != objective.higher_is_better:
+        said = "higher" if objective.higher_is_better else "lower"
+        raise UserError(f"objective {type(objective).__qualname__} says R is {said}-is-better, but its primary "
+                        f"metric '{name}' ({class_path(type(metric))}) is {'higher' if higher else 'lower'}-is-better",
+                        fix="make the objective's higher_is_better agree with its primary metric's direction")
+
+
 def column_metrics(objective: Any, strategy: Any, column: Any) -> Mapping[str, "Metric"]:
     """One test column's metrics: the objective's own (:meth:`~clbench.Objective.metrics`, the
     primary first), then those the objective and the strategy add (:func:`contributed`).
     Without added metrics it is exactly the objective's."""
     own = objective.metrics(column)
+    _check_primary_direction(objective, own)
     extra = contributed(objective, strategy)
     if not extra:
         return own

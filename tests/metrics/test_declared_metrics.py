@@ -83,3 +83,26 @@ def test_a_metric_without_a_direction_is_refused_where_it_is_declared():
     assert declare("hamming", MulticlassHammingDistance).info() == {
         "title": "hamming", "higher_is_better": False, "percent": True,
         "class": "torchmetrics.classification.hamming:MulticlassHammingDistance"}
+
+
+def test_an_objective_whose_direction_contradicts_its_primary_metric_is_refused():
+    """R's direction is declared once by the objective and once by its primary metric's class:
+    they must agree, or every method would be ranked backwards with no other sign."""
+    from clbench.metrics.declared import column_metrics
+    from clbench.metrics.regression import SquaredError
+    from clbench.objectives.classification import Classification
+    from clbench.objectives.regression import Regression
+
+    class ErrorsAsAccuracy(Regression):
+        higher_is_better = True  # its primary metric, the squared error, is lower-is-better
+
+    class Agreeing(Regression):
+        pass
+
+    with pytest.raises(UserError, match=r"says R is higher-is-better, but its primary metric 'mse' "
+                                        r"\(clbench\.metrics\.regression:SquaredError\) is lower-is-better"):
+        column_metrics(ErrorsAsAccuracy(), None, None)
+    assert isinstance(next(iter(column_metrics(Agreeing(), None, None).values())), SquaredError)
+    classification = Classification()
+    classification.num_classes = 4
+    assert next(iter(column_metrics(classification, None, None)))  # accuracy, higher: accepted

@@ -279,6 +279,44 @@ def test_fisher_matches_a_per_sample_loop():
     assert all(f.abs().sum() > 0 for f in fisher.values())
 
 
+@pytest.mark.parametrize("frozen_first", [False, True])
+def test_linear_layers_take_the_factored_path_and_match_the_per_sample_one(monkeypatch, frozen_first):
+    """An MLP's Fisher (EWC) and output importance (MAS) come from (|δ|^p)ᵀ|a|^p per layer, one
+    backward per chunk; they equal the per-sample (vmap) sums, and a model with any other
+    trainable layer (here a 1-d convolution) takes the per-sample path."""
+    from clbench.strategies import ewc, mas
+
+    exp = make_experience(0, [0, 1, 2, 3, 1, 2, 0, 3, 3, 2, 1], dim=6)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+    if frozen_first:
+        model[0].requires_grad_(False)  # a frozen layer is no obstacle: only trainable tensors count
+    taken = []
+    real = ewc.linear_gradient_moments
+
+    def spy(*args, **kwargs):
+        taken.append(real(*args, **kwargs))
+        return taken[-1]
+
+    monkeypatch.setattr(ewc, "linear_gradient_moments", spy)
+    monkeypatch.setattr(mas, "linear_gradient_moments", spy)
+    fast = (ewc.diagonal_fisher(model, exp.train, batch_size=4), mas.output_importance(model, exp.train, batch_size=4))
+    assert taken and all(taken)
+    for module in (ewc, mas):
+        monkeypatch.setattr(module, "linear_gradient_moments", lambda *a, **k: False)
+    slow = (ewc.diagonal_fisher(model, exp.train, batch_size=4), mas.output_importance(model, exp.train, batch_size=4))
+    for a, b in zip(fast, slow):
+        assert a.keys() == b.keys() and len(a) == (4 if frozen_first else 6)
+        for name in a:
+            assert torch.allclose(a[name], b[name], rtol=1e-5, atol=1e-9), name
+        assert all(v.abs().sum() > 0 for v in a.values())
+    taken.clear()
+    for module in (ewc, mas):
+        monkeypatch.setattr(module, "linear_gradient_moments", spy)
+    conv = nn.Sequential(nn.Unflatten(1, (1, 6)), nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(8, 4))
+    assert ewc.diagonal_fisher(conv, exp.train, batch_size=4).keys() == {n for n, _ in conv.named_parameters()}
+    assert taken and not any(taken)
+
+
 def test_fisher_uses_eval_mode_and_restores_the_mode():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 4))
