@@ -208,6 +208,7 @@ class EWC(Strategy):
         self.offset = 0.0                              # c: the penalty's value at θ = μ
         self.consolidated = 0                          # experiences folded in so far
         self._terms: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor] | None = None  # see _flat
+        self.method = "EWC"  # how errors name the method (SI and MAS keep their penalty in an EWC)
 
     def before_experience(self, ctx, experience):
         self._terms = None
@@ -236,10 +237,10 @@ class EWC(Strategy):
         named = [(n, p) for n, p in model.named_parameters() if n in self.importance]
         for n, p in named:
             if self.importance[n].shape != p.shape:
-                raise UserError(f"EWC holds a Fisher of shape {tuple(self.importance[n].shape)} for '{n}', which "
-                                f"now has shape {tuple(p.shape)}", where="strategy",
-                                fix="EWC cannot follow parameters that change shape; combine it with a method that "
-                                    "adds new parameters instead of reshaping old ones")
+                raise UserError(f"{self.method} holds an importance of shape {tuple(self.importance[n].shape)} for "
+                                f"'{n}', which now has shape {tuple(p.shape)}", where="strategy",
+                                fix=f"{self.method} cannot follow parameters that change shape; combine it with a "
+                                    "method that adds new parameters instead of reshaping old ones")
         params = [p for _, p in named]
         if not params:
             self._terms = ([], torch.zeros(0), torch.zeros(0))

@@ -139,6 +139,7 @@ class MAS(Strategy):
         self.samples = samples
         self.importance_batch_size = importance_batch_size
         self.regulariser = EWC(mode="online", gamma=1.0)  # Ω (importance) and θ* (anchor), by name
+        self.regulariser.method = "MAS"
 
     @property
     def importance(self) -> dict[str, torch.Tensor]:

@@ -76,6 +76,7 @@ class SI(Strategy):
         self.c = c
         self.xi = xi
         self.surrogate = EWC(mode="online", gamma=1.0)  # Ω (importance) and θ̃ (anchor), by name
+        self.surrogate.method = "SI"
         self.path_integral: list[float] = []            # Σ_k ω_k per experience (diagnostics)
         self._omega: dict[str, torch.Tensor] = {}       # ω of the current experience
         self._start: dict[str, torch.Tensor] = {}       # each parameter before its first update
