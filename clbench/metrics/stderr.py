@@ -165,11 +165,30 @@ def proportion_stderrs(entry: dict) -> tuple[list, list]:
     return rows, init
 
 
+_ENTRY_KEYS = ("r_matrix", "r_stderr", "r_init", "r_init_stderr", "r_n", "r_metric", "single_stage", "scores")
+_CACHED: dict[str, dict] = {}  # what entry_score_stderr read -> its answer (a render asks up to 3 times an entry)
+_CACHE_SIZE = 4096
+
+
 def entry_score_stderr(entry: dict, *, wilson: bool = False) -> dict[str, float | None]:
     """:func:`score_stderr` of a result or leaderboard entry; every score None (unknown) for one
     written before ``r_stderr`` was recorded (result schema 1). ``wilson``: from the cells' Wilson
     errors (:func:`proportion_stderrs`), as intervals and tests use them; without it, from the
-    recorded errors, as ``scores_stderr`` records them."""
+    recorded errors, as ``scores_stderr`` records them.
+
+    Remembered by everything it reads of the entry (not by its hash, which a tampered entry may
+    forge), so the rescore check, the tables and the groups of one render compute it once."""
+    import json
+
+    key = json.dumps([wilson, *(entry.get(k) for k in _ENTRY_KEYS)], sort_keys=True, default=str)
+    if key not in _CACHED:
+        if len(_CACHED) >= _CACHE_SIZE:
+            _CACHED.pop(next(iter(_CACHED)))
+        _CACHED[key] = _entry_score_stderr(entry, wilson)
+    return dict(_CACHED[key])
+
+
+def _entry_score_stderr(entry: dict, wilson: bool) -> dict[str, float | None]:
     from clbench.results.record import single_stage
 
     higher = bool((entry.get("r_metric") or {}).get("higher_is_better", True))
