@@ -177,13 +177,14 @@ def handle_run(args: argparse.Namespace) -> int:
     from clbench.leaderboard.render import INDEX, README
 
     page = [Path(args.output) / README, Path(args.output) / INDEX]
+    # paths are printed unwrapped (print, not the console), so that they can be copied whole
     if args.no_render or not finished:
-        console.print(f"render the page with: clbench leaderboard render {args.output}", highlight=False)
+        print(f"render the page with: clbench leaderboard render {args.output}", flush=True)
     elif done or outcome.elsewhere or not all(p.is_file() for p in page):
         _render(args.output, partial=bool(outcome.submitted))
     else:  # nothing new: leave the page as it is (a received folder may be read-only)
-        console.print(f"no new entries, so the page is as it was: {page[0]}, {page[1]} (rewrite it with: "
-                      f"clbench leaderboard render {args.output})", highlight=False)
+        print(f"no new entries, so the page is as it was: {page[0]}, {page[1]} (rewrite it with: "
+              f"clbench leaderboard render {args.output})", flush=True)
     return 0
 
 

@@ -20,7 +20,9 @@ NO_EXAMPLE = {"smoke"}  # the tests' suite
 def _strategy_names(suite_path: Path) -> set[str]:
     from clbench.config.yaml_files import load_yaml_text
 
-    items = load_yaml_text(suite_path.read_text())["strategies"]
+    raw = load_yaml_text(suite_path.read_text())
+    items = list(raw.get("strategies") or [])  # the suite's, and each benchmark's own
+    items += [item for bench in raw["benchmarks"] if isinstance(bench, dict) for item in bench.get("strategies") or []]
     return {item if isinstance(item, str) else item["class_path"] for item in items}
 
 
