@@ -174,6 +174,24 @@ def _accumulate_one_by_one(model: nn.Module, objective: Objective, x: dict, y, f
                 fisher[n] += g.pow(2)
 
 
+def estimation_set(experience, samples: int | None, seed: int, purpose: str):
+    """The training samples an importance is estimated on: all, or a seeded subset of ``samples``."""
+    dataset = experience.train
+    if samples is None or samples >= len(dataset):
+        return dataset
+    generator = seeded_generator(seed, purpose, experience.position)
+    return subset(dataset, torch.randperm(len(dataset), generator=generator)[:samples].tolist())
+
+
+def estimation_chunk(model: nn.Module, chunk: int | None) -> int:
+    """Samples per chunk: ``chunk``, or the largest up to 256 whose per-sample gradients hold at
+    most :data:`_CHUNK_BUDGET` numbers."""
+    if chunk is not None:
+        return chunk
+    numbers = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return max(1, min(256, _CHUNK_BUDGET // max(numbers, 1)))
+
+
 class EWC(Strategy):
     """Elastic Weight Consolidation.
 
@@ -262,15 +280,9 @@ class EWC(Strategy):
         return loss + 0.5 * self.ewc_lambda * self.penalty(ctx.model)
 
     def after_experience(self, ctx, experience):
-        dataset = experience.train
-        if self.fisher_samples is not None and self.fisher_samples < len(dataset):
-            generator = seeded_generator(self.seed, "ewc-fisher", experience.position)
-            dataset = subset(dataset, torch.randperm(len(dataset), generator=generator)[: self.fisher_samples].tolist())
+        dataset = estimation_set(experience, self.fisher_samples, self.seed, "ewc-fisher")
         model = ctx.model
-        chunk = self.fisher_batch_size
-        if chunk is None:
-            numbers = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            chunk = max(1, min(256, _CHUNK_BUDGET // max(numbers, 1)))
+        chunk = estimation_chunk(model, self.fisher_batch_size)
         home = next(model.parameters()).device
         device = ctx.device  # where training runs (Lightning moves the model back to CPU after fit)
         model.to(device)

@@ -45,9 +45,8 @@ from torch.func import grad, vmap
 from torch.utils._pytree import tree_leaves, tree_map
 
 from clbench import Objective, Strategy
-from clbench.data.datasets import make_loader, subset
-from clbench.strategies.ewc import _CHUNK_BUDGET, EWC, _Functional, linear_gradient_moments
-from clbench.strategies.replay import seeded_generator
+from clbench.data.datasets import make_loader
+from clbench.strategies.ewc import EWC, _Functional, estimation_chunk, estimation_set, linear_gradient_moments
 
 
 def _squared_norms(outputs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -164,15 +163,9 @@ class MAS(Strategy):
         return loss + self.mas_lambda * self.penalty(ctx.model)
 
     def after_experience(self, ctx, experience):
-        dataset = experience.train
-        if self.samples is not None and self.samples < len(dataset):
-            generator = seeded_generator(self.seed, "mas-importance", experience.position)
-            dataset = subset(dataset, torch.randperm(len(dataset), generator=generator)[: self.samples].tolist())
+        dataset = estimation_set(experience, self.samples, self.seed, "mas-importance")
         model = ctx.model
-        chunk = self.importance_batch_size
-        if chunk is None:
-            numbers = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            chunk = max(1, min(256, _CHUNK_BUDGET // max(numbers, 1)))
+        chunk = estimation_chunk(model, self.importance_batch_size)
         home = next(model.parameters()).device
         model.to(ctx.device)  # where training runs (Lightning moves the model back to CPU after fit)
         try:
