@@ -124,7 +124,6 @@ def log_artifacts(logger, result: dict) -> None:
         return
     import tempfile
 
-    import matplotlib.pyplot as plt
     import yaml
 
     from clbench.io import json_text
@@ -134,7 +133,6 @@ def log_artifacts(logger, result: dict) -> None:
         folder = Path(tmp)
         figure = r_matrix_figure(result)
         figure.savefig(folder / "r_matrix.png", dpi=120, bbox_inches="tight")
-        plt.close(figure)
         (folder / "result.json").write_text(json_text(result))
         (folder / "config.yaml").write_text(yaml.safe_dump(result["config"], sort_keys=False))
         for name in ("r_matrix.png", "result.json", "config.yaml"):

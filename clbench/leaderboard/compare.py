@@ -8,7 +8,7 @@ For one score (``acc`` by default) and each benchmark table (:mod:`~clbench.lead
   the direction comes from the entries, see :func:`~clbench.leaderboard.table.score_direction`),
   and the range (best − worst);
 * **rank stability**: the methods are ranked within each order, and Kendall's tau-b
-  (``scipy.stats.kendalltau``) is computed between every pair of orders over the methods
+  (:func:`~clbench.leaderboard.stats.kendall_tau_b`) is computed between every pair of orders over the methods
   present in both, then averaged. 1 means every order ranks the methods identically, 0 means
   the rankings are unrelated. Joint training counts as a method like any other;
 * **intervals and rank groups**, the same as the leaderboard's tables
@@ -34,7 +34,8 @@ from typing import Any
 
 from clbench.errors import UserError, did_you_mean
 from clbench.leaderboard.notes import design_text, groups_line, power_text, scale_and_unit
-from clbench.leaderboard.stats import ALPHA, POWER, PairNoise, replication_unit, unit_means
+from clbench.leaderboard.stats import (ALPHA, POWER, PairNoise, competition_ranks, kendall_tau_b, replication_unit,
+                                      unit_means)
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, table_groups
 from clbench.metrics.score_registry import TABLE_SCORES, shown
 from clbench.metrics.stderr import entry_score_stderr
@@ -71,17 +72,12 @@ def _per_order(row: Row, metric: str, orders: list[str]) -> dict[str, list[float
 
 
 def _ranks(values: dict[str, float], higher: bool) -> dict[str, int]:
-    from scipy.stats import rankdata
-
     labels = list(values)
-    ranks = rankdata([-values[k] if higher else values[k] for k in labels], method="min")
-    return {k: int(r) for k, r in zip(labels, ranks)}
+    return dict(zip(labels, competition_ranks([-values[k] if higher else values[k] for k in labels])))
 
 
 def rank_stability(per_order: dict[str, dict[str, float]], orders: list[str]) -> dict[str, Any]:
     """Kendall's tau-b between the per-order rankings, for every pair of orders, and their mean."""
-    from scipy.stats import kendalltau
-
     pairs = []
     for o1, o2 in combinations(orders, 2):
         common = [label for label, vals in per_order.items() if o1 in vals and o2 in vals]
@@ -89,7 +85,7 @@ def rank_stability(per_order: dict[str, dict[str, float]], orders: list[str]) ->
             continue
         x = [per_order[label][o1] for label in common]
         y = [per_order[label][o2] for label in common]
-        tau = kendalltau(x, y).statistic
+        tau = kendall_tau_b(x, y)
         pairs.append({"orders": [o1, o2], "tau": None if math.isnan(tau) else float(tau), "n_strategies": len(common)})
     taus = [p["tau"] for p in pairs if p["tau"] is not None]
     out: dict[str, Any] = {"kendall_tau_mean": _mean(taus) if taus else None,
@@ -166,7 +162,10 @@ def _find_row(table: BenchmarkTable, name: str, flag: str) -> Row:
     raise UserError(f"no strategy '{name}' in {table.label}", where=flag, fix=did_you_mean(name, choices))
 
 
-def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: str | None = None) -> dict[str, Any]:
+def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: str | None = None, *,
+                  paired: bool = True) -> dict[str, Any]:
+    """The comparison of one table's methods on ``metric`` across orders; with ``paired``, also
+    the paired test of ``a`` against ``b`` (by default the two best), which a page does not show."""
     higher = table.higher.get(metric, True)
     orders = table.orders
     strategies = []
@@ -214,7 +213,9 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
                            "groups": {**groups.as_dict(), "design": design_text(groups, title, scale, unit),
                                       "text": groups_line(groups, scale)}}
     design = {"unit": replication_unit(set(orders)), "pairs_in_table": max(groups.m, 1)}
-    if a or b:
+    if not paired:
+        out["paired_test"] = None
+    elif a or b:
         if not (a and b):
             raise UserError("give both --a and --b for a paired test", where="--a/--b",
                             fix="e.g. --a replay --b naive")

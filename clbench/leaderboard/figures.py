@@ -26,14 +26,12 @@ PNG_COLOURS = 64  # a page's figures as palette PNGs: about a quarter of the byt
 
 def png_uri(fig) -> str:
     """The figure as a ``data:`` URI of a 72-dpi palette PNG (no software metadata, so unchanged
-    entries give identical bytes); the figure is closed. It is drawn once, in the layout its
+    entries give identical bytes). It is drawn once, in the layout its
     function gave it (``tight_layout``): ``bbox_inches="tight"`` would draw it twice."""
-    import matplotlib.pyplot as plt
     from PIL import Image
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=72, metadata={"Software": None})
-    plt.close(fig)
     image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
     small = io.BytesIO()
     image.quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
@@ -43,11 +41,8 @@ def png_uri(fig) -> str:
 
 def order_bar_figure(comparison: dict, metric: str = BAR_METRIC, title: str | None = None):
     """Grouped bars: one group per strategy, one bar per task order (mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure
 
     strategies = comparison["strategies"]
     orders = comparison["orders"]
@@ -55,7 +50,8 @@ def order_bar_figure(comparison: dict, metric: str = BAR_METRIC, title: str | No
     width = 0.8 / max(1, len(orders))
     percent = comparison.get("percent", True)
     factor = 100.0 if percent else 1.0  # a percentage is drawn x 100, an error in its own unit
-    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(strategies), 3.2), dpi=100)
+    fig = Figure(figsize=(1.6 + 1.1 * len(strategies), 3.2), dpi=100)
+    ax = fig.subplots()
     for k, order in enumerate(orders):
         heights = [factor * s["per_order"].get(order, np.nan) for s in strategies]
         ax.bar(x - 0.4 + width * (k + 0.5), heights, width, label=order)
@@ -79,10 +75,7 @@ def groups_figure(groups: Groups, title: str, benchmark: str, percent: bool = Tr
     each method hangs from its mean on the score axis (better to the right), a thick bar joins
     methods of one group, and the bar at the top is the largest pair's critical difference.
     ``percent``: the score is a percentage (drawn x 100), else drawn in its own unit."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     order = sorted(groups.means, key=lambda m: (-groups.means[m] if groups.higher else groups.means[m], m))
     factor = 100.0 if percent else 1.0
@@ -96,7 +89,8 @@ def groups_figure(groups: Groups, title: str, benchmark: str, percent: bool = Tr
     half = (k + 1) // 2
     bar_y = [-0.8 - 0.3 * i for i in range(len(members))]
     rows_top = (bar_y[-1] if bar_y else -0.2) - 0.45
-    fig, ax = plt.subplots(figsize=(7.5, 1.3 + 0.32 * max(half, k - half) + 0.2 * len(members)), dpi=100)
+    fig = Figure(figsize=(7.5, 1.3 + 0.32 * max(half, k - half) + 0.2 * len(members)), dpi=100)
+    ax = fig.subplots()
     ax.axhline(0, color="black", lw=1)
     for i, m in enumerate(order):  # better half labelled on the better side
         row = i if i < half else k - 1 - i

@@ -190,7 +190,7 @@ def _table_context(table: BenchmarkTable) -> dict:
                      "wall": "—" if wall is None else f"{wall:.1f}", "wall_value": "" if wall is None else repr(wall)})
     orders = None
     if BAR_METRIC in table.scores:
-        comparison = compare_table(table, BAR_METRIC)
+        comparison = compare_table(table, BAR_METRIC, paired=False)
         rs = comparison["rank_stability"]
         tau = rs["kendall_tau_mean"]
         orders = {"tau": "—" if tau is None else f"{tau:.3f}", "pairs": len(rs["pairs"]),

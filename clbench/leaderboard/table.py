@@ -44,7 +44,8 @@ from clbench.errors import UserError
 from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta
 from clbench.results.record import Status
 from clbench.plugins.registry import display_name
-from clbench.leaderboard.stats import Groups, Interval, interval, is_cut, rank_groups, replication_unit, unit_means
+from clbench.leaderboard.stats import (Groups, Interval, competition_ranks, interval, is_cut, rank_groups,
+                                      replication_unit, unit_means)
 from clbench.metrics.stderr import entry_score_stderr
 
 # Score columns, titles, units and directions: clbench.metrics.score_registry.
@@ -236,14 +237,10 @@ def summarize(runs: dict[tuple, tuple[Any, float | None]], unit: str,
 
 def _rank(rows: list[Row], higher: bool = True) -> None:
     """Competition ranking ("1224") by mean ``acc`` in its direction; ties share a rank."""
-    from scipy.stats import rankdata
-
     scored = [r for r in rows if RANK_BY in r.stats]
-    if not scored:
-        return
-    ranks = rankdata([-r.stats[RANK_BY].mean if higher else r.stats[RANK_BY].mean for r in scored], method="min")
+    ranks = competition_ranks([-r.stats[RANK_BY].mean if higher else r.stats[RANK_BY].mean for r in scored])
     for row, rank in zip(scored, ranks):
-        row.rank = int(rank)
+        row.rank = rank
 
 
 def _order_key(label: str) -> tuple:

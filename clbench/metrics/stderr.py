@@ -73,17 +73,12 @@ def score_stderr(r: Sequence[Sequence[Any]], r_stderr: Sequence[Sequence[Any]] |
                  higher_is_better: bool = True) -> dict[str, float | None]:
     """Standard error of each of :data:`LINEAR_SCORES` a run defines, from its cells' errors
     (independent cells); None where the score is undefined or a cell it reads has no error."""
-    from clbench.metrics.derive import derive_scores
-
-    def scores(matrix, init):
-        return derive_scores(matrix, init, single_stage=single_stage, higher_is_better=higher_is_better)
-
     rows = [[math.nan if v is None else float(v) for v in row] for row in r]
     init = None if r_init is None else [math.nan if v is None else float(v) for v in r_init]
-    base = scores(rows, init)
-    keys = [k for k in LINEAR_SCORES if k in base]
+    weights = _weights_for(rows, init, single_stage, higher_is_better)
+    keys = [k for k in LINEAR_SCORES if k in weights.base]
     out: dict[str, float | None] = {k: None for k in keys}
-    defined = [k for k in keys if base[k] is not None]
+    defined = [k for k in keys if weights.base[k] is not None]
     if not defined:
         return out
     variance = dict.fromkeys(defined, 0.0)
@@ -96,26 +91,20 @@ def score_stderr(r: Sequence[Sequence[Any]], r_stderr: Sequence[Sequence[Any]] |
     cells += [(None, j, error(r_init_stderr, j)) for j in range(len(init or []))]
     known = [cell for cell in cells if _known(cell[2])]
     # A cell without an error only tells which scores become unknown, so those cells come after the
-    # known ones (whose summation order stays the recorded one) and the moves stop once every score
-    # is unknown. They go outward from the first cells of r_init and of the last row, which every
-    # linear score reads one of, so a run that records no error (a regression metric) costs a
-    # few moves of a 100-task R instead of 10,100.
+    # known ones and the loop stops once every score is unknown. They go outward from the first
+    # cells of r_init and of the last row, which every linear score reads one of, so a run that
+    # records no error (a regression metric) costs a few weights of a 100-task R instead of 10,100.
     def distance_from_the_corner(cell):
         i, j, _ = cell
         return j + (0 if i is None else len(rows) - i)
 
     without = sorted((cell for cell in cells if not _known(cell[2])), key=distance_from_the_corner)
-    for i, j, se in known + without:  # move one cell by 1: the score moves by its weight on that cell
+    for i, j, se in known + without:
         if unknown.issuperset(defined):
             break
-        moved_rows, moved_init = [list(row) for row in rows], None if init is None else list(init)
-        if i is None:
-            moved_init[j] += 1.0
-        else:
-            moved_rows[i][j] += 1.0
-        moved = scores(moved_rows, moved_init)
+        on_cell = weights.on(i, j)
         for key in defined:
-            weight = math.nan if moved[key] is None else moved[key] - base[key]
+            weight = on_cell[key]
             if abs(weight) < 1e-12:
                 continue  # the score does not read this cell
             if not (_known(se) and math.isfinite(weight)):
@@ -125,6 +114,58 @@ def score_stderr(r: Sequence[Sequence[Any]], r_stderr: Sequence[Sequence[Any]] |
     for key in defined:
         out[key] = None if key in unknown else math.sqrt(variance[key])
     return out
+
+
+class _LinearWeights:
+    """Each linear score's weight on each cell of R and r_init, read off the scoring function
+    (:func:`clbench.metrics.derive.derive_scores`) by moving one cell at a time by 1.
+
+    A linear score's weights depend only on what it is computed from, not on the values: R's
+    shape, which cells are missing (NaN), ``single_stage`` and the direction. So the moves start
+    from zeros (the missing cells kept missing), are made once per such pattern and cell, when
+    first asked for, and are shared by every run of that pattern: a leaderboard of one stream
+    scores its R matrices' pattern once instead of once per cell and entry."""
+
+    def __init__(self, missing_rows: tuple, missing_init: tuple | None, single_stage: bool, higher_is_better: bool):
+        self._rows = [[math.nan if gap else 0.0 for gap in row] for row in missing_rows]
+        self._init = None if missing_init is None else [math.nan if gap else 0.0 for gap in missing_init]
+        self._single_stage, self._higher = single_stage, higher_is_better
+        self.base = self._scores(self._rows, self._init)
+        self._on: dict[tuple, dict[str, float]] = {}
+
+    def _scores(self, rows, init) -> dict[str, float | None]:
+        from clbench.metrics.derive import derive_scores
+
+        return derive_scores(rows, init, single_stage=self._single_stage, higher_is_better=self._higher)
+
+    def on(self, i: int | None, j: int) -> dict[str, float]:
+        """The weights on cell ``(i, j)`` (``i`` None: r_init's cell j); NaN where moving the
+        cell leaves a score undefined."""
+        if (i, j) not in self._on:
+            rows, init = [list(row) for row in self._rows], None if self._init is None else list(self._init)
+            if i is None:
+                init[j] += 1.0
+            else:
+                rows[i][j] += 1.0
+            moved = self._scores(rows, init)
+            self._on[i, j] = {key: math.nan if moved.get(key) is None or self.base[key] is None
+                              else moved[key] - self.base[key] for key in LINEAR_SCORES if key in self.base}
+        return self._on[i, j]
+
+
+_WEIGHTS: dict[tuple, _LinearWeights] = {}
+_WEIGHTS_SIZE = 256
+
+
+def _weights_for(rows: list[list[float]], init: list[float] | None, single_stage: bool,
+                 higher_is_better: bool) -> _LinearWeights:
+    pattern = (tuple(tuple(math.isnan(v) for v in row) for row in rows),
+               None if init is None else tuple(math.isnan(v) for v in init), single_stage, higher_is_better)
+    if pattern not in _WEIGHTS:
+        if len(_WEIGHTS) >= _WEIGHTS_SIZE:
+            _WEIGHTS.pop(next(iter(_WEIGHTS)))
+        _WEIGHTS[pattern] = _LinearWeights(*pattern)
+    return _WEIGHTS[pattern]
 
 
 Z = 1.959963984540054  # the normal 97.5% quantile

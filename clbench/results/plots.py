@@ -1,4 +1,8 @@
-"""Figures shared by TensorBoard logging and the leaderboard page (matplotlib, Agg backend)."""
+"""Figures shared by TensorBoard logging and the leaderboard page.
+
+Drawn with matplotlib's object-oriented ``Figure``, never pyplot: a figure is an object that is
+dropped when done (no global registry to close, safe in any thread), and a render does not pay
+pyplot's import."""
 
 from __future__ import annotations
 
@@ -138,19 +142,18 @@ def heatmap_figure(r, rows: list[str], columns: list[str], title: str, *, higher
     better is always brighter. Each cell's value is written in black or white, whichever
     contrasts more with the cell's colour; an unmeasured cell (NaN) is left blank."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure
 
     r = np.asarray(r, dtype=float)
     low, high, unit = _scale(r, percent)
     # A long stream (the theory benchmark's 100 rounds) keeps the size of a 24-experience map:
     # its cells are not numbered and every k-th experience is named.
     dense = len(columns) > MAX_CELLS
-    fig, ax = plt.subplots(figsize=(1.2 + 0.62 * min(len(columns), MAX_CELLS), 0.9 + 0.42 * min(len(r), MAX_CELLS + 1)),
-                           dpi=100)
-    cmap = plt.get_cmap("viridis" if higher else "viridis_r")
+    fig = Figure(figsize=(1.2 + 0.62 * min(len(columns), MAX_CELLS), 0.9 + 0.42 * min(len(r), MAX_CELLS + 1)),
+                 dpi=100)
+    ax = fig.subplots()
+    cmap = matplotlib.colormaps["viridis" if higher else "viridis_r"]
     image = ax.imshow(r, vmin=low, vmax=high, cmap=cmap, aspect="auto")
     ax.set_xticks(*_ticks(columns), rotation=45, ha="right", fontsize=8)
     ax.set_yticks(*_ticks(rows), fontsize=8)
@@ -203,10 +206,8 @@ def curves_figure(result: dict, names: list[str] | None = None):
     experience, in the stream's own order ``names`` (the run's where None), so a line's colour
     names the same experience in every run's figure."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure
 
     run = list(result["experiences"])
     names = list(names or run)
@@ -217,8 +218,9 @@ def curves_figure(result: dict, names: list[str] | None = None):
         stages = ["untrained", *stages]
     unit = _unit(r, result_percent(result))
     scale = 100.0 if unit else 1.0
-    fig, ax = plt.subplots(figsize=(2.4 + 0.45 * len(stages), 3.2), dpi=100)
-    colours = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    fig = Figure(figsize=(2.4 + 0.45 * len(stages), 3.2), dpi=100)
+    ax = fig.subplots()
+    colours = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
     x = np.arange(len(stages))
     for k, name in enumerate(names):
         j = run.index(name)
@@ -347,20 +349,17 @@ def utilization_figure(result: dict, layers: list[str], stage: int = -1):
     """Per-domain expert utilization (rows: test experience, columns: expert; each row sums to 1)
     of the given MoE layers after training stage ``stage``, one panel per layer, with the layer's
     N_eff in its title when the result has it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure
 
     figures = result["expert_utilization"][stage]
     compositions = (result.get("route_compositions") or [{}])[stage] if result.get("route_compositions") else {}
     names = result["experiences"]
     panels = [layer for layer in layers if layer in figures]
     width = max(len(np.atleast_2d(figures[layer]["utilization"])[0]) for layer in panels) if panels else 1
-    fig, axes = plt.subplots(1, max(1, len(panels)), squeeze=False, dpi=100,
-                             figsize=(1.2 + (0.9 + 0.22 * width) * max(1, len(panels)),
-                                      0.9 + 0.28 * min(len(names), 2 * MAX_CELLS)))
+    fig = Figure(dpi=100, figsize=(1.2 + (0.9 + 0.22 * width) * max(1, len(panels)),
+                                   0.9 + 0.28 * min(len(names), 2 * MAX_CELLS)))
+    axes = fig.subplots(1, max(1, len(panels)), squeeze=False)
     for ax, layer in zip(axes[0], panels):
         u = np.atleast_2d(np.asarray(figures[layer]["utilization"], dtype=float))
         # Rows are domain ids. A stream over a subset of its benchmark's tasks (trace-mini with

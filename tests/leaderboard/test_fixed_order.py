@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -32,7 +31,6 @@ def _entry(order, seed: int, offset: float) -> dict:
 
 def _drawn(fig) -> np.ndarray:
     values = np.asarray(fig.axes[0].images[0].get_array(), dtype=float)
-    plt.close(fig)
     return values
 
 
@@ -50,7 +48,6 @@ def test_a_permuted_runs_fixed_order_cell_is_its_run_order_cell_of_the_same_expe
         assert drawn[0, i] == permuted["r_init"][run.index(trained)]
     rows = [t.get_text() for t in fixed_order_figure(permuted, NAMES).axes[0].get_yticklabels()]
     assert rows == ["untrained", *(f"after {n}" for n in NAMES)]
-    plt.close("all")
 
 
 def test_the_mean_over_orders_averages_each_orders_runs_first():
@@ -91,10 +88,8 @@ def test_curves_draw_each_experiences_column_over_the_stages_in_the_streams_orde
     for line, name in zip(ax.get_lines(), NAMES):
         np.testing.assert_allclose(line.get_ydata(), 100 * r[:, run["experiences"].index(name)])
     colours = [line.get_color() for line in ax.get_lines()]
-    plt.close(fig)
     again = curves_figure(_entry({"permutation": 4}, 0, 0.0), NAMES)
     assert [line.get_color() for line in again.axes[0].get_lines()] == colours  # one colour per experience
-    plt.close(again)
 
 
 def _contrast(a, b) -> float:
@@ -120,7 +115,6 @@ def test_cell_text_is_a_percentage_in_the_colour_that_contrasts_more_with_its_ce
             other = "white" if text.get_color() == "black" else "black"
             assert _contrast(text.get_color(), cell) >= _contrast(other, cell) and _contrast(text.get_color(), cell) > 4
         assert {t.get_color() for t in texts} == {"black", "white"}
-        plt.close(fig)
 
 
 def test_an_error_below_one_is_drawn_as_measured_not_as_a_percentage():
@@ -135,11 +129,9 @@ def test_an_error_below_one_is_drawn_as_measured_not_as_a_percentage():
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts[:2] == ["0", "0.01"]  # r_init 0.0 and 0.01 as measured; as a percentage: "0" and "1"
     assert fig.axes[1].get_ylabel() != "%"
-    plt.close(fig)
     curves = curves_figure(run, NAMES)
     assert curves.axes[0].get_ylabel() == "R"
     np.testing.assert_allclose(curves.axes[0].get_lines()[0].get_ydata()[1:], [r[0] for r in run["r_matrix"]])
-    plt.close(curves)
 
 
 def test_table_cells_are_coloured_and_lettered_as_the_heatmap_draws_them():
@@ -161,7 +153,6 @@ def test_table_cells_are_coloured_and_lettered_as_the_heatmap_draws_them():
         assert [c["background"] for c in first["cells"]] == [to_hex(image.cmap(image.norm(v))) for v in values]
         assert all(c["text"] == "" and c["background"] is None for c in blank["cells"])
         assert first["cells"][3]["title"] == "after a · 3: 15.00 %"
-        plt.close(fig)
 
 
 def test_fixed_order_cells_hold_the_stream_order_values_and_the_mean():
@@ -198,7 +189,6 @@ def test_curves_svg_draws_each_experiences_column_in_the_figures_colours():
     assert len(lines) == len(NAMES)
     fig = curves_figure(run, NAMES)
     assert [colour for _, colour in lines] == [to_hex(line.get_color()) for line in fig.axes[0].get_lines()]
-    plt.close(fig)
     assert all(len(points.split()) == 1 + len(NAMES) for points, _ in lines)  # untrained + one point per stage
     r = np.vstack([run["r_init"], run["r_matrix"]])
     tips = re.findall(r"<title>rot90 after ([^:]+): ([0-9.]+)</title>", svg)

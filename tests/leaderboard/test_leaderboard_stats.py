@@ -10,13 +10,14 @@ from itertools import combinations
 
 import numpy as np
 import pytest
-from scipy.stats import studentized_range, t
+from scipy.stats import kendalltau, levene, rankdata, studentized_range, t
 
 from clbench.cli.main import main
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import compare, comparison_markdown
 from clbench.leaderboard.notes import groups_note
-from clbench.leaderboard.stats import ALPHA, PairNoise, interval, letters, rank_groups
+from clbench.leaderboard.stats import (ALPHA, PairNoise, competition_ranks, interval, kendall_tau_b, letters,
+                                      levene_mean_centred, rank_groups)
 from clbench.leaderboard.cell_text import fmt
 from clbench.leaderboard.table import build_tables
 from clbench.metrics.stderr import entry_score_stderr, wilson_stderr
@@ -181,6 +182,32 @@ def test_groups_and_intervals_are_not_anti_conservative_under_interaction_and_un
     assert false_groups / sims <= ALPHA + mc
     assert tukey / sims > ALPHA + 2 * mc  # control: the pooled procedure is anti-conservative here
     assert covered / sims >= 1 - ALPHA - mc
+
+
+@pytest.mark.parametrize("groups, size", [(2, 3), (5, 5), (13, 5), (4, 12)])
+def test_levene_from_its_definition_equals_scipys(groups, size):
+    rng = np.random.default_rng(groups * size)
+    values = [list(rng.normal(size=size) * rng.uniform(0.1, 3.0)) for _ in range(groups)]
+    expected = levene(*values, center="mean")
+    statistic, p_value = levene_mean_centred(values)
+    assert statistic == pytest.approx(expected.statistic, rel=1e-12)
+    assert p_value == pytest.approx(expected.pvalue, rel=1e-10)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 13])
+def test_kendall_tau_b_and_competition_ranks_equal_scipys_with_and_without_ties(size):
+    rng = np.random.default_rng(size)
+    for levels in (3, 1000):  # many ties, almost none
+        for _ in range(10):
+            x, y = (list(rng.integers(0, levels, size).astype(float)) for _ in range(2))
+            expected = kendalltau(x, y).statistic
+            assert (math.isnan(expected) and math.isnan(kendall_tau_b(x, y))) or \
+                kendall_tau_b(x, y) == pytest.approx(expected, abs=1e-12)
+            assert competition_ranks(x) == [int(r) for r in rankdata(x, method="min")]
+
+
+def test_levene_without_spread_within_groups_is_undefined_not_zero():
+    assert all(math.isnan(v) for v in levene_mean_centred([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]))
 
 
 def test_letters_share_a_letter_exactly_when_not_significantly_different():
