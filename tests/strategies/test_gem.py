@@ -78,6 +78,24 @@ def test_rank_deficient_memories_still_solve():
     torch.testing.assert_close(tiny / 1e-8, out)
 
 
+@pytest.mark.parametrize("norm", [1e-21, 1e-22])
+@pytest.mark.parametrize("margin", [0.0, 0.5])
+def test_a_saturated_memory_whose_squared_norm_is_below_float32s_range_still_projects_exactly(margin, norm):
+    """A memory loss near 0 gives a gradient of norm 1e-21 or less: its squared norm is a float32
+    denormal or 0, from which float32 products gave g̃ 43% off (1e-21) or infinite (1e-22)."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(4000, generator=gen)
+    memory = torch.randn(4000, generator=gen)
+    memory -= ((memory @ g) / (g @ g) + 0.5 * memory.norm() / g.norm()) * g  # cos(g, g_k) = -0.5 or so
+    memory = (memory / memory.norm() * norm).float()
+    assert float(memory @ memory) < torch.finfo(torch.float32).tiny  # the case: beyond float32's normal range
+    g64, m64 = g.double(), memory.double()
+    v = max(margin, float(-(m64 @ g64) / (m64 @ m64)))  # one constraint: the QP solved by hand
+    out = project(g, memory[None], margin)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    torch.testing.assert_close(out, (g64 + v * m64).float(), rtol=1e-5, atol=1e-6)
+
+
 # -- the step on a module ----------------------------------------------------------------------
 def make_experience(position: int, n: int = 24, seed: int = 0) -> Experience:
     g = torch.Generator().manual_seed(seed + position)
