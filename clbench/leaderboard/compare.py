@@ -8,7 +8,7 @@ For one score (``acc`` by default) and each benchmark table (:mod:`~clbench.lead
   the direction comes from the entries, see :func:`~clbench.leaderboard.table.score_direction`),
   and the range (best − worst);
 * **rank stability**: the methods are ranked within each order, and Kendall's tau-b
-  (:func:`~clbench.leaderboard.stats.kendall_tau_b`) is computed between every pair of orders over the methods
+  (:func:`~clbench.leaderboard.page_stats.kendall_tau_b`) is computed between every pair of orders over the methods
   present in both, then averaged. 1 means every order ranks the methods identically, 0 means
   the rankings are unrelated. Joint training counts as a method like any other;
 * **intervals and rank groups**, the same as the leaderboard's tables
@@ -34,7 +34,8 @@ from typing import Any
 
 from clbench.errors import UserError, did_you_mean
 from clbench.leaderboard.notes import design_text, groups_line, power_text, scale_and_unit
-from clbench.leaderboard.stats import (ALPHA, POWER, PairNoise, competition_ranks, kendall_tau_b, replication_unit,
+from clbench.leaderboard.page_stats import competition_ranks, kendall_tau_b
+from clbench.leaderboard.stats import (ALPHA, POWER, PairNoise, replication_unit,
                                       unit_means)
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, table_groups
 from clbench.metrics.score_registry import TABLE_SCORES, shown

@@ -55,13 +55,13 @@ groups of the Rotated Fashion-MNIST table.
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, field
 from itertools import combinations
 from string import ascii_lowercase
 from typing import Any
 
+from clbench.leaderboard.page_stats import levene_mean_centred
 from clbench.metrics.stderr import Z
 
 ALPHA = 0.05
@@ -293,34 +293,6 @@ def mark_order(mark: str) -> int:
     return ascii_lowercase.index(mark) if len(mark) == 1 else int(mark[1:-1]) - 1
 
 
-def competition_ranks(keys: list[float]) -> list[int]:
-    """Competition ranks ("1224") of ``keys``, smallest first: one plus the number of keys
-    strictly smaller (``scipy.stats.rankdata(keys, method="min")``; see :func:`kendall_tau_b`
-    for why not scipy.stats)."""
-    ordered = sorted(keys)
-    return [1 + bisect.bisect_left(ordered, key) for key in keys]
-
-
-def kendall_tau_b(x: list[float], y: list[float]) -> float:
-    """Kendall's tau-b of two rankings (``scipy.stats.kendalltau(x, y).statistic``): concordant
-    minus discordant pairs over the geometric mean of the pairs untied in x and untied in y; NaN
-    where every pair is tied in one of them. From the definition, over all n (n - 1) / 2 pairs
-    (a table ranks a few dozen methods), because importing scipy.stats, which a page needs for
-    nothing else, would cost a render a second of its five."""
-    n, concordant, discordant, tied_x, tied_y = len(x), 0, 0, 0, 0
-    for (x1, y1), (x2, y2) in combinations(zip(x, y), 2):
-        dx, dy = x1 - x2, y1 - y2
-        tied_x += dx == 0
-        tied_y += dy == 0
-        if dx * dy > 0:
-            concordant += 1
-        elif dx * dy < 0:
-            discordant += 1
-    pairs = n * (n - 1) // 2
-    untied = (pairs - tied_x) * (pairs - tied_y)
-    return (concordant - discordant) / math.sqrt(untied) if untied > 0 else math.nan
-
-
 def _levene(values: dict[str, list[float]]) -> dict[str, Any] | None:
     """Levene's test (mean-centred) on each method's residuals of the additive method + unit model."""
     labels = list(values)
@@ -337,25 +309,6 @@ def _levene(values: dict[str, list[float]]) -> dict[str, Any] | None:
     sds = {label: math.sqrt(sum(r * r for r in res) / (n - 1)) for label, res in zip(labels, residuals)}
     return {"test": "Levene (mean-centred) on the method + unit residuals", "statistic": statistic,
             "p_value": p_value, "residual_sd": sds}
-
-
-def levene_mean_centred(groups: list[list[float]]) -> tuple[float, float]:
-    """Levene's statistic W and its p-value, ``scipy.stats.levene(*groups, center="mean")``
-    computed from its definition (a one-way ANOVA of the absolute deviations from each group's
-    mean, W ~ F(k - 1, N - k)) with scipy.special's F distribution: importing scipy.stats to
-    call it would cost a render a second. NaN where W is undefined (no spread within groups)."""
-    from scipy.special import fdtrc
-
-    deviations = [[abs(v - sum(group) / len(group)) for v in group] for group in groups]
-    k, total = len(groups), sum(len(group) for group in groups)
-    means = [sum(d) / len(d) for d in deviations]
-    grand = sum(sum(d) for d in deviations) / total
-    between = sum(len(d) * (m - grand) ** 2 for d, m in zip(deviations, means))
-    within = sum((v - m) ** 2 for d, m in zip(deviations, means) for v in d)
-    if within == 0:
-        return math.nan, math.nan
-    statistic = (total - k) / (k - 1) * between / within
-    return statistic, float(fdtrc(k - 1, total - k, statistic))
 
 
 def rank_groups(runs: dict[str, Runs], score: str, higher: bool, *, describe: bool = True) -> Groups:
