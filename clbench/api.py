@@ -157,7 +157,7 @@ def run(config: str | Path | dict, output: str | Path | None = None, *, override
     cfg = load_config(config, overrides)
     source = str(config) if not isinstance(config, dict) else "config"
     count = decide_threads(threads, cfg["trainer"], where="threads")
-    from clbench.engine.cpu_kernels import pin_for_run
+    from clbench.cpu_kernels import pin_for_run
 
     pin_for_run(cpu_kernels, where="cpu_kernels")
     from clbench.engine.runner import run as run_config
@@ -243,7 +243,7 @@ def run_leaderboard(suite: str | Path | None = None, output: str | Path = "leade
     if not pin_kernels(loaded.cpu_kernels, str(loaded.path)) and jobs is None:
         import sys
 
-        from clbench.engine.cpu_kernels import in_effect
+        from clbench.cpu_kernels import in_effect
 
         print(f"clbench: note: this Python process computed with torch before, so the suite's cpu_kernels "
               f"{loaded.cpu_kernels} cannot take effect in it; its entries record {in_effect()} kernels, unpinned "

@@ -192,7 +192,7 @@ def parse_overrides(items) -> dict[str, dict]:
 
 def strategy_defaults(method: str) -> dict:
     """The clbench strategy's own defaults, by argument name."""
-    from clbench.plugins import registry
+    from clbench import registry
 
     params = inspect.signature(registry.resolve("strategies", method)).parameters.values()
     return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
@@ -299,7 +299,7 @@ def avalanche_strategy(method: str, args: dict, model, optimizer, common: dict):
 
 def build_scenario(settings: dict, benchmark: str):
     """The benchmark's scenario, with the class layout Avalanche's iCaRL reads."""
-    from clbench.plugins import registry
+    from clbench import registry
 
     scenario = registry.resolve("benchmarks", benchmark)(**settings["benchmarks"][benchmark]["init_args"])
     classes = [list(exp.classes_in_this_experience) for exp in scenario.train_stream]
@@ -316,7 +316,7 @@ def avalanche_final(settings: dict, benchmark: str, method: str, seed: int, over
     from avalanche.evaluation.metrics import accuracy_metrics
     from avalanche.training.plugins import EvaluationPlugin
 
-    from clbench.plugins import registry
+    from clbench import registry
 
     chosen = method_settings(settings, benchmark, method, overrides)
     torch.manual_seed(seed)

@@ -1,7 +1,7 @@
 """What pinning the CPU kernels costs: the same work with kernels pinned (``--level``, default avx2)
 against this CPU's native choice.
 
-The level is fixed once per process (clbench.engine.cpu_kernels), so the two cannot share one
+The level is fixed once per process (clbench.cpu_kernels), so the two cannot share one
 process: each round starts both as fresh processes, back to back, in alternating order, and
 prints the per-round ratio pinned / native and their median. Two workloads:
 
@@ -35,7 +35,7 @@ KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 def _naive(level: str, scratch: Path) -> float:
     env = {k: v for k, v in os.environ.items() if k not in KERNEL_VARIABLES}
     if level != "native":
-        from clbench.engine.cpu_kernels import LEVELS
+        from clbench.cpu_kernels import LEVELS
 
         env.update(LEVELS[level])
     start = time.perf_counter()

@@ -275,7 +275,7 @@ class LanguageModel:
         from clbench.benchmarks.trace_mini import generate
         from clbench.models.lm.causal_lm import hf_causal_lm
         from clbench.objectives.causal_lm import CausalLanguageModeling
-        from clbench.engine.seeding import seed_all
+        from clbench.seeding import seed_all
         from clbench.data.streams import StreamSpec
         from lm_throughput import SIZES
 

@@ -149,7 +149,7 @@ def main() -> None:
     from clbench.models.lm.causal_lm import hf_causal_lm
     from clbench.engine.module import ContinualModule
     from clbench.objectives.causal_lm import CausalLanguageModeling
-    from clbench.engine.seeding import seed_all
+    from clbench.seeding import seed_all
     from clbench.strategy import Strategy
     from clbench.data.streams import StreamSpec
     from clbench.engine.trainer import make_trainer, quiet_lightning

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 def plain_loop(model, experiences, epochs, batch_size, eval_batch_size, seed):
     """The reference: a hand-written loop over the loaders clbench builds."""
     from clbench.data.datasets import make_loader
-    from clbench.engine.seeding import derive
+    from clbench.seeding import derive
 
     eval_loaders = [make_loader(e.test, eval_batch_size, shuffle=False) for e in experiences]
 
@@ -71,7 +71,7 @@ def avalanche_naive(model, scenario, epochs, batch_size, eval_batch_size, seed):
     from avalanche.training.supervised import Naive
     from torch.utils.data import DataLoader, RandomSampler
 
-    from clbench.engine.seeding import derive
+    from clbench.seeding import derive
 
     class SameOrderNaive(Naive):
         def make_optimizer(self, **kwargs):  # Avalanche keeps Adam's moments by default; the others start afresh
@@ -125,7 +125,7 @@ def main() -> None:
     from clbench.config.load import resolve_config
     from clbench.models.factories import cnn, mlp, vit
     from clbench.engine.runner import run
-    from clbench.engine.seeding import derive, seed_all
+    from clbench.seeding import derive, seed_all
     from clbench.data.streams import ordered_experiences
 
     def config(epochs: int) -> dict:

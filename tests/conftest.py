@@ -26,7 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Every test process computes at this CPU's native kernel level from the start, as a notebook that
 # used torch does: a suite or verify called in this process then cannot pin it
-# (clbench.engine.cpu_kernels), so no test leaves a pin behind for the next. Pins are tested
+# (clbench.cpu_kernels), so no test leaves a pin behind for the next. Pins are tested
 # through fresh processes (tests/leaderboard/test_cpu_kernels.py).
 for _name in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):
     os.environ.pop(_name, None)

@@ -14,12 +14,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "suites" / "smoke.yaml"
-# Lightning's advice for hand-built Trainers in the LM strategy tests (the runner silences it itself)
-LIGHTNING_NOISE = ["ignore:You defined a `validation_step`",
-                   "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated",
-                   "ignore:The '(train|val)_dataloader' does not have many workers"]
-
-
 @contextlib.contextmanager
 def as_clean_tree():
     """Runs inside record a clean tree at the checked-out commit, as in CI's clean checkout, so a

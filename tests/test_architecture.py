@@ -1,9 +1,8 @@
-"""The package's shape: its modules import each other without cycles, and none is long without
-a stated reason.
+"""The package's shape: its modules import each other without cycles and only downward through
+the floors of ``clbench.LAYERS``, and none is long without a stated reason.
 
 Both read the source with ``ast``, so they are fast and see every import: at module level,
-under ``TYPE_CHECKING`` and inside functions. ``strategies/`` and ``benchmarks/`` count as
-``clbench.strategies`` and ``clbench.benchmarks``, as they install.
+under ``TYPE_CHECKING`` and inside functions.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"clbench": "clbench", "strategies": "clbench.strategies", "benchmarks": "clbench.benchmarks"}
 
 # Import edges that close a known cycle, each with why it is tolerated (none: the hooks' type
 # hints on the LightningModule, the last two, went with the plugin API's context).
@@ -27,20 +25,12 @@ LONG_MODULES: dict[str, str] = {}
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for folder, package in PACKAGES.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
+    for path in (ROOT / "clbench").rglob("*.py"):
+        parts = ["clbench", *path.relative_to(ROOT / "clbench").with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
     return found
-
-
-def _installed(name: str) -> str:
-    for folder, package in PACKAGES.items():
-        if folder != package and (name == folder or name.startswith(folder + ".")):
-            return package + name[len(folder):]
-    return name
 
 
 def _lazy_names(path: Path) -> dict[str, str]:
@@ -68,13 +58,12 @@ def import_graph() -> nx.DiGraph:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
-                targets = [_installed(alias.name) for alias in node.names]
+                targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([node.module] if node.module else []))
-                base = _installed(base)
                 for alias in node.names:
                     targets.append(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
                     if alias.name in lazy.get(base, {}):
@@ -87,7 +76,7 @@ def test_the_import_graph_sees_imports_in_functions_and_type_checking_blocks():
     graph = import_graph()
     assert graph.has_edge("clbench.engine.runner", "clbench.engine.faults")  # inside a method
     assert graph.has_edge("clbench.strategy", "clbench.data.streams")  # under TYPE_CHECKING
-    assert graph.has_edge("clbench.strategies.replay", "clbench.strategy")  # installed name, lazy export
+    assert graph.has_edge("clbench.strategies.replay", "clbench.strategy")  # a lazy export
 
 
 def test_no_import_cycles_beyond_the_known_ones():
@@ -115,3 +104,30 @@ def test_models_report_through_their_channels_and_import_no_metrics():
     graph = import_graph()
     edges = sorted((a, b) for a, b in graph.edges if a.startswith("clbench.models") and b.startswith("clbench.metrics"))
     assert not edges, edges
+
+
+def _layer_of(module: str) -> int | None:
+    from clbench import LAYERS
+
+    for level, members in enumerate(LAYERS):
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return level
+    return None
+
+
+def test_every_module_has_a_floor_and_imports_downward_but_for_the_named_exceptions():
+    """clbench's rooms in floors (``clbench.LAYERS``, bottom first): a module imports its own floor
+    and those below. Each import upward is named in ``clbench.UPWARD_IMPORTS`` with its reason, and
+    there are at most two of them."""
+    from clbench import LAYERS, UPWARD_IMPORTS
+
+    graph = import_graph()
+    homeless = sorted(m for m in graph if m != "clbench" and _layer_of(m) is None)
+    assert not homeless, f"modules on no floor of clbench.LAYERS: {homeless}"
+    upward = sorted((a, b) for a, b in graph.edges if "clbench" not in (a, b) and _layer_of(b) > _layer_of(a))
+    assert len(UPWARD_IMPORTS) <= 2
+    assert set(upward) == set(UPWARD_IMPORTS), (
+        "imports from a lower floor to a higher one (move what is shared down, or name the edge and its reason "
+        f"in clbench.UPWARD_IMPORTS): {sorted(set(upward) - set(UPWARD_IMPORTS))}; named but gone: "
+        f"{sorted(set(UPWARD_IMPORTS) - set(upward))}")
+    assert all(len(floor) == len(set(floor)) for floor in LAYERS)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from clbench.plugins import registry
+from clbench import registry
 from clbench.plugins.build import preflight
 from clbench.config.load import load_config, rejoin_overrides, resolve_config
 from helpers import REPO
@@ -168,7 +168,7 @@ def test_file_plugins_get_the_same_module_name_in_every_process(tmp_path):
 
     plugin = tmp_path / "mine.py"
     plugin.write_text(PLUGIN)
-    code = (f"from clbench.plugins import registry; c = registry.resolve('strategies', {str(plugin) + ':Mine'!r}); "
+    code = (f"from clbench import registry; c = registry.resolve('strategies', {str(plugin) + ':Mine'!r}); "
             "print(c.__module__)")
     names = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()

@@ -19,7 +19,7 @@ NO_BF16_UNITS = "fpu sse2 avx2 fma"
 #: Runs a perf script as ``python SCRIPT ARGS`` would, on a CPU with the given flags.
 FAKED = """
 import runpy, sys
-from clbench.engine import cpu_kernels
+from clbench import cpu_kernels
 cpu_kernels.cpu_flags = lambda: frozenset(sys.argv[1].split())
 script = sys.argv[2]
 sys.argv = sys.argv[2:]
@@ -53,7 +53,8 @@ def test_gpu_report_cpu_mode_and_lm_throughput_complete_on_a_cpu_with_bf16_units
 
 def test_a_config_without_a_stream_gets_a_precision_on_either_cpu(monkeypatch):
     """What both scripts hand make_trainer: a trainer section and no benchmark (fp32: no objective is known)."""
-    from clbench.engine import cpu_kernels, precision
+    from clbench import cpu_kernels
+    from clbench.engine import precision
 
     monkeypatch.delenv(precision.ENV_SWITCH, raising=False)
     for flags in (BF16_UNITS, NO_BF16_UNITS):

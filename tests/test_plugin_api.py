@@ -35,7 +35,7 @@ def _private(source: str) -> list[str]:
     return bad
 
 
-STRATEGY_FILES = sorted((REPO / "strategies").glob("*.py"))
+STRATEGY_FILES = sorted((REPO / "clbench" / "strategies").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", STRATEGY_FILES, ids=[p.stem for p in STRATEGY_FILES])
@@ -129,7 +129,7 @@ def test_hooks_receive_the_context_in_order_with_the_experience_index(tmp_path):
     cfg = resolve_config(tiny_config(strategy={"class_path": f"{plugin}:Watches"}))
     run = ContinualRun(cfg, None)
     run.execute()
-    seen = run.strategy.seen
+    seen = run.parts.strategy.seen
     expected = [("setup", 0), ("adapt_model", 0, 0)]
     for i in range(3):
         expected += [("adapt_model", i, i + 1), ("before_experience", i, i), ("training_loss", i),
@@ -161,7 +161,7 @@ def test_an_undeclared_objective_is_checked_once_the_stream_is_built(monkeypatch
     from clbench.config.load import resolve_config
     from clbench.engine.runner import ContinualRun
     from clbench.errors import UserError
-    from clbench.plugins import registry
+    from clbench import registry
 
     resolve = registry.resolve
 

@@ -6,11 +6,11 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from clbench.data.check import PROG
+from clbench.cli.data_check import PROG
 from clbench.errors import UserError
 
 if TYPE_CHECKING:
-    from clbench.data.check import Summary
+    from clbench.cli.data_check import Summary
 
 
 def register(sub) -> None:
@@ -109,7 +109,7 @@ def parse_init_args(items: list[str]) -> dict:
 
 def main(args: list[str]) -> int:
     """Entry point of ``clbench data check``: ``args`` are the words after ``data check``."""
-    from clbench.data.check import build, measure_speed, summarize, verify
+    from clbench.cli.data_check import build, measure_speed, summarize, verify
 
     opts = build_parser().parse_intermixed_args(args)
     init_args = parse_init_args(opts.args)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from clbench.plugins.registry import KINDS
+from clbench.registry import KINDS
 
 
 def register(sub) -> None:
@@ -26,7 +26,7 @@ def handle(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from clbench.plugins.describe import describe
-    from clbench.plugins.registry import available
+    from clbench.registry import available
 
     console = Console()
     for kind in [args.kind] if args.kind else KINDS:

@@ -63,7 +63,7 @@ def handle(args: argparse.Namespace) -> int:
     from clbench.limits import decide_threads, torch_threads
 
     threads = decide_threads(args.threads, cfg["trainer"], where="--threads", field="--threads")
-    from clbench.engine.cpu_kernels import pin_for_run
+    from clbench.cpu_kernels import pin_for_run
 
     pin_for_run(args.cpu_kernels, where="--cpu-kernels")  # before the first tensor operation
     from clbench.engine.runner import run  # heavy imports only once the config is known to be valid

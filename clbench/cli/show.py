@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from clbench.errors import UserError, did_you_mean
-from clbench.plugins.registry import KINDS, SINGULAR
+from clbench.registry import KINDS, SINGULAR
 
 
 def register(sub) -> None:
@@ -23,7 +23,7 @@ def register(sub) -> None:
 
 def _find(name: str, kind: str | None) -> list[tuple[str, str]]:
     """``[(kind, target)]`` for every kind that knows ``name``."""
-    from clbench.plugins.registry import looks_like_path, available
+    from clbench.registry import looks_like_path, available
 
     kinds = [kind] if kind else list(KINDS)
     found = [(k, available(k)[name]) for k in kinds if name in available(k)]

@@ -200,7 +200,7 @@ def _check_names(cfg: dict, source: str) -> None:
     """Refuse an unknown short name, or a plugin file that does not exist, from entry-point
     metadata and the file system alone: before torch and the libraries load (seconds), so a typo
     answers at once. What the named component accepts is checked once it is imported."""
-    from clbench.plugins import registry
+    from clbench import registry
 
     for key, kind in (("benchmark", "benchmarks"), ("model", "models"), ("strategy", "strategies"),
                       ("objective", "objectives")):

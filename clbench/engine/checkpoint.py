@@ -58,7 +58,7 @@ def digest(value: Any) -> str:
     """SHA-256 of a payload's contents (tensors by dtype, shape and bytes), order-stable."""
     import torch
 
-    from clbench.engine.sharding import full
+    from clbench.models.sharded import full
 
     h = hashlib.sha256()
 
@@ -184,11 +184,11 @@ class FrozenBase:
 def run_settings(precision: str | None = None) -> dict:
     """What is set outside the config that changes a CPU run's numbers: the torch thread count
     (``--threads``; the order of floating-point reductions depends on it), the CPU kernel level it
-    pinned (``--cpu-kernels``, :mod:`clbench.engine.cpu_kernels`; None: unpinned), and the Trainer's
+    pinned (``--cpu-kernels``, :mod:`clbench.cpu_kernels`; None: unpinned), and the Trainer's
     precision where the machine chose it (:mod:`clbench.engine.precision`; a resume keeps it)."""
     import torch
 
-    from clbench.engine.cpu_kernels import pinned_level
+    from clbench.cpu_kernels import pinned_level
 
     return {"torch_threads": torch.get_num_threads(), "cpu_kernels": pinned_level(),
             **({"precision": precision} if precision else {})}

@@ -10,7 +10,10 @@ only when the set belongs to one experience.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clbench.engine.state import ColumnValues
 
 
 class EvalColumns:
@@ -48,9 +51,13 @@ class EvalColumns:
         """The stream-wide test set's value (None without one)."""
         return values[len(self.test_sets)] if self.has_global_test else None
 
-    def split(self, evaluation: dict[str, list]) -> tuple[dict[str, list], dict[str, Any]]:
-        """An evaluation (metric -> one value per set) as its per-experience columns and the
-        stream-wide test set's values (empty without one)."""
-        columns = {k: self.per_experience(v) for k, v in evaluation.items()}
-        global_ = {k: self.global_value(v) for k, v in evaluation.items()} if self.has_global_test else {}
+    def split(self, values: "ColumnValues") -> tuple["ColumnValues", dict[str, Any]]:
+        """A pass's values (one per evaluated set) as one per experience (shared test sets fanned
+        out), and the stream-wide test set's metrics (``{name: value}``; empty without one)."""
+        from clbench.engine.state import ColumnValues
+
+        pick = self.per_experience
+        columns = ColumnValues(primary=pick(values.primary), stderr=pick(values.stderr), n=pick(values.n),
+                               metrics={k: pick(v) for k, v in values.metrics.items()})
+        global_ = {k: self.global_value(v) for k, v in values.metrics.items()} if self.has_global_test else {}
         return columns, global_

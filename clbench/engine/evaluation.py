@@ -16,23 +16,25 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from clbench.engine.state import ColumnValues
+
 
 @dataclass
 class Evaluation:
     """One pass over the test columns.
 
-    ``values``: metric name -> one value per column (None where a column has no such metric),
-    with ``"primary"`` each column's R-matrix entry and the sampling keys of
-    :mod:`clbench.metrics.stderr` (each cell's standard error and test-set size).
+    ``values``: what each evaluated set measured (:class:`ColumnValues`).
     ``recalls``: per column, each class's recall where a metric keeps them (G-mean), else None.
     ``routing``: per MoE layer, the pass's utilization figures ({} without routing layers).
     ``compositions``: per MoE layer, N_eff over the old domains' units ({} when none).
+    ``routing_metrics``: each declared routing metric's value ({} without routing layers).
     """
 
-    values: dict[str, list]
+    values: ColumnValues
     recalls: list[list[float | None] | None] = field(default_factory=list)
     routing: dict[str, dict[str, Any]] = field(default_factory=dict)
     compositions: dict[str, dict[str, float]] = field(default_factory=dict)
+    routing_metrics: dict[str, float | None] = field(default_factory=dict)
 
 
 class EvaluationLog(Callback):
@@ -46,8 +48,8 @@ class EvaluationLog(Callback):
 
         values, recalls = module.compute_columns()
         recording = next((c for c in trainer.callbacks if isinstance(c, RoutingRecording)), None)
-        routing, compositions = recording.take_evaluation() if recording is not None else ({}, {})
-        self.records.append(Evaluation(values, recalls, routing, compositions))
+        routing, compositions, routing_metrics = recording.take_evaluation() if recording is not None else ({}, {}, {})
+        self.records.append(Evaluation(values, recalls, routing, compositions, routing_metrics))
 
     def take(self) -> list[Evaluation]:
         """The passes collected since the last call, oldest first."""

@@ -70,7 +70,7 @@ def build_loggers(specs: list[dict], folder: Path, source: str, *, purge_step: i
     from lightning.pytorch.loggers import Logger
 
     from clbench.config.schema import LOGGER_SHORT_NAMES
-    from clbench.plugins import registry
+    from clbench import registry
     from clbench.plugins.build import call_plugin
     from clbench.engine.outputs import TENSORBOARD
 

@@ -34,7 +34,7 @@ sharded in :meth:`configure_model` (:mod:`clbench.engine.sharding`).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import lightning.pytorch as pl
 import torch
@@ -45,10 +45,13 @@ from clbench.models import auxiliary
 from clbench.data.datasets import Padding
 from clbench.engine.lightning_internals import attached_trainer
 from clbench.errors import NonFiniteLoss
-from clbench.metrics.stderr import N_KEY, STDERR_KEY, sampling_error
+from clbench.metrics.stderr import sampling_error
 from clbench.objectives.base import Objective
 from clbench.plugins.hooks import returned
 from clbench.strategy import Strategy, StrategyContext
+
+if TYPE_CHECKING:
+    from clbench.engine.state import ColumnValues
 
 
 class ContinualModule(pl.LightningModule):
@@ -91,7 +94,6 @@ class ContinualModule(pl.LightningModule):
             metrics = column_metrics(objective, strategy, column)  # the objective's, then those plugins add
             self.primary.append(next(iter(metrics.keys())))
             self.eval_metrics.append(metrics if isinstance(metrics, MetricCollection) else MetricCollection(metrics))
-        self.stage_steps: int | None = None  # optimizer steps this experience will take (schedulers)
         self.automatic_optimization = not strategy.owns_update
         self._loss_sum = torch.zeros(())
         self._aux_sums: dict[str, torch.Tensor] = {}
@@ -221,7 +223,9 @@ class ContinualModule(pl.LightningModule):
         optimizer = self.make_optimizer(params)
         if self.make_scheduler is None:
             return optimizer
-        scheduler = self.make_scheduler(optimizer, max(1, self.stage_steps or 1))
+        from clbench.engine.trainer import stage_steps
+
+        scheduler = self.make_scheduler(optimizer, stage_steps(self.trainer))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def rebuild_optimizer(self) -> None:
@@ -254,11 +258,12 @@ class ContinualModule(pl.LightningModule):
         with self.strategy.evaluating(self.context, column):
             evaluate(self.model, batch, metrics, column)
 
-    def compute_columns(self) -> tuple[dict[str, list], list[list[float | None] | None]]:
-        """The pass's values (metric name -> one value per column, None where a column has no
-        such metric; ``"primary"`` -> each column's R-matrix entry; the sampling errors) and
-        each column's per-class recalls; the metrics are reset for the next pass. Every process
-        calls it (the states are synced)."""
+    def compute_columns(self) -> tuple["ColumnValues", list[list[float | None] | None]]:
+        """The pass's values per column (:class:`~clbench.engine.state.ColumnValues`: the
+        R entries, their sampling errors, every metric) and each column's per-class recalls; the
+        metrics are reset for the next pass. Every process calls it (the states are synced)."""
+        from clbench.engine.state import ColumnValues
+
         computed, sampling, recalls = [], [], []
         for column, primary in zip(self.eval_metrics, self.primary):
             computed.append({name: float(value) for name, value in column.compute().items()})
@@ -268,11 +273,9 @@ class ContinualModule(pl.LightningModule):
         for scratch in self._scratch.values():
             scratch.reset()
         names = list(dict.fromkeys(name for values in computed for name in values))
-        results = {name: [values.get(name) for values in computed] for name in names}
-        results["primary"] = [values[name] for values, name in zip(computed, self.primary)]
-        results[STDERR_KEY] = [se for se, _ in sampling]
-        results[N_KEY] = [n for _, n in sampling]
-        return results, recalls
+        return ColumnValues(primary=[values[name] for values, name in zip(computed, self.primary)],
+                            stderr=[se for se, _ in sampling], n=[n for _, n in sampling],
+                            metrics={name: [values.get(name) for values in computed] for name in names}), recalls
 
     def on_validation_epoch_end(self) -> None:
         self.objective.end_evaluation()

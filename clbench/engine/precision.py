@@ -36,8 +36,8 @@ _PINNED: ContextVar[str | None] = ContextVar("clbench_pinned_precision", default
 
 
 def cpu_bf16_units() -> bool:
-    """Whether this CPU has bf16 matrix units (its flags: :func:`clbench.engine.cpu_kernels.cpu_flags`)."""
-    from clbench.engine import cpu_kernels
+    """Whether this CPU has bf16 matrix units (its flags: :func:`clbench.cpu_kernels.cpu_flags`)."""
+    from clbench import cpu_kernels
 
     return any(flag in cpu_kernels.cpu_flags() for flag in BF16_FLAGS)
 

@@ -72,51 +72,41 @@ class Pretraining:
         self.names = names
         self.state: dict | None = None  # pretrained weights, kept for reference models
 
-    def _fit(self, owner, model) -> None:
+    def _fit(self, parts, model, watch) -> None:
         """Train ``model`` on the union with a plain learner and a Trainer of its own."""
-        from clbench.engine import seeding
-        from clbench.engine.stage import fit_stage
-        from clbench.errors import NonFiniteLoss
-        from clbench.engine.module import ContinualModule
-        from clbench.strategy import Strategy
         from clbench.data.streams import Experience
-        from clbench.engine.trainer import make_trainer
+        from clbench.engine.stage import fit_plain
+        from clbench.errors import NonFiniteLoss
 
-        seed = owner.cfg["seed"]
         # the objective's set-up only (class weights of the union); the model's own per-domain
         # set-up (routing prototypes) is left to the stream's experiences, which name domains
-        owner.objective.begin_experience(
+        parts.objective.begin_experience(
             Experience(position=-1, name="pretrain", domain_id=0, classes=[], train=self.dataset, test=None))
-        module = ContinualModule(model, Strategy(), owner.objective, optimizer=owner.optimizer,
-                                 scheduler=owner.scheduler, columns=[None])
-        trainer = make_trainer(owner.cfg, owner.source)
-        seeding.seed_all(seeding.derive(seed, "pretrain"))
-        loader = owner.make_loader(self.dataset, shuffle=True, seed=seeding.derive(seed, "loader", "pretrain"))
         try:
-            fit_stage(owner, trainer, module, loader, self.epochs)
+            fit_plain(parts, model, self.dataset, "pretrain", self.epochs, watch=watch)
         except NonFiniteLoss as err:
-            raise NonFiniteLoss(f"pretraining diverged: loss became {err.value}", where=owner.source,
+            raise NonFiniteLoss(f"pretraining diverged: loss became {err.value}", where=parts.source,
                                 fix="lower train.optimizer.init_args.lr or pretrain.epochs") from None
 
-    def run(self, owner, trainer, eval_loaders: list) -> dict[str, Any]:
-        """Score the untrained model, pretrain it in place; the record for ``result.json``."""
-        untrained = owner.columns.split(owner.evaluate(trainer, eval_loaders).values)[0]["primary"]
+    def run(self, parts, watch, r_untrained: list) -> dict[str, Any]:
+        """Pretrain the run's model in place (``r_untrained``: its scores before); the record
+        for ``result.json``."""
         start = time.perf_counter()
-        self._fit(owner, owner.module.model)
-        if owner.cfg["metrics"]["reference_models"]:
-            self.state = _whole_state(owner.module.model)
+        self._fit(parts, parts.model, watch)
+        if parts.cfg["metrics"]["reference_models"]:
+            self.state = _whole_state(parts.model)
         return {**self.setting, "samples_total": len(self.dataset),
                 "samples": {name: len(idx) for name, idx in zip(self.names, self.held_out)},
-                "r_untrained": untrained, "seconds": round(time.perf_counter() - start, 3)}
+                "r_untrained": r_untrained, "seconds": round(time.perf_counter() - start, 3)}
 
-    def load_into(self, owner, model) -> None:
+    def load_into(self, parts, model, watch) -> None:
         """Give a reference model (built like the run's, a plain learner's) the pretrained
         weights. Pretraining is repeated once, seeded as the first time, when they are not in
         memory (after a resume) or are not a plain model's: a strategy that changed the model in
         ``adapt_model`` (LoRA adapters, MoE experts) pretrained its own parameterisation, and a reference
         starts from the plainly pretrained model, as it starts from the plain initial one."""
         if self.state is None or self.state.keys() != model.state_dict().keys():
-            self._fit(owner, model)
+            self._fit(parts, model, watch)
             self.state = _whole_state(model)
         else:
             model.load_state_dict(self.state)
@@ -125,7 +115,7 @@ class Pretraining:
 def _whole_state(model) -> dict:
     """A copy of the model's state with whole tensors on every rank (gathered when sharded:
     every rank trains the reference models)."""
-    from clbench.engine.sharding import full
+    from clbench.models.sharded import full
 
     return {k: full(v).detach().clone() for k, v in model.state_dict().items()}
 
@@ -134,8 +124,8 @@ def carve(setting: dict | None, experiences: list, seed: int) -> Pretraining | N
     """Remove the held-out samples from ``experiences`` (in place) and return their union."""
     if setting is None:
         return None
-    from clbench.engine import seeding
     from clbench.data.datasets import concat, subset
+    from clbench.seeding import Seeds
 
     sizes = [len(exp.train) for exp in experiences]
     if "fraction" in setting:
@@ -152,18 +142,10 @@ def carve(setting: dict | None, experiences: list, seed: int) -> Pretraining | N
                         fix="hold out a smaller fraction or fewer samples")
     held, parts = [], []
     for exp, n, k in zip(experiences, sizes, counts):
-        rng = np.random.default_rng(seeding.derive(seed, "pretrain-split", exp.name))
+        rng = np.random.default_rng(Seeds(seed).held_out(exp.name))
         chosen = np.sort(rng.choice(n, size=k, replace=False))
         keep = np.setdiff1d(np.arange(n), chosen)
         parts.append(subset(exp.train, chosen))
         exp.train = subset(exp.train, keep)
         held.append(chosen)
     return Pretraining(setting, concat(parts), held, sizes, [exp.name for exp in experiences])
-
-
-def record(result: dict, state) -> None:
-    """Add the pretraining record to ``result`` (nothing without pretraining)."""
-    if state.pretrain:
-        from clbench.results.assemble import finite_or_none
-
-        result["pretrain"] = finite_or_none({**state.pretrain, "r_pretrained": result["r_init"]})

@@ -8,24 +8,23 @@
         strategy.safetensors  the tensors of the strategy's state (may be empty)
         model.json            the run's resolved config, the experiences trained, the strategy's
                               state (its tensors named into strategy.safetensors), the frozen
-                              base's names and digest, tied weights' aliases
+                              base's names and digest, tied weights' aliases, and the stream
+                              described without its data (clbench.data.description)
 
 Everything is safetensors or JSON: a folder someone sends is data, never code (no pickle). A
 frozen base (a LoRA-style strategy's LLM, :class:`clbench.engine.checkpoint.FrozenBase`) is
 left out as in a checkpoint and rebuilt from the config on load, its digest checked, so an
-adapter run keeps only what it trained. :func:`clbench.engine.restore.restore` rebuilds the run's model the way the
-runner built it, replays the strategy's structural changes (``adapt_model``: LoRA layers, grown
-MLPs, MoE layers) after loading its state, as a resume does, then loads the weights.
+adapter run keeps only what it trained. :func:`clbench.engine.restore.restore` rebuilds the
+run's model the way the runner built it (from the stream's description: no dataset is read),
+replays the strategy's structural changes (``adapt_model``: LoRA layers, grown MLPs, MoE
+layers) after loading its state, as a resume does, then loads the weights.
 The resume checkpoint (``checkpoint.pt``) is separate and still deleted when the run finishes.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
-
-from clbench.errors import UserError
 
 MODEL = "model"
 FINAL = "final"
@@ -123,7 +122,8 @@ def weights(module, base) -> tuple[dict, dict, dict]:
     return out, frozen, aliases
 
 
-def write_folder(path: Path, cfg: dict, stage: int, tensors: dict, frozen: dict, aliases: dict, strategy_state: dict) -> None:
+def write_folder(path: Path, cfg: dict, stage: int, tensors: dict, frozen: dict, aliases: dict, strategy_state: dict,
+                 stream: dict | None) -> None:
     """One weights folder: ``stage`` experiences trained. Each file is written atomically."""
     from safetensors.torch import save
 
@@ -132,26 +132,31 @@ def write_folder(path: Path, cfg: dict, stage: int, tensors: dict, frozen: dict,
 
     strategy_tensors: dict = {}
     manifest = {"format": FORMAT, "experiences_trained": stage, "config": cfg, "config_hash": config_hash(cfg),
-                "strategy": encode(strategy_state, strategy_tensors), "frozen_base": frozen, "tied": aliases}
+                "strategy": encode(strategy_state, strategy_tensors), "frozen_base": frozen, "tied": aliases,
+                "stream": stream}
     atomic_write(path / WEIGHTS, lambda h: h.write(save(tensors, metadata={"format": "pt"})), "wb")
     atomic_write(path / STRATEGY_TENSORS, lambda h: h.write(save(strategy_tensors)), "wb")
     write_json(path / MANIFEST, manifest)
 
 
-def save_after(run, stage: int, total: int, write: bool = True) -> None:
-    """After experience ``stage`` of a :class:`~clbench.engine.runner.ContinualRun`: its weights
-    into ``model/experience-<stage>`` and, after the last, ``model/final``, as ``save:`` asks.
-    With sharded parameters every rank calls this; those with ``write`` false only gather."""
-    wanted = settings(run.cfg)
+def save_after(folder: Path, parts, stage: int, total: int, write: bool = True) -> None:
+    """After experience ``stage`` of a run (its :class:`~clbench.engine.parts.RunParts`, writing
+    into ``folder``): its weights into ``model/experience-<stage>`` and, after the last,
+    ``model/final``, as ``save:`` asks. With sharded parameters every rank calls this; those
+    with ``write`` false only gather."""
+    from clbench.data.description import describe
+
+    wanted = settings(parts.cfg)
     names = ([folder_name(stage)] if wanted["every_experience"] else []) + \
         ([FINAL] if wanted["final"] and stage == total - 1 else [])
     if not names:
         return
-    tensors, frozen, aliases = weights(run.module, run.frozen_base)
+    tensors, frozen, aliases = weights(parts.module, parts.frozen_base)
     if write:
+        stream = describe(parts.spec, parts.experiences)
         for name in names:
-            write_folder(run.path / MODEL / name, run.cfg, stage + 1, tensors, frozen, aliases,
-                         run.strategy.state_dict())
+            write_folder(folder / MODEL / name, parts.cfg, stage + 1, tensors, frozen, aliases,
+                         parts.strategy.state_dict(), stream)
 
 
 def load_file_keys(path: str | Path) -> list[str]:

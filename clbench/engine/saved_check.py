@@ -42,6 +42,7 @@ class Manifest(_Record):
     strategy: dict[str, Any]
     frozen_base: FrozenBase
     tied: dict[StrictStr, StrictStr]
+    stream: dict[str, Any] | None = None  # checked by clbench.data.description.read; absent before it was saved
 
 
 def read_manifest(path: Path, fmt: int) -> dict:

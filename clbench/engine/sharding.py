@@ -31,6 +31,7 @@ from typing import Any
 from torch import nn
 
 from clbench.errors import UserError
+from clbench.models.sharded import is_sharded
 
 
 def shard_root(model: nn.Module) -> nn.Module:
@@ -40,14 +41,6 @@ def shard_root(model: nn.Module) -> nn.Module:
     return inner_model(model)
 
 
-def is_sharded(model: nn.Module) -> bool:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):  # sharding needs a process group
-        return False
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(shard_root(model), FSDPModule)
 
 
 def block_classes(model: nn.Module) -> set[str]:
@@ -118,8 +111,3 @@ def model_state(model: nn.Module) -> dict[str, Any]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def full(tensor: Any) -> Any:
-    """A whole tensor from a sharded one (a collective), anything else unchanged."""
-    if type(tensor).__name__ != "DTensor":  # without importing torch.distributed for plain tensors
-        return tensor
-    return tensor.full_tensor()

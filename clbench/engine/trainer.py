@@ -52,7 +52,7 @@ def trainer_args(cfg: dict, source: str) -> dict:
 
     import lightning.pytorch as pl
 
-    from clbench.plugins.build import check_init_args
+    from clbench.config.init_args import check_init_args
 
     check_reserved(cfg, source)
     args = dict(cfg["trainer"] or {})
@@ -145,25 +145,21 @@ def check_parallel_support(trainer, strategy, model, name: str, source: str) -> 
                         where=f"{source}: trainer", fix="run it on one device (trainer.devices: 1)")
 
 
-def optimizer_steps(trainer, loader, epochs: int) -> int | None:
-    """Optimizer steps ``epochs`` epochs over ``loader`` take (a schedule's length; None when
-    the loader has no length)."""
+def stage_steps(trainer) -> int:
+    """Optimizer steps left in the stage ``fit`` is running: a schedule's length, asked for in
+    ``configure_optimizers``. Every stage raises ``max_epochs`` by its own epochs
+    (:func:`clbench.engine.stage.fit_stage`), so the epochs left are ``max_epochs - current_epoch``;
+    Lightning's ``estimated_stepping_batches`` sets this stage's loader up and counts its batches
+    (a combined loader's by its mode, ``limit_train_batches`` applied). 1 when the loader has no
+    length."""
     import math
 
-    from lightning.pytorch.utilities import CombinedLoader
-
-    from clbench.engine.lightning_internals import combined_loader_mode
-
-    if isinstance(loader, CombinedLoader):  # its length exists only once it is iterated
-        sizes = [len(part) for part in loader.flattened]
-        mode = combined_loader_mode(loader)
-        batches = {"min_size": min, "max_size_cycle": max, "max_size": max}.get(mode, sum)(sizes)
-    else:
-        try:
-            batches = len(loader)
-        except TypeError:
-            return None
-    return epochs * max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+    trainer.estimated_stepping_batches  # noqa: B018 - sets num_training_batches up for this fit's loader
+    batches = trainer.num_training_batches
+    if not math.isfinite(batches):
+        return 1
+    per_epoch = max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+    return max(1, (trainer.max_epochs - trainer.current_epoch) * per_epoch)
 
 
 def interruptible(trainer, call, *args: Any, **kwargs: Any) -> Any:

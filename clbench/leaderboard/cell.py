@@ -122,11 +122,11 @@ def run_point(spec: RunSpec, suite: Suite, output: Path, *, force: bool, env: di
 
 
 def pin_kernels(level: str, where: str) -> bool:
-    """Compute at the suite's CPU kernel level (:mod:`clbench.engine.cpu_kernels`), if this process
+    """Compute at the suite's CPU kernel level (:mod:`clbench.cpu_kernels`), if this process
     still can: the ``clbench`` command and worker processes pin before torch is imported, so their
     entries hold the suite's level; a process that used torch before (a notebook) keeps its own,
     which its entries record truthfully. Whether the level holds; a level this CPU lacks is refused."""
-    from clbench.engine import cpu_kernels
+    from clbench import cpu_kernels
 
     return cpu_kernels.pin_level(cpu_kernels.check_level(level, where=f"{where}: cpu_kernels"))
 

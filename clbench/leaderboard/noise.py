@@ -1,6 +1,6 @@
 """When a rerun cannot be bit-exact, and how large its difference is against the test set's noise.
 
-A CPU entry whose kernels were pinned (:mod:`clbench.engine.cpu_kernels`), rerun at that level
+A CPU entry whose kernels were pinned (:mod:`clbench.cpu_kernels`), rerun at that level
 and in fp32, gives the same floats on any CPU that has the level: ``verify`` holds it to equality.
 Other entries cannot promise that on another machine: one made on a GPU, one made in bf16-mixed
 (matmuls on the CPU's bf16 units, or emulated where it has none), one whose recorded level this

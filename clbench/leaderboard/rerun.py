@@ -1,7 +1,7 @@
 """An entry rerun under the CPU kernels it recorded, in this process where it can, else in a fresh one.
 
 A process computes at one kernel level, fixed before its first tensor operation
-(:mod:`clbench.engine.cpu_kernels`). ``leaderboard verify`` reruns each entry at the level the
+(:mod:`clbench.cpu_kernels`). ``leaderboard verify`` reruns each entry at the level the
 entry records (``env.cpu.pin``; for an entry that pinned nothing, ATen's level as it recorded it,
 ``env.cpu.isa``), so an AVX2 entry reruns as AVX2 on an AVX-512 machine. The first rerun of a
 ``verify`` command pins its own process; an entry that needs another level, or a process that
@@ -31,7 +31,7 @@ ENTRY_FILE = "committed-entry.json"
 def variables_for(entry: dict) -> dict[str, str] | None:
     """The kernel variables that rerun ``entry`` as it ran; None where this machine cannot (a level
     its CPU lacks) or where the entry computed on a GPU (its kernels are not the CPU's)."""
-    from clbench.engine import cpu_kernels
+    from clbench import cpu_kernels
 
     env = entry.get("env") or {}
     if env.get("cuda"):
@@ -45,7 +45,7 @@ def variables_for(entry: dict) -> dict[str, str] | None:
 
 def rerun_entry(entry: dict, scratch: Path, *, source: str) -> tuple[dict, bool]:
     """(the rerun's entry, whether it ran at the entry's recorded kernel level)."""
-    from clbench.engine.cpu_kernels import pin
+    from clbench.cpu_kernels import pin
     from clbench.leaderboard.cell import rerun
 
     variables = variables_for(entry)
@@ -55,7 +55,7 @@ def rerun_entry(entry: dict, scratch: Path, *, source: str) -> tuple[dict, bool]
 
 
 def _in_fresh_process(entry: dict, scratch: Path, source: str, variables: dict[str, str]) -> dict:
-    from clbench.engine.cpu_kernels import VARIABLES
+    from clbench.cpu_kernels import VARIABLES
     from clbench.io import write_json
     from clbench.leaderboard.entries import entry_path, read_entry
 

@@ -12,6 +12,7 @@ with (:func:`clbench.metrics.derive.derive_scores`), and refuses a mismatch:
 * ``<metric>_final`` from the last row of ``matrices[<metric>]``;
 * ``global_<metric>`` from the last value of ``global_test[<metric>]``;
 * ``n_eff`` from the final stage of ``route_compositions``;
+* a declared routing metric's ``<metric>_final`` from the last value of ``routing_metrics[<metric>]``;
 * ``scores_stderr`` (where the entry has it) from ``r_stderr`` (:mod:`clbench.metrics.stderr`).
 
 A missing value (null) in a mean's row makes that mean null (see :mod:`clbench.metrics.derive`).
@@ -118,8 +119,13 @@ def expected_scores(entry: dict, where: str) -> tuple[dict[str, float | None], f
                                                   for v in final.values()):
             raise UserError("route_compositions is not a list of {layer: {n_eff: ...}} per stage", where=where,
                             fix=RERUN)
+    routing = entry.get("routing_metrics") or {}
+    if not isinstance(routing, dict) or not all(isinstance(v, list) and v for v in routing.values()):
+        raise UserError("routing_metrics is not a mapping of metric name to values per stage", where=where, fix=RERUN)
+    for name, values in routing.items():
+        _vector(values, f"routing_metrics.{name}", None, where)
     expected = derive_scores(r, r_init, reference, single_stage=single, higher_is_better=higher, matrices=matrices,
-                             global_test=global_test, compositions=compositions or None)
+                             global_test=global_test, compositions=compositions or None, routing=routing)
     optional: frozenset[str] = frozenset()
     if single:  # one training stage: only the final mean is defined; older entries list fewer nulls
         expected = {**{key: None for key in SCORE_KEYS}, **expected}

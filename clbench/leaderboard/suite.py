@@ -30,7 +30,7 @@ adapter's (TRACE trains the whole model at 1e-5, LoRA at 1e-4). Every mistake is
 before any run starts, as one line naming the suite file and the field
 (``suite.yaml: strategies[2].init_args.mem_size``).
 The pre-flight check also refuses adapters compared at unequal scales α/r
-(:func:`clbench.config.scales.check_adapter_scales`).
+(:func:`clbench.leaderboard.adapter_scales.check_adapter_scales`).
 
 The file's fields are checked by pydantic models (:class:`~clbench.leaderboard.suite_file.SuiteFile`) through the mechanism
 that checks a run config (:func:`clbench.config.validation.check_fields`), and the parts that are run
@@ -46,7 +46,7 @@ suite ran over ten times faster with one thread than with two on a busy 2-core m
 a few reductions (e.g. EWC's Fisher) can round differently with another thread count.
 
 ``cpu_kernels`` and ``precision`` make the entries rerun exactly on another CPU: every run
-computes with ATen's, MKL's and oneDNN's kernels pinned to AVX2 (:mod:`clbench.engine.cpu_kernels`;
+computes with ATen's, MKL's and oneDNN's kernels pinned to AVX2 (:mod:`clbench.cpu_kernels`;
 ``native``: unpinned, the default off x86-64) and, where its config sets no ``trainer.precision``, in fp32 on any CPU
 (a single ``clbench run`` of a language model takes bf16-mixed where the CPU has bf16 units:
 :mod:`clbench.engine.precision`). Entries record both (``env.cpu.pin``, ``env.precision``).
@@ -64,7 +64,7 @@ from typing import Any
 
 from clbench.config.load import config_hash, deep_merge, order_label, resolve_config
 from clbench.config.yaml_files import read_yaml
-from clbench.engine.cpu_kernels import portable_default
+from clbench.cpu_kernels import portable_default
 from clbench.errors import UserError
 from clbench.config.validation import check_fields
 from clbench.leaderboard.suite_file import SuiteFile
@@ -102,7 +102,7 @@ class Suite:
     components: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)
     base: dict = field(default_factory=dict)
     threads: int | None = None
-    cpu_kernels: str = "native"  # clbench.engine.cpu_kernels: a level, or native (load_suite: avx2 where it can)
+    cpu_kernels: str = "native"  # clbench.cpu_kernels: a level, or native (load_suite: avx2 where it can)
     precision: str = "32-true"  # a CPU run's, where its config sets none
     launcher: dict = field(default_factory=dict)  # {"slurm": {...}, "local": {...}}, checked
 
@@ -132,8 +132,8 @@ def default_suite_path() -> Path:
 
 def _component(item: Any, where: str, kind: str, extra: tuple[str, ...] = ()) -> dict:
     """A checked item (``name`` or ``{class_path, init_args}``) -> a component mapping; short
-    names must be registered (:func:`clbench.plugins.registry.check_name`, importing nothing)."""
-    from clbench.plugins.registry import check_name
+    names must be registered (:func:`clbench.registry.check_name`, importing nothing)."""
+    from clbench.registry import check_name
 
     if isinstance(item, str):
         item = {"class_path": item}
@@ -231,7 +231,8 @@ def preflight(suite: Suite, *, here: bool = True) -> None:
 
     import lightning.pytorch as pl
 
-    from clbench.plugins import build, registry
+    from clbench import registry
+    from clbench.plugins import build
     from clbench.strategy import Strategy
     from clbench.engine.trainer import RESERVED_TRAINER_ARGS
 
@@ -239,7 +240,7 @@ def preflight(suite: Suite, *, here: bool = True) -> None:
     if here:
         from clbench.limits import check_threads, check_workers
 
-        from clbench.engine.cpu_kernels import check_level
+        from clbench.cpu_kernels import check_level
 
         if suite.threads is not None:
             check_threads(suite.threads, where=f"{source}: threads")
@@ -266,7 +267,7 @@ def preflight(suite: Suite, *, here: bool = True) -> None:
     build.check_init_args(pl.Trainer, trainer, f"{source}: base.trainer")
     for spec in suite.runs:  # what a run checks, per point (the machine's limits were checked above)
         build.preflight(spec.config, f"{source} ({spec.label()})", here=False)
-    from clbench.config.scales import check_adapter_scales
+    from clbench.leaderboard.adapter_scales import check_adapter_scales
 
     check_adapter_scales([(run.strategy, run.config) for run in suite.runs], where=f"{source}: strategies")
     _check_orders(suite)

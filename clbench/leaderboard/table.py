@@ -43,7 +43,7 @@ from clbench.leaderboard.labels import disambiguate
 from clbench.errors import UserError
 from clbench.metrics.score_registry import RANK_BY, TABLE_SCORES, Score, higher_is_better, score as score_meta
 from clbench.results.record import Status
-from clbench.plugins.registry import display_name
+from clbench.registry import display_name
 from clbench.leaderboard.page_stats import competition_ranks
 from clbench.leaderboard.stats import (Groups, Interval, interval, is_cut, rank_groups,
                                       replication_unit, unit_means)

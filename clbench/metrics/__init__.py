@@ -5,7 +5,9 @@
   :mod:`clbench.metrics.functional`).
 - :func:`make_eval_metrics`: the per-test-experience ``MetricCollection`` the harness uses.
 - :func:`declare`: a metric's title, direction and unit, read from its class (or given), and how
-  an objective or a strategy adds metrics to every test column (``extra_metrics``).
+  an objective or a strategy adds metrics to every test column (``extra_metrics``);
+  :func:`declare_routing`: a metric computed from each evaluation pass's routing records
+  (a :class:`RoutingPass`), declared the same way.
 - :func:`cl_scores`: every CL score of an R matrix (NumPy only); :func:`trace_task_scores`:
   OP and BWT with their per-task terms, as TRACE papers report them.
 - :class:`ExpertUtilization`, :mod:`clbench.metrics.routing` (:class:`RoutingRecorder`) and the
@@ -34,6 +36,8 @@ _EXPORTS = {
     "RoutingRecording": "clbench.metrics.routing_recording",
     "make_eval_metrics": "clbench.metrics.collection",
     "declare": "clbench.metrics.declared",
+    "declare_routing": "clbench.metrics.declared",
+    "RoutingPass": "clbench.metrics.declared",
     "MetricSpec": "clbench.metrics.declared",
     "cl_scores": "clbench.metrics.scores",
     "CL_SCORE_CRITERIA": "clbench.metrics.scores",

@@ -1,4 +1,5 @@
-"""Route-wise effective composition number N_eff (MH-MoE, Sec. 2.3, Eqs. 7-9)."""
+"""Route-wise effective composition number N_eff (MH-MoE, Sec. 2.3, Eqs. 7-9), and the same
+controlled for the route space's size: bias-corrected, beside its exact shuffled-label null."""
 
 from __future__ import annotations
 
@@ -90,6 +91,60 @@ def effective_compositions(routes: Any, compositions: Any, *, unordered_routes: 
     )
 
 
+@dataclass(frozen=True)
+class ControlledCompositions:
+    """N_eff controlled for the size of the route space (:func:`controlled_compositions`).
+
+    ``n_eff_unbiased``: 1 / the mass-weighted mean over routes of the unbiased Simpson index
+    ``sum_c n_rc (n_rc - 1) / (n_r (n_r - 1))``; ``n_eff_null``: the same under no association
+    between routes and compositions (labels permuted among the measured units), ``1 / S_pop`` with
+    ``S_pop = sum_c K_c (K_c - 1) / (N (N - 1))``; ``excess``: their difference (about 0 when
+    routes carry compositions as a random draw would, whatever the number of routes);
+    ``units_used``: the units in routes of two or more (a route of one unit has no estimate).
+    """
+
+    n_eff_unbiased: float | None
+    n_eff_null: float | None
+    excess: float | None
+    units_used: int
+
+
+def controlled_compositions(route_id: np.ndarray, comp_id: np.ndarray, counts: np.ndarray) -> ControlledCompositions:
+    """N_eff with the two controls its plug-in form lacks, from (route, composition, count) triples.
+
+    **Bias.** The plug-in ``1 / sum_c p(c|r)^2`` of a route with few units is too low: with n_r
+    units, E[sum p^2] = S + (1 - S) / n_r. Routes of a larger route space hold fewer units each,
+    so the plug-in N_eff falls with the number of routes even where routing ignores compositions
+    (MH-MoE's Fig. 6 controls for route-space size for this reason). The unbiased Simpson index
+    ``n_rc (n_rc - 1) / (n_r (n_r - 1))`` has expectation S for any n_r >= 2.
+
+    **Null.** Permuting the composition labels among the measured units (route and composition
+    totals fixed) draws each route's units without replacement from the whole population, and
+    then E[unbiased Simpson of r] = S_pop exactly, for every route: the mass-weighted mean's null
+    expectation is S_pop, so ``n_eff_null = 1 / S_pop``. The inverse of a mean of Simpson indices
+    (not the paper's mean of inverses) is taken so that the null of that mean is exact (its
+    inverse is then biased up by Jensen's inequality, by a relative ~Var/S_pop^2, small once the
+    routes hold hundreds of units); the paper's figure stays ``n_eff``. A route of one unit has no unbiased index and is left out (``units_used``).
+    """
+    route_id, comp_id = np.asarray(route_id), np.asarray(comp_id)
+    counts = np.asarray(counts, dtype=float)
+    route_n = np.bincount(route_id, weights=counts)
+    pairs = np.bincount(route_id, weights=counts * (counts - 1), minlength=len(route_n))
+    comp_n = np.bincount(comp_id, weights=counts)
+    total = counts.sum()
+    usable = route_n >= 2
+    used = float(route_n[usable].sum())
+    if not usable.any() or total < 2:
+        return ControlledCompositions(None, None, None, int(used))
+    simpson = pairs[usable] / (route_n[usable] * (route_n[usable] - 1))
+    mean_simpson = float(np.sum(route_n[usable] * simpson) / used)
+    pop_simpson = float(np.sum(comp_n * (comp_n - 1)) / (total * (total - 1)))
+    unbiased = 1.0 / mean_simpson if mean_simpson > 0 else None
+    null = 1.0 / pop_simpson if pop_simpson > 0 else None
+    excess = unbiased - null if unbiased is not None and null is not None else None
+    return ControlledCompositions(unbiased, null, excess, int(used))
+
+
 class CompositionCounter:
     """Weighted counts of (route, composition) pairs of one layer, accumulated batch by batch.
 
@@ -164,8 +219,10 @@ class CompositionCounter:
             self.pairs[key] = self.pairs.get(key, 0) + count
 
     def summary(self, domains: Any = None) -> dict[str, float] | None:
-        """``{"n_eff", "routes", "compositions", "units"}`` over the labelled units of ``domains``
-        (plus ``"unlabelled"``, the units left out, when there are any); None if none."""
+        """``{"n_eff", "routes", "compositions", "units"}`` over the labelled units of ``domains``,
+        with the controlled figures of :func:`controlled_compositions` (``n_eff_unbiased``,
+        ``n_eff_null``, ``n_eff_excess``; None where undefined), plus ``"unlabelled"`` (the units
+        left out) when there are any; None if there is no unit."""
         wanted = None if domains is None else {int(d) for d in domains}
         keys = [key for key in self.pairs if wanted is None or key[self.width] in wanted]
         if not keys:
@@ -175,8 +232,13 @@ class CompositionCounter:
         compositions = np.array([key[width:] for key in keys])
         weights = np.array([self.pairs[key] for key in keys], dtype=float)
         figures = effective_compositions(routes, compositions, weights=weights)
+        _, route_id = np.unique(routes, axis=0, return_inverse=True)
+        _, comp_id = np.unique(compositions, axis=0, return_inverse=True)
+        controlled = controlled_compositions(route_id.reshape(-1), comp_id.reshape(-1), weights)
         out = {"n_eff": figures.n_eff, "routes": int(len(figures.routes)),
-               "compositions": int(figures.num_compositions), "units": int(weights.sum())}
+               "compositions": int(figures.num_compositions), "units": int(weights.sum()),
+               "n_eff_unbiased": controlled.n_eff_unbiased, "n_eff_null": controlled.n_eff_null,
+               "n_eff_excess": controlled.excess}
         skipped = sum(n for d, n in self.unlabelled.items() if wanted is None or d in wanted)
         if skipped:
             out["unlabelled"] = skipped

@@ -9,7 +9,8 @@ class nor its declaration gives is refused there, never taken as higher-is-bette
 lower-is-better metric ranked the other way round would reverse a leaderboard without a word.
 
 Plugins add metrics through :attr:`clbench.Objective.extra_metrics` and
-:attr:`clbench.Strategy.extra_metrics`, tuples of :func:`declare`\\ d metrics; the harness
+:attr:`clbench.Strategy.extra_metrics`, tuples of :func:`declare`\\ d metrics (and of
+:func:`declare_routing`\\ d ones, computed from each evaluation pass's routing records); the harness
 (:func:`column_metrics`) computes them on every test column beside the objective's own
 :meth:`~clbench.Objective.metrics`. Each becomes a matrix in ``result.json`` (``matrices``)
 with its scores ``<name>_final`` and, on a stream-wide test set, ``global_<name>``
@@ -105,20 +106,83 @@ def describe(name: str, metric: "Metric", spec: MetricSpec | None = None) -> dic
     return declare(name, type(metric)).info()
 
 
-def contributed(objective: Any, strategy: Any = None) -> dict[str, MetricSpec]:
-    """The metrics ``objective`` and ``strategy`` add to every test column, by name; one name
-    declared twice is refused."""
-    out: dict[str, MetricSpec] = {}
+@dataclass(frozen=True)
+class RoutingMetricSpec:
+    """A declared routing metric: after every evaluation pass of a model with routing layers,
+    ``compute(routing)`` turns the pass's records (a :class:`RoutingPass`) into one number (None:
+    undefined). Its value per stage is ``result.json``'s ``routing_metrics[name]``, and its score
+    ``<name>_final`` the final stage's value, ranked and shown as its declaration says."""
+
+    name: str
+    compute: Callable[["RoutingPass"], float | None]
+    title: str
+    higher_is_better: bool
+    percent: bool
+
+    def info(self) -> dict[str, Any]:
+        """What ``result.json`` records of it under ``metrics``."""
+        return {"title": self.title, "higher_is_better": self.higher_is_better, "percent": self.percent,
+                "class": class_path(self.compute), "routing": True}
+
+
+@dataclass(frozen=True)
+class RoutingPass:
+    """What one evaluation pass recorded of the routing, as a routing metric reads it.
+
+    ``utilization``: per routing layer, :class:`clbench.metrics.ExpertUtilization`'s figures as
+    lists (``utilization[d][e]``: the share of domain d's units routed to expert e, ``entropy``,
+    ``load_imbalance``, ...); ``compositions``: per layer, the route-wise N_eff figures over the
+    test units of the experiences before the current one (:mod:`clbench.metrics.compositions`;
+    empty at the first stage); ``domains``: the domain id of each test column, in column order
+    (None where a column's test set is shared)."""
+
+    utilization: Mapping[str, Mapping[str, Any]]
+    compositions: Mapping[str, Mapping[str, Any]]
+    domains: tuple[int | None, ...]
+
+
+def declare_routing(name: str, compute: Callable[[RoutingPass], float | None], *, title: str | None = None,
+                    higher_is_better: bool, percent: bool = False) -> RoutingMetricSpec:
+    """Declare routing metric ``name``, computed by ``compute(routing)`` after every evaluation
+    pass (a :class:`RoutingPass`); its direction must be given (no class carries one)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise UserError(f"metric name {name!r} is not an identifier", fix="name it like 'top_share'")
+    if not callable(compute):
+        raise UserError(f"routing metric '{name}': {compute!r} is not callable",
+                        fix="pass a function of the pass's routing records (clbench.metrics.RoutingPass)")
+    if not isinstance(higher_is_better, bool):
+        raise UserError(f"routing metric '{name}' declares no direction (higher_is_better is "
+                        f"{higher_is_better!r}), so no table can rank it", fix="pass higher_is_better=True or False")
+    return RoutingMetricSpec(name=name, compute=compute, title=title or name, higher_is_better=higher_is_better,
+                             percent=bool(percent))
+
+
+def _declared(objective: Any, strategy: Any) -> dict[str, MetricSpec | RoutingMetricSpec]:
+    """Every metric ``objective`` and ``strategy`` declare, by name; one name declared twice is refused."""
+    out: dict[str, MetricSpec | RoutingMetricSpec] = {}
     for owner in (objective, strategy):
         for spec in getattr(owner, "extra_metrics", ()) if owner is not None else ():
-            if not isinstance(spec, MetricSpec):
+            if not isinstance(spec, (MetricSpec, RoutingMetricSpec)):
                 raise UserError(f"{type(owner).__qualname__}.extra_metrics holds {spec!r}",
-                                fix="declare each metric with clbench.metrics.declare(name, MetricClass, ...)")
+                                fix="declare each metric with clbench.metrics.declare(name, MetricClass, ...) "
+                                    "or clbench.metrics.declare_routing(name, function, ...)")
             if spec.name in out:
                 raise UserError(f"metric '{spec.name}' is declared twice ({type(owner).__qualname__} and another)",
                                 fix="give one of them another name")
             out[spec.name] = spec
     return out
+
+
+def contributed(objective: Any, strategy: Any = None) -> dict[str, MetricSpec]:
+    """The metrics ``objective`` and ``strategy`` add to every test column, by name; one name
+    declared twice is refused."""
+    return {name: spec for name, spec in _declared(objective, strategy).items() if isinstance(spec, MetricSpec)}
+
+
+def routing_contributed(objective: Any, strategy: Any = None) -> dict[str, RoutingMetricSpec]:
+    """The routing metrics ``objective`` and ``strategy`` declare, by name (see :func:`declare_routing`)."""
+    return {name: spec for name, spec in _declared(objective, strategy).items()
+            if isinstance(spec, RoutingMetricSpec)}
 
 
 def _check_primary_direction(objective: Any, own: Mapping[str, "Metric"]) -> None:

@@ -9,7 +9,9 @@ its formula in one hop and the two can never disagree:
   null for ``aia``, ``bwt``, ``fwt`` and ``forgetting``;
 * ``<metric>_final``: the mean of the last row of each other metric's matrix;
 * ``global_<metric>``: the last value of the balanced global test set's metric;
-* ``n_eff``: the final stage's route-wise N_eff, averaged over MoE layers.
+* ``n_eff``: the final stage's route-wise N_eff, averaged over MoE layers;
+* ``<metric>_final`` of a routing metric a plugin declared
+  (:func:`clbench.metrics.declared.declare_routing`): its value at the final stage.
 
 A missing entry (null in the JSON, NaN while running: a metric undefined on that test set, or
 a column that has no such metric) makes a mean over it undefined (null), as
@@ -52,12 +54,14 @@ def derive_scores(r: Sequence[Sequence[Any]], r_init: Sequence[Any] | None, refe
                   *, single_stage: bool, higher_is_better: bool = True,
                   matrices: Mapping[str, Sequence[Sequence[Any]]] | None = None,
                   global_test: Mapping[str, Sequence[Any]] | None = None,
-                  compositions: Sequence[Mapping[str, Mapping[str, Any]]] | None = None) -> dict[str, float | None]:
+                  compositions: Sequence[Mapping[str, Mapping[str, Any]]] | None = None,
+                  routing: Mapping[str, Sequence[Any]] | None = None) -> dict[str, float | None]:
     """Every score of a run from what it measured (see the module notes); None where undefined.
 
     ``r``: the R matrix (T x T, or one row for a single-stage run); ``matrices``: the other
     metrics' matrices by name; ``global_test``: each global-test metric's value per stage;
-    ``compositions``: per stage, ``{layer: {"n_eff": ...}}``. Values may be None or NaN.
+    ``compositions``: per stage, ``{layer: {"n_eff": ...}}``; ``routing``: each declared routing
+    metric's value per stage. Values may be None or NaN.
     """
     from clbench.metrics.scores import cl_scores
 
@@ -75,4 +79,6 @@ def derive_scores(r: Sequence[Sequence[Any]], r_init: Sequence[Any] | None, refe
         scores[f"global_{name}"] = _finite(values[-1])
     if compositions:
         scores["n_eff"] = mean_or_none([layer["n_eff"] for layer in compositions[-1].values()])
+    for name, values in (routing or {}).items():
+        scores[f"{name}_final"] = _finite(values[-1])
     return scores

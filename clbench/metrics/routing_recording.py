@@ -29,21 +29,30 @@ class RoutingRecording(Callback):
     ``column_domains[j]``: test column j's domain (None: not recorded); ``num_domains``: how many
     domain ids records may name. Recorders are created when routing layers first appear
     (possibly injected by a strategy after the run was built) and attach new layers at every
-    fit and evaluation. The run tells it ``training_domain`` (the experience being trained; None:
-    joint training, not recorded) and ``old_domains`` (the domains of the experiences before the
-    current one: N_eff's units) before each stage, and reads the figures after each pass.
+    fit and evaluation. The run calls :meth:`begin_stage` before each stage and reads the
+    figures after each pass (:meth:`take_evaluation`, :meth:`take_training`). ``metrics``: the
+    routing metrics the run's plugins declare (:func:`clbench.metrics.declare_routing`),
+    computed from every evaluation pass's figures.
     A padding batch (:class:`clbench.data.datasets.Padding`) routes as usual and its records
     are dropped.
     """
 
-    def __init__(self, column_domains: list[int | None], num_domains: int):
+    def __init__(self, column_domains: list[int | None], num_domains: int, metrics: dict | None = None):
         self.column_domains = column_domains
         self.num_domains = num_domains
+        self.metrics = dict(metrics or {})  # declared routing metrics (clbench.metrics.declare_routing), by name
         self.evaluation: RoutingRecorder | None = None
         self.training: RoutingRecorder | None = None
         self.training_domain: int | None = None
         self.old_domains: set[int] = set()
         self._open: contextlib.ExitStack | None = None
+
+    def begin_stage(self, training_domain: int | None, old_domains: set[int]) -> None:
+        """A stage starts: ``training_domain`` is the domain of the experience it trains (None:
+        joint training, not recorded), ``old_domains`` those of the experiences before it, whose
+        test units N_eff is measured over."""
+        self.training_domain = training_domain
+        self.old_domains = set(old_domains)
 
     def _attach(self, model: nn.Module, device: torch.device) -> None:
         if not has_routing_layers(model):
@@ -100,13 +109,22 @@ class RoutingRecording(Callback):
         self._leave()
 
     # figures ---------------------------------------------------------------------------------
-    def take_evaluation(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]]]:
+    def take_evaluation(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]], dict[str, float | None]]:
         """The pass just finished: (per-layer utilization figures, per-layer N_eff over the old
-        domains' units); cleared for the next pass. Every process calls it (figures are synced)."""
+        domains' units, each declared routing metric's value); cleared for the next pass. Every
+        process calls it (figures are synced). All empty when nothing was recorded."""
         if self.evaluation is None:
-            return {}, {}
+            return {}, {}, {}
+        from clbench.metrics.declared import RoutingPass
+
         compositions = self.evaluation.compositions(sorted(self.old_domains)) if self.old_domains else {}
-        return _figures(self.evaluation), compositions
+        figures = _figures(self.evaluation)
+        routing = RoutingPass(utilization=figures, compositions=compositions, domains=tuple(self.column_domains))
+        values = {}
+        for name, spec in self.metrics.items():
+            value = spec.compute(routing)
+            values[name] = None if value is None else float(value)
+        return figures, compositions, values
 
     def take_training(self) -> dict[str, dict[str, Any]]:
         """The routing of the training since the last call (per layer), cleared."""

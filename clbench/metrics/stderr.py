@@ -32,10 +32,6 @@ from typing import Any, Sequence
 
 # The scores that are linear in R and r_init, whose standard error is propagated.
 LINEAR_SCORES = ("acc", "aia", "bwt", "fwt")
-# The keys an evaluation carries beside its metrics (clbench.engine.module), left out of matrices.
-STDERR_KEY = "primary_stderr"
-N_KEY = "primary_n"
-SAMPLING_KEYS = (STDERR_KEY, N_KEY)
 
 
 def sampling_error(metric: Any) -> tuple[float | None, int | None]:

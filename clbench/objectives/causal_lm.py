@@ -66,6 +66,7 @@ from clbench.errors import UserError
 from clbench.models import routing_channel as routing
 from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
+from clbench.models.sharded import is_sharded
 from clbench.objectives.base import Objective
 from clbench.objectives.text_batches import IGNORE, TextCollator, answer_window, prompt_and_answer
 from clbench.config.validation import ArgumentError
@@ -216,8 +217,6 @@ class CausalLanguageModeling(Objective):
         stripped; ``raw``: decoded as TRACE's inference does (no clean-up of tokenization
         spaces, nothing stripped). With sharded parameters every rank keeps decoding
         (``synced_gpus``) until all are done."""
-        from clbench.engine.sharding import is_sharded
-
         tok = self.tokenizer
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                              do_sample=False, use_cache=True, pad_token_id=tok.pad_token_id,

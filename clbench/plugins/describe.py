@@ -242,7 +242,7 @@ def _source_file(target: str) -> tuple[Path | None, str]:
     # Each package is followed on disk where it can be (finding a submodule through the import
     # system runs every parent package's __init__, and some of those import torch); a package
     # installed under another folder (an editable install maps clbench.strategies to the
-    # repository's strategies/) is located by the import system, its parents being imported then.
+    # repository's clbench/strategies/) is located by the import system, its parents being imported then.
     parts = module_part.split(".")
     try:
         spec = importlib.util.find_spec(parts[0])
@@ -328,7 +328,7 @@ def describe(kind: str, name: str, target: str, *, verbose: bool = False) -> Com
     found = _from_source(name, target, verbose, skip)
     if found is not None:
         return found
-    from clbench.plugins.registry import resolve
+    from clbench.registry import resolve
 
     return _from_object(name, target, resolve(kind, name), skip)
 

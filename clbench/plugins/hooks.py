@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import UserError
-from clbench.plugins.registry import shown_path
+from clbench.registry import shown_path
 
 #: What each hook gives back; its arguments are read from :class:`clbench.strategy.Strategy`.
 RETURNS: dict[str, str] = {
@@ -99,7 +99,7 @@ def returned(strategy: Any, hook: str, value: Any) -> UserError:
 
 
 def _plugin_file(cls: type) -> Path | None:
-    from clbench.plugins import registry
+    from clbench import registry
 
     if not registry.is_plugin(cls):
         return None
@@ -133,7 +133,7 @@ def failure(err: BaseException, strategy: Any, source: str) -> UserError | None:
     hook = frames[0].name  # the outermost frame in the plugin: the hook the harness called
     doing = (f"running {cls.__qualname__}.{hook}(), called as {contract(hook)}" if hook in RETURNS
              else f"running {cls.__qualname__}'s {hook}()")
-    from clbench.plugins.registry import plugin_failure
+    from clbench.registry import plugin_failure
 
     return plugin_failure(err, where=where, doing=doing, path=path)
 

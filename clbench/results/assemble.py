@@ -24,7 +24,7 @@ from typing import Any
 
 from clbench.config.load import SCHEMA_VERSION, config_hash, order_label
 from clbench.metrics.derive import derive_scores, mean_or_none
-from clbench.metrics.stderr import N_KEY, SAMPLING_KEYS, STDERR_KEY, score_stderr
+from clbench.metrics.stderr import score_stderr
 from clbench.results.record import Status
 
 
@@ -57,13 +57,13 @@ def environment() -> dict[str, Any]:
 def cpu_identity() -> dict[str, str]:
     """The CPU a run computed on: its model name, the instruction set torch's kernels use
     (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``, ``AVX512``, ...) and ``pin``, the
-    level ATen's, MKL's and oneDNN's kernels were all pinned to (:mod:`clbench.engine.cpu_kernels`;
+    level ATen's, MKL's and oneDNN's kernels were all pinned to (:mod:`clbench.cpu_kernels`;
     None: each chose by this CPU), which ``leaderboard verify`` reruns with."""
     import platform
 
     import torch
 
-    from clbench.engine.cpu_kernels import pinned_level
+    from clbench.cpu_kernels import pinned_level
 
     model = None
     try:
@@ -97,10 +97,10 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
-def _column_matrices(rows: list[dict[str, list]]) -> dict[str, list[list]]:
-    """name -> matrix for every metric the columns report, besides the primary score."""
-    names = [name for name in rows[-1] if name != "primary" and name not in SAMPLING_KEYS] if rows else []
-    return {name: [row[name] for row in rows] for name in names}
+def _column_matrices(rows: list[dict]) -> dict[str, list[list]]:
+    """name -> matrix for every metric the columns report (rows of :class:`~clbench.engine.state.ColumnValues`)."""
+    names = list(rows[-1]["metrics"]) if rows else []
+    return {name: [row["metrics"][name] for row in rows] for name in names}
 
 
 def epoch_scores(r_epochs, epoch_stage, r_init, reference, *, higher_is_better: bool) -> list[dict]:
@@ -129,12 +129,17 @@ def sampling(state: dict, r: list, r_init: list, *, single_stage: bool, higher_i
     error, None where the metric gives none), ``r_init_stderr``, ``r_n`` (each test column's
     sample count) and ``scores_stderr`` (ACC, AIA, BWT, FWT, cells taken as independent). Rows
     restored from a checkpoint written before the errors were recorded read as None."""
-    r_stderr = [row.get(STDERR_KEY) or [None] * len(row["primary"]) for row in state["rows"]]
-    r_init_stderr = state["r_init"].get(STDERR_KEY) or [None] * len(r_init)
-    return {"r_stderr": r_stderr, "r_init_stderr": r_init_stderr,
-            "r_n": state["rows"][-1].get(N_KEY) or [None] * len(r_init),
+    r_stderr = [row["stderr"] for row in state["rows"]]
+    r_init_stderr = state["r_init"]["stderr"]
+    return {"r_stderr": r_stderr, "r_init_stderr": r_init_stderr, "r_n": state["rows"][-1]["n"],
             "scores_stderr": score_stderr(r, r_stderr, r_init, r_init_stderr, single_stage=single_stage,
                                           higher_is_better=higher_is_better)}
+
+
+def _per_stage(stages: list[dict]) -> dict[str, list]:
+    """``{name: [value per stage]}`` from the loop's per-stage ``{name: value}`` records."""
+    names = list(dict.fromkeys(name for stage in stages for name in stage))
+    return {name: [stage.get(name) for stage in stages] for name in names}
 
 
 def n_eff_by_stage(compositions: list[dict], experiences: list[str], domains: list[int]) -> list[dict | None]:
@@ -180,7 +185,7 @@ def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: 
              import_seconds: float) -> dict:
     """The result dict of a finished run: its summary, its loop state (:class:`clbench.engine.state.RunState`
     as a dict), the reference models' scores (or None) and its times."""
-    from clbench.plugins.registry import plugin_source
+    from clbench.registry import plugin_source
 
     cfg = run.cfg
     higher = run.higher_is_better
@@ -189,12 +194,13 @@ def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: 
     column_names = run.column_names
     primary_names = set(column_names)
     matrices = {k: v for k, v in _column_matrices(state["rows"]).items() if k not in primary_names}
-    global_test = {name: [row[name] for row in state["global_rows"]] for name in state["global_rows"][-1]
-                   if name != "primary" and name not in SAMPLING_KEYS} \
+    global_test = {name: [row[name] for row in state["global_rows"]] for name in state["global_rows"][-1]} \
         if state["global_rows"] and state["global_rows"][-1] else None
     compositions = state["compositions"] if any(state.get("compositions") or []) else None
+    routing_metrics = _per_stage(state.get("routing_metrics") or [])
     scores = derive_scores(r, r_init, reference, single_stage=run.single_stage, higher_is_better=higher,
-                           matrices=matrices, global_test=global_test, compositions=compositions)
+                           matrices=matrices, global_test=global_test, compositions=compositions,
+                           routing=routing_metrics)
     result: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "status": Status.OK,
@@ -226,8 +232,7 @@ def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: 
     }
     if global_test is not None:
         result["global_test"] = global_test
-        result["global_test_init"] = {k: v for k, v in state["global_init"].items()
-                                      if k != "primary" and k not in SAMPLING_KEYS}
+        result["global_test_init"] = dict(state["global_init"])
     if state.get("recall"):
         # after the last stage, each class's recall (None: absent) per test experience and on the
         # stream-wide test set: which classes make a G-mean 0 (one never predicted is enough)
@@ -244,6 +249,9 @@ def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: 
         # none); the score is the final stage's mean over layers
         result["route_compositions"] = compositions
         result["n_eff"] = n_eff_by_stage(compositions, run.experiences, run.domains)
+    if routing_metrics:
+        # per declared routing metric (clbench.metrics.declare_routing): its value at each stage
+        result["routing_metrics"] = routing_metrics
     if any(state.get("train_routing") or []):
         result["train_expert_utilization"] = state["train_routing"]  # the same, while each experience trained
     if state["epoch_rows"]:
@@ -259,4 +267,6 @@ def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: 
                     "eval_seconds": round(state["eval_seconds"], 3), "import_seconds": round(import_seconds, 3),
                     "resumes": state["resumes"], **peak_memory_mb()},
     })
+    if state.get("pretrain"):  # the held-out subset's record (clbench.engine.pretrain)
+        result["pretrain"] = {**state["pretrain"], "r_pretrained": r_init}
     return finite_or_none(result)

@@ -18,8 +18,10 @@ import subprocess
 from pathlib import Path
 
 # The tracked files whose changes can change a result computed from a recorded config (git
-# pathspecs): the engine, the strategy and benchmark plugins with their assets, the dependency
-# pins, and any Python file (a plugin loaded by file path, ``examples/my_strategy.py:Mine``).
+# pathspecs): the package with its strategies, benchmarks and their assets, the dependency pins,
+# and any Python file (a plugin loaded by file path, ``examples/my_strategy.py:Mine``). The
+# top-level ``strategies`` and ``benchmarks`` are where the built-in methods and streams lived
+# before they moved into the package: a diff against an entry's older commit counts them too.
 CODE_PATHS = ("clbench", "strategies", "benchmarks", "pyproject.toml", "*.py")
 
 

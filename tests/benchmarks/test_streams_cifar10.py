@@ -15,7 +15,7 @@ from clbench.benchmarks.cifar10 import cifar10_dirichlet, load
 from clbench.benchmarks.images import ImageArray
 from clbench.data.datasets import ArrayDataset, targets_of
 from clbench.errors import UserError
-from clbench.data.fixtures import CIFAR_NAMES, write_cifar10
+from dataset_layouts import CIFAR_NAMES, write_cifar10
 from clbench.data.streams import ordered_experiences
 
 TRAIN_PER_CLASS, TEST_PER_CLASS = 60, 12

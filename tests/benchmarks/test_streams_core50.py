@@ -15,7 +15,7 @@ from clbench.benchmarks.core50 import CATEGORY_NAMES, NI_TEST_SESSIONS, NI_TRAIN
 from clbench.benchmarks.images import ImageArray, ImageFiles, NpzArray
 from clbench.errors import UserError
 from helpers import checked
-from clbench.data.fixtures import write_core50
+from dataset_layouts import write_core50
 from clbench.data.streams import ordered_experiences, resolve_order
 
 OBJECTS = [1, 2, 3, 6, 7, 11]  # categories 0, 0, 0, 1, 1, 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clbench.data.fixtures import write_cifar10, write_core50, write_office_home
+from dataset_layouts import write_cifar10, write_core50, write_office_home
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from clbench.benchmarks import fashion_mnist as fm
 from clbench.benchmarks.fashion_mnist_streams import (fashion_mnist_dirichlet, fashion_mnist_permuted,
                                                       fashion_mnist_rotated, fashion_mnist_split)
 from clbench.data.datasets import ArrayDataset, targets_of
-from clbench.data.fixtures import write_fashion_mnist
+from dataset_layouts import write_fashion_mnist
 from clbench.data.streams import ordered_experiences, spec_of
 from clbench.errors import UserError
 

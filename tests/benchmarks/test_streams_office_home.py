@@ -13,7 +13,7 @@ from PIL import Image
 from clbench.benchmarks.images import ImageArray, ImageFiles, open_rgb
 from clbench.benchmarks.office_home import CLASSES, DOMAINS, FOLDER, office_home
 from clbench.errors import UserError
-from clbench.data.fixtures import write_office_home
+from dataset_layouts import write_office_home
 from clbench.data.streams import ordered_experiences
 from helpers import checked
 

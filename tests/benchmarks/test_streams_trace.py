@@ -18,7 +18,7 @@ from helpers import checked
 
 N_TRAIN, N_EVAL, N_TEST = 30, 5, 12
 
-# MH-MoE paper, appendix A.3.4, written out here independently of benchmarks/trace.py.
+# MH-MoE paper, appendix A.3.4, written out here independently of clbench/benchmarks/trace.py.
 PAPER_ORDERS = {
     "standard": "C-STANCE FOMC MeetingBank Py150 ScienceQA NumGLUE-cm NumGLUE-ds 20Minuten",
     "order1": "FOMC C-STANCE ScienceQA Py150 MeetingBank NumGLUE-cm NumGLUE-ds 20Minuten",

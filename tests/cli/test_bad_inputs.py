@@ -124,7 +124,7 @@ def _write_file(name: str, text: str) -> Callable[[Path], None]:
 
 
 def _core50_corrupt(d: Path) -> None:
-    from clbench.data.fixtures import write_core50
+    from dataset_layouts import write_core50
 
     write_core50(d / "core50", sessions=[1, 2], objects=[1, 2], frames=3, size=8)
     (d / "core50" / "core50_128x128" / "s2" / "o1" / "C_02_01_001.png").write_bytes(b"not a png at all")
@@ -144,7 +144,7 @@ def _png_header(width: int, height: int) -> bytes:
 
 def _core50_huge(side: int) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
-        from clbench.data.fixtures import write_core50
+        from dataset_layouts import write_core50
 
         write_core50(d / "core50", sessions=[1, 2], objects=[1, 2], frames=3, size=8)
         (d / "core50" / "core50_128x128" / "s2" / "o1" / "C_02_01_001.png").write_bytes(_png_header(side, side))

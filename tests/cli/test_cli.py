@@ -47,7 +47,7 @@ def test_list_at_80_columns_breaks_words_only_at_spaces_and_import_paths_after_a
     """Rich folds a word anywhere once it is wider than its column; at 80 columns no description
     word and no import path is cut in the middle (a path breaks after a "." or ":")."""
     from clbench.plugins.describe import describe
-    from clbench.plugins.registry import KINDS, available
+    from clbench.registry import KINDS, available
 
     proc = run_cli("list", env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr

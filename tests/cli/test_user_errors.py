@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clbench.plugins import registry
+from clbench import registry
 from clbench.plugins.build import build_strategy, optimizer_factory, preflight
 from clbench.config.load import blame_overrides, load_config, resolve_config
 from clbench.config.yaml_files import read_yaml

@@ -32,7 +32,7 @@ def test_every_suite_and_config_compares_adapters_at_one_scale():
     """α/r is equal among the adapters of each suite, and among the experiment and example
     configs that run on one benchmark and model (the configs compared with each other)."""
     from clbench.config.load import canonical_json
-    from clbench.config.scales import adapter_scales, check_adapter_scales
+    from clbench.leaderboard.adapter_scales import adapter_scales, check_adapter_scales
     from clbench.leaderboard.suite import load_suite
 
     seen = 0
@@ -90,7 +90,7 @@ def test_a_suite_with_unequal_adapter_scales_is_refused_before_any_run(tmp_path,
 
 
 def test_a_suite_with_one_adapter_scale_passes_the_check(tmp_path):
-    from clbench.config.scales import adapter_scales, check_adapter_scales
+    from clbench.leaderboard.adapter_scales import adapter_scales, check_adapter_scales
     from clbench.leaderboard.suite import load_suite
 
     suite = load_suite(_lm_suite(tmp_path, [LORA, "seq_ft",

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from clbench.cli.data import main
-from clbench.data.check import check
+from clbench.cli.data_check import check
 from clbench.errors import UserError
-from clbench.data.fixtures import write_cifar10, write_core50, write_office_home
+from dataset_layouts import write_cifar10, write_core50, write_office_home
 
 CORE50 = "clbench.benchmarks.core50:core50"
 OFFICE_HOME = "clbench.benchmarks.office_home:office_home"

@@ -14,7 +14,7 @@ from clbench.benchmarks.images import ImageArray
 from clbench.config.load import resolve_config
 from clbench.data.datasets import ArrayDataset, targets_of
 from clbench.errors import UserError
-from clbench.data.fixtures import write_core50, write_office_home
+from dataset_layouts import write_core50, write_office_home
 from clbench.engine.runner import run
 from clbench.data.streams import ordered_experiences
 from helpers import tiny_config

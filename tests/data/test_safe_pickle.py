@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from clbench.data import safe_pickle
-from clbench.data.fixtures import python2_pickle
+from dataset_layouts import python2_pickle
 from clbench.errors import UserError
 
 P2, P4 = b"\x80\x02", b"\x80\x04"

@@ -34,9 +34,7 @@ PER_RANK_BATCH = 4  # classic group; the single process uses 2 x this
 LM_PER_RANK_BATCH = 2
 ATOL, RTOL = 1e-5, 1e-4
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
+pytestmark = pytest.mark.slow
 
 
 # -- the strategies and their data -----------------------------------------------------------
@@ -129,7 +127,7 @@ def train_one(group: str, name: str, world: int, rank: int, sharded: bool = Fals
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from clbench.engine import seeding
+    from clbench import seeding
     from clbench.data.datasets import run_loader
     from clbench.engine.sharding import model_state
 

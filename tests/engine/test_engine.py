@@ -282,11 +282,11 @@ def test_parameters_added_mid_stream_are_trained_and_restored_after_a_crash(tmp_
                                      train={"epochs": 2, "batch_size": 32}))
     complete = ContinualRun(cfg, tmp_path / "reference")
     reference = complete.execute()
-    grown = [m for m in complete.module.model.modules() if hasattr(m, "extra")][0].extra
+    grown = [m for m in complete.parts.module.model.modules() if hasattr(m, "extra")][0].extra
     assert len(grown) == 3  # before experiences 2 and 3, and inside experience 2
     for k, layer in enumerate(grown):
-        assert not torch.equal(layer.weight.detach(), complete.strategy.initial[k]), f"layer {k} was not trained"
-    assert not torch.equal(complete.strategy.at_end_of_second, complete.strategy.initial[1])  # rebuilt optimizer
+        assert not torch.equal(layer.weight.detach(), complete.parts.strategy.initial[k]), f"layer {k} was not trained"
+    assert not torch.equal(complete.parts.strategy.at_end_of_second, complete.parts.strategy.initial[1])  # rebuilt optimizer
     assert reference["model"]["params_total"] > 3466
 
     crash_at(monkeypatch, "stage:2:step:5", cfg, tmp_path / "crashed")
@@ -339,7 +339,7 @@ def test_a_strategy_that_owns_its_update_learns_and_resumes(tmp_path, monkeypatc
                                      train={"epochs": 2, "batch_size": 32}))
     complete = ContinualRun(cfg, tmp_path / "reference")
     reference = complete.execute()
-    assert complete.strategy.updates > 0
+    assert complete.parts.strategy.updates > 0
     assert all(reference["r_matrix"][j][j] > reference["r_init"][j] + 0.2 for j in range(3))
     crash_at(monkeypatch, "stage:1:step:4", cfg, tmp_path / "crashed")
     assert run(cfg, tmp_path / "crashed", resume=True)["r_matrix"] == reference["r_matrix"]
@@ -539,3 +539,46 @@ def test_tensorboard_draws_a_utilization_heatmap_per_moe_layer_and_stage(tmp_pat
     for layer in layers:
         assert [event.step for event in accumulator.Images(f"routing/{layer}")] == [0, 1, 2]
     assert "r_matrix" in images
+
+
+LR_RECORDING = '''
+from clbench.strategies.replay import Replay
+
+
+class Recording(Replay):
+    """Replay that notes the learning rate of every optimizer step, per experience."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.rates = {}
+
+    def before_optimizer_step(self, ctx, optimizer):
+        super().before_optimizer_step(ctx, optimizer)
+        self.rates.setdefault(ctx.experience, []).append(optimizer.param_groups[0]["lr"])
+'''
+
+
+@pytest.mark.parametrize("mem_size", [0, 60])
+def test_each_experiences_schedule_spans_exactly_its_optimizer_steps(tmp_path, mem_size):
+    """A linear decay to 0 over each experience: the rate of step k of N is lr·(1 - k/N), so the
+    last step runs at lr/N, whether the loader is plain or replay's combined one (whose length
+    Lightning counts by its mode). A schedule sized to the wrong number of steps (1, or the
+    whole run's) would reach 0 early or stop part way."""
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import ContinualRun
+
+    plugin = tmp_path / "recording.py"
+    plugin.write_text(LR_RECORDING)
+    lr = 0.01
+    cfg = resolve_config(tiny_config(
+        strategy={"class_path": f"{plugin}:Recording", "init_args": {"mem_size": mem_size}},
+        train={"epochs": 2, "batch_size": 64, "optimizer": {"class_path": "sgd", "init_args": {"lr": lr}},
+               "scheduler": {"class_path": "linear"}}))
+    run = ContinualRun(cfg, None)
+    run.execute()
+    rates = run.parts.strategy.rates
+    assert sorted(rates) == [0, 1, 2]
+    for stage, seen in rates.items():
+        steps = len(seen)
+        assert steps >= 4, stage
+        assert seen == pytest.approx([lr * (1 - k / steps) for k in range(steps)], rel=1e-6), stage

@@ -29,9 +29,7 @@ FULL = ["naive", "replay", "cumulative", "joint"]  # every weight trained
 STRATEGIES = ["seq_lora", "o_lora", "loramoe", "mh_moe", *FULL]
 ATOL, RTOL = 1e-5, 1e-4
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
+pytestmark = pytest.mark.slow
 
 
 # -- the worker ------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from helpers import tiny_config
 
-from clbench.engine import cpu_kernels, precision
+from clbench import cpu_kernels
+from clbench.engine import precision
 
 TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}

@@ -49,14 +49,14 @@ def test_load_model_rebuilds_the_trained_model(tmp_path, name):
     from clbench.engine import restore, saved
 
     run, result = _finished(tmp_path, CASES[name]())
-    trained = {k: v.detach().clone() for k, v in run.module.model.state_dict().items()}
+    trained = {k: v.detach().clone() for k, v in run.parts.model.state_dict().items()}
     model = clbench.load_model(tmp_path / "run")
     loaded = model.state_dict()
     assert loaded.keys() == trained.keys()  # the structure: adapters, experts, grown layers
     for key, value in trained.items():
         assert torch.equal(loaded[key], value), key
     assert not (tmp_path / "run" / "checkpoint.pt").exists()  # the resume checkpoint stays separate
-    restored = restore.restore(tmp_path / "run")
+    restored = restore.restore(tmp_path / "run", data=True)
     assert restore.evaluate(restored) == result["r_matrix"][-1]
     manifest = json.loads((tmp_path / "run" / "model" / "final" / "model.json").read_text())
     if name in ("seq_lora", "mh_moe"):  # only what was trained: the frozen base is rebuilt from the config
@@ -72,7 +72,8 @@ def test_load_model_rebuilds_the_trained_model(tmp_path, name):
 def _initial(run):
     from clbench.plugins import build
 
-    return build.build_model(run.cfg, run.spec, run.source, run.objective).state_dict()
+    parts = run.parts
+    return build.build_model(parts.cfg, parts.spec, parts.source, parts.objective).state_dict()
 
 
 def test_every_experience_keeps_each_rows_model(tmp_path):
@@ -82,7 +83,7 @@ def test_every_experience_keeps_each_rows_model(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run" / "model").iterdir()) == \
         ["experience-0", "experience-1", "experience-2"]
     for i, row in enumerate(result["r_matrix"]):
-        assert restore.evaluate(restore.restore(tmp_path / "run", i)) == row
+        assert restore.evaluate(restore.restore(tmp_path / "run", i, data=True)) == row
     with pytest.raises(UserError, match="holds no saved model.*experience-0"):
         clbench.load_model(tmp_path / "run")
 
@@ -123,3 +124,40 @@ def test_strategy_state_round_trips_through_json_and_safetensors():
     back = decode(json.loads(text), tensors)
     assert torch.equal(back["buffer"], state["buffer"]) and back["class_seen"] == {3: 4}
     assert back["pair"] == (1, "a") and back["none"] is None and torch.equal(back["nested"][0]["t"], torch.ones(2))
+
+
+def test_load_model_opens_no_dataset_and_refuses_a_tampered_stream(tmp_path):
+    """The stream's description in model.json is what the model is rebuilt from: a Fashion-MNIST
+    run's model loads with the dataset's files gone (a task-IL run: the description's classes
+    decide the heads' masks, grow adds layers by experience). Without the description (a folder
+    saved by an older clbench) the data is read, so the same load then fails on the missing
+    files; a description someone altered is one line naming the field."""
+    import shutil
+
+    from dataset_layouts import write_fashion_mnist
+
+    root = write_fashion_mnist(tmp_path / "fm", train_per_class=20, test_per_class=5)
+    raw = tiny_config(benchmark={"class_path": "fashion-mnist-split",
+                                 "init_args": {"root": str(root), "verify": "header", "scenario": "task-il",
+                                               "tasks": [[0, 1], [2, 3], [4, 5]]}},
+                      model={"class_path": "mlp", "init_args": {"hidden": 16}},
+                      strategy={"class_path": "grow", "init_args": {}}, train={"epochs": 1, "batch_size": 32})
+    run, _ = _finished(tmp_path, raw)
+    trained = {k: v.detach().clone() for k, v in run.parts.model.state_dict().items()}
+    shutil.rmtree(root)
+    loaded = clbench.load_model(tmp_path / "run").state_dict()
+    assert loaded.keys() == trained.keys() and all(torch.equal(loaded[k], v) for k, v in trained.items())
+
+    path = tmp_path / "run" / "model" / "final" / "model.json"
+    manifest = json.loads(path.read_text())
+    assert [e["classes"] for e in manifest["stream"]["experiences"]] == [[0, 1], [2, 3], [4, 5]]
+    tampered = json.loads(path.read_text())
+    tampered["stream"]["experiences"][1]["domain_id"] = "one"
+    path.write_text(json.dumps(tampered))
+    with pytest.raises(UserError, match=r"stream\.experiences\.1\.domain_id") as err:
+        clbench.load_model(tmp_path / "run")
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    del manifest["stream"]
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="fm"):
+        clbench.load_model(tmp_path / "run")

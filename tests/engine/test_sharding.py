@@ -7,11 +7,8 @@ must change nothing. The two-process runs themselves are in ``test_fsdp.py``.
 
 from __future__ import annotations
 
-import pytest
 import torch
-from helpers import LIGHTNING_NOISE, run_cli, tiny_config
-
-pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
+from helpers import run_cli, tiny_config
 
 
 def shard_batches(n: int, world: int, rank: int, batch: int = 2) -> list:

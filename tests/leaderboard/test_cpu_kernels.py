@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clbench.engine import cpu_kernels
+from clbench import cpu_kernels
 from clbench.leaderboard.verify import compare
 
 ROOT = Path(__file__).resolve().parents[2]

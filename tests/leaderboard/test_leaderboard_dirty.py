@@ -129,13 +129,12 @@ def test_the_real_command_refuses_from_a_copied_repository(tmp_path):
     """clbench's own code in a fresh repository, one tracked file changed: exit 2, one line, nothing written."""
     copy = tmp_path / "clbench-copy"
     copy.mkdir()
-    for name in ("clbench", "strategies", "benchmarks"):
-        shutil.copytree(REPO / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "clbench", copy / "clbench", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
     (copy / "configs" / "suites").mkdir(parents=True)
     shutil.copy(SMOKE, copy / "configs" / "suites" / "smoke.yaml")
     init_repo(copy, {})
-    with open(copy / "strategies" / "naive.py", "a") as f:
+    with open(copy / "clbench" / "strategies" / "naive.py", "a") as f:
         f.write("\n# an uncommitted change\n")
     env = {**os.environ, "PYTHONPATH": str(copy)}
     done = subprocess.run([sys.executable, "-m", "clbench.cli.main", "leaderboard", "run", "--no-render", "--suite",
@@ -143,6 +142,6 @@ def test_the_real_command_refuses_from_a_copied_repository(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     err = done.stderr.strip()
-    assert "\n" not in err and err.startswith("clbench: error: --output: ") and "strategies/naive.py" in err, err
+    assert "\n" not in err and err.startswith("clbench: error: --output: ") and "clbench/strategies/naive.py" in err, err
     assert not (copy / "leaderboards").exists()
-    assert git(copy, "status", "--porcelain") == " M strategies/naive.py\n"
+    assert git(copy, "status", "--porcelain") == " M clbench/strategies/naive.py\n"

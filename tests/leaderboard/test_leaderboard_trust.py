@@ -136,8 +136,8 @@ def test_an_import_path_to_a_registered_component_of_its_place_passes(config):
 def test_each_component_named_by_import_path_only_is_the_harness_own_code():
     import inspect
 
-    from clbench.leaderboard.trust import HARNESS_PATHS
-    from clbench.plugins.registry import KINDS, is_harness_file, load_import_path
+    from clbench.plugins.trusted import HARNESS_PATHS
+    from clbench.registry import KINDS, is_harness_file, load_import_path
 
     for kind, paths in HARNESS_PATHS.items():
         assert kind in KINDS

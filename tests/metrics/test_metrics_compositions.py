@@ -71,3 +71,65 @@ def test_bad_input_is_rejected():
         effective_compositions([0, 1], [0])
     with pytest.raises(ValueError, match="at least one"):
         effective_compositions([], [])
+
+
+# -- controlled for the route space's size -----------------------------------------------------
+def _unit_table(routes: np.ndarray, comps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(route id, composition id, count) triples of per-unit ids, as CompositionCounter folds them."""
+    keys, counts = np.unique(np.stack([routes, comps], 1), axis=0, return_counts=True)
+    return keys[:, 0], keys[:, 1], counts
+
+
+def test_without_association_the_excess_is_near_zero_whatever_the_number_of_routes():
+    """Units routed at random: the plug-in N_eff falls as the route space grows (fewer units per
+    route), the bias-corrected one stays at the null; the control, routes that follow the
+    composition, gives an excess far below 0 in either route space."""
+    from clbench.metrics.compositions import controlled_compositions
+
+    rng = np.random.default_rng(0)
+    units, kinds = 20_000, 6
+    comps = rng.integers(0, kinds, units)
+    plug_in, excess = {}, {}
+    for num_routes in (4, 512):
+        routes = rng.integers(0, num_routes, units)
+        plug_in[num_routes] = effective_compositions(routes, comps).n_eff
+        figures = controlled_compositions(*_unit_table(routes, comps))
+        excess[num_routes] = figures.excess
+        assert figures.n_eff_null == pytest.approx(kinds, rel=0.02)
+        per_kind = max(1, num_routes // kinds)  # 4 routes: each carries one or two kinds
+        following = (comps * per_kind + rng.integers(0, per_kind, units)) % num_routes
+        assert controlled_compositions(*_unit_table(following, comps)).excess < -0.5 * kinds
+    assert plug_in[4] - plug_in[512] > 0.3  # the plug-in figure moves with the route space alone
+    assert abs(excess[4]) < 0.1 and abs(excess[512]) < 0.2
+
+
+def test_the_null_is_the_mean_over_permuted_composition_labels():
+    """n_eff_null is exact for the mean Simpson index: permuting the labels among the units gives
+    on average 1 / n_eff_null (here within four Monte Carlo standard errors)."""
+    from clbench.metrics.compositions import controlled_compositions
+
+    rng = np.random.default_rng(1)
+    routes = rng.integers(0, 40, 900)
+    comps = np.where(rng.random(900) < 0.6, routes % 3, rng.integers(0, 5, 900))  # associated
+    null = controlled_compositions(*_unit_table(routes, comps)).n_eff_null
+    simpsons = [1 / controlled_compositions(*_unit_table(routes, rng.permutation(comps))).n_eff_unbiased
+                for _ in range(400)]
+    assert abs(np.mean(simpsons) - 1 / null) < 4 * np.std(simpsons) / np.sqrt(len(simpsons))
+    assert controlled_compositions(*_unit_table(routes, comps)).excess < 0  # the association shows
+
+
+def test_the_counter_reports_the_controlled_figures_beside_the_papers():
+    import torch
+
+    from clbench.metrics.compositions import CompositionCounter
+
+    counter = CompositionCounter()
+    routes = torch.tensor([[0], [0], [0], [1], [1], [1], [2]])
+    counter.update(routes, 0, labels=torch.tensor([[0], [0], [1], [1], [1], [1], [0]]))
+    out = counter.summary()
+    assert set(out) >= {"n_eff", "n_eff_unbiased", "n_eff_null", "n_eff_excess"}
+    # route 0: units (0, 0, 1): Simpson 2/6; route 1: (1, 1, 1): 1; route 2 (one unit) is left out
+    assert out["n_eff_unbiased"] == pytest.approx(1 / ((3 * 2 / 6 + 3 * 1) / 6))
+    # population: composition (0, 0) x3, (0, 1) x4 of 7 units
+    assert out["n_eff_null"] == pytest.approx(1 / ((3 * 2 + 4 * 3) / (7 * 6)))
+    assert out["n_eff_excess"] == pytest.approx(out["n_eff_unbiased"] - out["n_eff_null"])

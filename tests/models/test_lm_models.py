@@ -267,7 +267,7 @@ def test_parameter_counts_total_trainable_and_tied(tok_dir):
 
 
 def test_registered_builder_takes_no_stream_arguments(model_dir):
-    from clbench.plugins import registry
+    from clbench import registry
     from clbench.plugins.build import check_init_args
 
     assert registry.resolve("models", "hf_causal_lm", where="test") is hf_causal_lm

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import LIGHTNING_NOISE, crash_at
+from helpers import crash_at
 from lm_helpers import build, lm, lm_config, stream, train, trainable
 from torch import nn
 
@@ -20,8 +20,6 @@ from clbench.models.layers.moe_lora import (
 from clbench.metrics.routing import RoutingRecorder
 from clbench.strategies.lora import base_state
 from clbench.strategies.moe_lora import LoRAMoE, MHMoE
-
-pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
 
 def layer(kind="mh_moe", d_in=12, d_out=5, seed=0, **kw) -> MoELoRALinear:

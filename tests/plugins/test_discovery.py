@@ -11,7 +11,7 @@ import pytest
 from clbench.cli.main import main
 from clbench.plugins.describe import arg_docs, describe, first_sentence
 from clbench.leaderboard.table import build_tables
-from clbench.plugins.registry import KINDS, available, display_name
+from clbench.registry import KINDS, available, display_name
 from helpers import fake_entry
 
 PLUGIN = '''

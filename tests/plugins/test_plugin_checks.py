@@ -38,11 +38,11 @@ def _plugin_files() -> list[Path]:
     the GGUF weights' module (the causal LM's paths). The layers the factories assemble
     (clbench.models.layers, the ViT-MoE's routers) keep their ValueError preconditions, as
     torch's own layers do: a factory's signature is where a config's value is checked."""
-    from clbench.plugins import registry
+    from clbench import registry
 
     files = {_module_file(target.split(":")[0]) for kind in KINDS for target in registry.available(kind).values()}
     for folder in ("strategies", "benchmarks"):
-        files |= set((ROOT / folder).glob("*.py"))
+        files |= set((ROOT / "clbench" / folder).glob("*.py"))
     files.add(_module_file("clbench.models.lm.gguf"))
     return sorted({path.resolve() for path in files if path is not None and path.resolve().is_relative_to(ROOT)})
 

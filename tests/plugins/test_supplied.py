@@ -6,7 +6,7 @@ from helpers import tiny_config
 
 from clbench.config.load import resolve_config
 from clbench.errors import UserError
-from clbench.plugins import registry
+from clbench import registry
 from clbench.plugins.build import preflight
 from clbench.plugins.describe import SUPPLIED_BY_HARNESS
 from clbench.plugins.supplied import MODEL_ARGS

@@ -31,9 +31,13 @@ def fake_run(strategy: str, *, single_stage: bool, columns: int = 2) -> RunSumma
 
 
 def state(rows: list[dict]) -> dict:
-    return {"rows": rows, "global_rows": [], "epoch_rows": [], "epoch_stage": [],
-            "r_init": {"primary": [0.1, 0.1], "gmean": [0.0, 0.0]}, "global_init": None, "train_seconds": 0.0,
-            "eval_seconds": 0.0, "resumes": 0}
+    """The loop's state with R's rows given as ``{"primary": [...], <metric>: [...]}`` (read as a
+    checkpoint of that form is: the fixed keys get their own fields)."""
+    from dataclasses import asdict
+
+    from clbench.engine.state import RunState
+
+    return asdict(RunState.from_dict({"rows": rows, "r_init": {"primary": [0.1, 0.1], "gmean": [0.0, 0.0]}}))
 
 
 @pytest.mark.parametrize("single_stage, rows", [

@@ -18,8 +18,6 @@ from clbench.strategies.replay import reservoir_update
 
 from test_strategies import loader_factory, make_module, roundtrip, run_digits, train_experience
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
 
 THREE_DOMAINS = ["rot0", "rot90", "invert"]
 

@@ -13,9 +13,6 @@ from clbench.strategies.gdumb import BalancedMemory, GDumb
 
 from test_strategies import make_module, roundtrip, train_experience
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
-
 
 def counts(labels) -> dict[int, int]:
     return dict(zip(*[t.tolist() for t in torch.unique(torch.as_tensor(labels), return_counts=True)]))

@@ -22,9 +22,6 @@ from clbench.strategies.gem import GEM, project, solve_dual
 if TYPE_CHECKING:
     from clbench.engine.module import ContinualModule
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
-
 
 # -- the quadratic program -------------------------------------------------------------------
 def test_dual_qp_matches_hand_solved_two_constraint_cases():

@@ -124,16 +124,17 @@ class _Recorder:
 
 @pytest.fixture
 def recorders(monkeypatch):
-    from clbench.engine.runner import ContinualRun
+    from clbench.engine import parts
 
     made = []
-    setup = ContinualRun._build
+    build_parts = parts.build_parts
 
-    def build(self):
-        setup(self)
-        made.append(_Recorder(self.strategy))
+    def build(*args, **kwargs):
+        built = build_parts(*args, **kwargs)
+        made.append(_Recorder(built.strategy))
+        return built
 
-    monkeypatch.setattr(ContinualRun, "_build", build)
+    monkeypatch.setattr(parts, "build_parts", build)
     return made
 
 
@@ -142,7 +143,7 @@ def test_g_freeze_leaves_the_original_weights_bit_for_bit(tmp_path, recorders):
     By default the model grows once (before the second of three experiences), as in the paper."""
     run, result, _ = _run(tmp_path, "freeze")
     rec = recorders[0]
-    model = run.module.model
+    model = run.parts.model
     grown, trained = rec.after_growth[0], dict(model.named_parameters())
     p = 32
     assert trained["1.weight"].shape == (64, 64) and trained["3.weight"].shape == (32, 64)
@@ -168,7 +169,7 @@ def test_g_freeze_leaves_the_original_weights_bit_for_bit(tmp_path, recorders):
 
 def test_g_train_trains_the_whole_up_projection_and_nothing_else(tmp_path, recorders):
     run, _, _ = _run(tmp_path, "train", variant="train", when="once")
-    grown, trained = recorders[0].after_growth[0], dict(run.module.model.named_parameters())
+    grown, trained = recorders[0].after_growth[0], dict(run.parts.model.named_parameters())
     assert sorted(n for n, p in trained.items() if p.requires_grad) == ["1.bias", "1.weight"]
     assert not torch.equal(trained["1.weight"][:32], grown["1.weight"][:32])  # originals train too
     for name in ("3.weight", "3.bias", "5.weight", "5.bias"):

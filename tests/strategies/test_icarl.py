@@ -15,9 +15,6 @@ from clbench.strategies.icarl import ICaRL, herding, icarl_loss
 
 from test_strategies import fit, loader_factory, make_module, roundtrip, train_experience
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
-
 
 def unit(*degrees: float) -> torch.Tensor:
     return torch.tensor([[math.cos(math.radians(a)), math.sin(math.radians(a))] for a in degrees])
@@ -215,7 +212,7 @@ def test_state_round_trips():
 # -- runs ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fashion_root(tmp_path_factory):
-    from clbench.data.fixtures import write_fashion_mnist
+    from dataset_layouts import write_fashion_mnist
 
     return write_fashion_mnist(tmp_path_factory.mktemp("fm"), train_per_class=30, test_per_class=10)
 

@@ -16,9 +16,6 @@ from clbench.errors import UserError
 from clbench.objectives.classification import Classification
 from clbench.strategies.mas import MAS, output_importance
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
-
 
 def per_sample_loop(model, ds, keep=None) -> dict[str, torch.Tensor]:
     """1/N Σ_n |∂ ‖F(x_n)‖² / ∂θ|, one backward pass per sample (eval mode)."""

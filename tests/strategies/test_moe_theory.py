@@ -79,7 +79,7 @@ def test_the_runner_path_gives_the_simulations_errors_in_its_r_matrix_and_resume
     from clbench.config.load import resolve_config
     from clbench.metrics.theory import forgetting_curve, generalisation_curve
     from clbench.engine.runner import ContinualRun, run
-    from clbench.engine.seeding import derive
+    from clbench.seeding import derive
     from clbench.strategies.moe_theory import simulate
 
     raw = {"seed": 3, "benchmark": {"class_path": "moe-regression", "init_args": {"rounds": 20, "seed": 3}},
@@ -90,7 +90,7 @@ def test_the_runner_path_gives_the_simulations_errors_in_its_r_matrix_and_resume
     complete = ContinualRun(resolve_config(raw), tmp_path / "out")
     result = complete.execute()
     assert result["r_metric"] == {"names": ["mse"] * 20, "higher_is_better": False}
-    assert complete.strategy.seed == derive(3, "strategy")
+    assert complete.parts.strategy.seed == derive(3, "strategy")
     sim = simulate([3], 20, 3, explore=4, noise_seeds=[derive(3, "strategy")])
     R = torch.tensor(result["r_matrix"], dtype=torch.float64)
     assert torch.allclose(forgetting_curve(R), sim["forgetting"][0], atol=1e-9)

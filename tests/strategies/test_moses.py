@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import LIGHTNING_NOISE, crash_at
+from helpers import crash_at
 from lm_helpers import build, lm, lm_config, train
 from torch import nn
 
@@ -22,7 +22,6 @@ from clbench.data.streams import Experience
 from clbench.strategies.lora import base_state
 from clbench.strategies.moses import MoSEs, match, pull_loss, query
 
-pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
 TASKS = ["FOMC", "NumGLUE-cm", "Py150"]
 

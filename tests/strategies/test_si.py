@@ -15,9 +15,6 @@ from test_strategies import fit, loader_factory, make_module, roundtrip, set_par
 from clbench.errors import UserError
 from clbench.strategies.si import SI
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
-
 
 def seeded_importance(model, seed: int = 0) -> tuple[dict, dict]:
     g = torch.Generator().manual_seed(seed)

@@ -22,9 +22,6 @@ from clbench.strategies.replay import Replay, balanced_quotas, reservoir_update
 if TYPE_CHECKING:
     from clbench.engine.module import ContinualModule
 
-pytestmark = [pytest.mark.filterwarnings("ignore:You defined a `validation_step`"),
-              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")]
-
 
 # -- helpers ---------------------------------------------------------------------------------
 def make_module(strategy, model=None, lr: float = 0.1) -> ContinualModule:
@@ -693,7 +690,7 @@ class Interrupted(RuntimeError):
 def test_a_resumed_run_matches_an_uninterrupted_one(name, args, tmp_path):
     """Each strategy runs a digits stream, and the strategy state in the checkpoint is all a
     run needs to continue exactly after an interruption."""
-    from clbench.plugins import registry
+    from clbench import registry
     from clbench.config.load import resolve_config
     from clbench.engine.runner import run
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import LIGHTNING_NOISE, crash_at
+from helpers import crash_at
 from lm_helpers import build, factory, lm, lm_config, logits, stream, train, trainable
 
 from clbench.errors import UserError
@@ -23,11 +23,10 @@ from clbench.strategies.lora import (
 )
 from clbench.strategies.o_lora import OLoRA, l2_loss, orthogonality_loss
 
-pytestmark = [pytest.mark.filterwarnings(rule) for rule in LIGHTNING_NOISE]
 
 # -- seq_ft and seq_lora ---------------------------------------------------------------------
 def test_seq_ft_is_naive_under_its_llm_name():
-    from clbench.plugins import registry
+    from clbench import registry
     from clbench.strategies.naive import Naive
 
     cls = registry.resolve("strategies", "seq_ft", where="test")

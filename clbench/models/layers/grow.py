@@ -1,6 +1,6 @@
 """Finding the MLPs of a model and widening them without changing its function.
 
-Used by the ``grow`` strategy (strategies/grow.py, "Grow, Don't Overwrite"). Three kinds of MLP
+Used by the ``grow`` strategy (clbench/strategies/grow.py, "Grow, Don't Overwrite"). Three kinds of MLP
 are recognised, by structure rather than by model class, so any model built from them works:
 
 * gated MLPs of Hugging Face decoders (Qwen3, LLaMA, Gemma, Mistral): a module with

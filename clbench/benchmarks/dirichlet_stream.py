@@ -45,8 +45,8 @@ class Source(TypedDict):
 
 def _source_scenario(source: Source):
     """Build the source benchmark; its own errors are re-addressed under ``source.init_args``."""
-    from clbench.plugins import registry
-    from clbench.plugins.build import check_init_args
+    from clbench import registry
+    from clbench.config.init_args import check_init_args
 
     where = argument_path("benchmark", "source")
     name, args = source["class_path"], source.get("init_args") or {}

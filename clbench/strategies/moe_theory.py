@@ -137,7 +137,7 @@ def simulate(seeds: list[int], rounds: int, num_experts: int, *, terminate: bool
     """Algorithm 1 on ``len(seeds)`` independent streams at once. Seed ``s`` draws the data of
     ``moe_regression(seed=s)``, and the routing noise from ``noise_seeds`` (default: ``seeds``).
     A runner run draws its noise from its strategy seed,
-    ``clbench.engine.seeding.derive(run_seed, "strategy")``. Pass that seed to reproduce the run.
+    ``clbench.seeding.derive(run_seed, "strategy")``. Pass that seed to reproduce the run.
 
     Returns per-round ``(B, T)`` tensors: ``expert``, ``task``, ``error`` (E_t), ``forgetting``
     (F_t), ``generalisation`` (G_t), ``theta_sum`` (max |sum_m theta_m|) and ``gate_step``

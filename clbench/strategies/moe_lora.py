@@ -166,7 +166,7 @@ class LoRAMoE(_MoELoRA):
         r, alpha: each expert's rank and α (scale α/r); ``match_lora_rank`` overrides ``r``.
         scale: the adapter scale α/r itself; α = scale · r once the rank is known, so a matched
             rank keeps the scale of the LoRA it is matched to (suites compare adapters at one
-            α/r: :func:`clbench.config.scales.check_adapter_scales`).
+            α/r: :func:`clbench.leaderboard.adapter_scales.check_adapter_scales`).
         top1_gate: with top-1, ``"probability"`` (Switch-style p_j, the router learns) or
             ``"renormalized"`` (weight ≡ 1, router frozen in effect).
         dropout: on the experts' input. balance_weight: weight of the localized balancing term

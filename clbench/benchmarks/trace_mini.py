@@ -25,7 +25,7 @@ writes the set in TRACE's on-disk layout (``OUTDIR/<Task>/{train,eval,test}.json
 the ``trace`` benchmark.
 
 Its tokenizer (``tokenizer: trace-mini`` in a model config) is a byte-level BPE trained offline
-on the default set's texts and shipped in ``benchmarks/assets/trace-mini-tokenizer``; it loads
+on the default set's texts and shipped in ``clbench/benchmarks/assets/trace-mini-tokenizer``; it loads
 through ``AutoTokenizer.from_pretrained`` like any saved tokenizer. :func:`write_tokenizer`
 trains it again, bit for bit.
 """

@@ -80,8 +80,8 @@ def image_paths(dataset) -> list[str]:
 def _builder(benchmark: str, root: str | None, init_args: dict):
     import inspect
 
-    from clbench.plugins import registry
-    from clbench.plugins.build import check_init_args
+    from clbench import registry
+    from clbench.config.init_args import check_init_args
 
     target = registry.resolve("benchmarks", benchmark, where=f"{PROG}: BENCHMARK")
     parameter = inspect.signature(target).parameters.get("root")

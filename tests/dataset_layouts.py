@@ -1,4 +1,4 @@
-"""Miniature datasets in exactly the official on-disk layouts, for tests and quick trials.
+"""Miniature datasets in exactly the official on-disk layouts, for the tests (kept out of the package).
 
 Real CORe50, Office-Home, CIFAR-10 and Fashion-MNIST cannot be downloaded everywhere the
 harness runs, so the loaders are tested on look-alikes: the same folder and file names, the
@@ -7,8 +7,8 @@ index, IDX files), with a few tiny images per class. Each image is a class-colou
 domain/session, plus a little noise, so a small model can learn the classes and the domains
 differ visibly.
 
-    python -m clbench.data.fixtures OUTDIR            # all four layouts under OUTDIR
-    python -m clbench.data.fixtures OUTDIR --frames 2 --per-class 3
+    python tests/dataset_layouts.py OUTDIR            # all four layouts under OUTDIR
+    python tests/dataset_layouts.py OUTDIR --frames 2 --per-class 3
 
 writes ``OUTDIR/core50/core50_128x128/...`` (+ ``core50_imgs.npz``, ``paths.pkl``),
 ``OUTDIR/OfficeHomeDataset_10072016/...``, ``OUTDIR/cifar-10-batches-py/...`` and
@@ -235,7 +235,7 @@ def write_all(outdir: str | Path, *, frames: int = 5, per_class: int = 5, size: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clbench.data.fixtures",
+    parser = argparse.ArgumentParser(prog="python tests/dataset_layouts.py",
                                      description="Write miniature CORe50, Office-Home, CIFAR-10 and Fashion-MNIST "
                                                  "in their official layouts.")
     parser.add_argument("outdir")

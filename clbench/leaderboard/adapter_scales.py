@@ -14,7 +14,7 @@ def adapter_scales(cfg: dict) -> dict[str, float | None]:
     import inspect
 
     from clbench.models.lm.causal_lm import LORA_DEFAULTS
-    from clbench.plugins import registry
+    from clbench import registry
 
     out: dict[str, float | None] = {}
     strategy = cfg["strategy"]

@@ -74,8 +74,7 @@ def display_name(class_path: Any) -> Any:
 
 
 # The harness's own code, by where it lives (not by package name: a user's own `strategies`
-# package is the user's code). In an editable install clbench.strategies and clbench.benchmarks
-# live in the repository's strategies/ and benchmarks/ folders, outside clbench/.
+# package is the user's code).
 HARNESS_PACKAGES = ("clbench", "clbench.strategies", "clbench.benchmarks")
 
 
