@@ -260,9 +260,11 @@ def run_leaderboard(suite: str | Path | None = None, output: str | Path = "leade
 
 
 def compare(folder: str | Path, *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
-            b: str | None = None) -> dict[str, Any]:
+            b: str | None = None, plan: bool = False, gap: float | None = None) -> dict[str, Any]:
     """``clbench compare``'s report as a dict: per benchmark, each strategy's score per task
-    order, worst order and range, Kendall's tau between orders, a paired test of ``a`` and ``b``."""
+    order, worst order and range, Kendall's tau between orders, a paired test of ``a`` and ``b``;
+    with ``plan``, the orders that test needs for 80% power and their machine hours (``gap``: the
+    difference to plan for, as tables show it; default the observed one)."""
     from clbench.errors import UserError
     from clbench.leaderboard.compare import compare as compare_entries
     from clbench.leaderboard.entries import load_entries
@@ -273,4 +275,4 @@ def compare(folder: str | Path, *, metric: str = "acc", benchmark: str | None = 
                         where="--b", fix="give two different strategies, or leave --a/--b out for the two best")
     hashes = manifest_hashes(folder)  # with a suite manifest, compare the suite's grid only
     return compare_entries(load_entries(folder, hashes), metric=metric, benchmark=benchmark, a=a, b=b,
-                           sequence=hashes, source=str(folder))
+                           sequence=hashes, source=str(folder), planned=plan, gap=gap)

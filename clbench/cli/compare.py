@@ -24,11 +24,26 @@ def register(sub) -> None:
     p.add_argument("--benchmark", help="one benchmark only")
     p.add_argument("--a", help="first strategy of the paired test")
     p.add_argument("--b", help="second strategy of the paired test")
+    p.add_argument("--plan", action="store_true",
+                   help="also plan the paired test: the task orders it needs for 80%% power (at α = 0.05 planned, "
+                        "and at the table's Holm level) and what they cost in machine hours, from the entries")
+    p.add_argument("--gap", type=gap, metavar="G",
+                   help="with --plan: the difference to plan for, as tables show it (points for a percentage, "
+                        "e.g. a paper's 6.7); default the observed one")
     p.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write it as Markdown tables to paste (groups, 95%% "
                                                       "intervals, every pair's test); '-' prints them instead of the "
                                                       "terminal tables")
     p.set_defaults(handler=handle)
+
+
+def gap(text: str) -> float:
+    import math
+
+    value = float(text)  # argparse words a ValueError as "invalid gap value"
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
 
 
 def check_writable(path: str | Path, where: str) -> None:
@@ -58,7 +73,10 @@ def handle(args: argparse.Namespace) -> int:
         check_writable(args.json, "--json")
     if args.markdown and args.markdown != "-":
         check_writable(args.markdown, "--markdown")
-    report = compare(args.dir, metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b)
+    if args.gap is not None and not args.plan:
+        raise UserError("--gap is the difference a plan is made for", where="--gap", fix="add --plan")
+    report = compare(args.dir, metric=args.metric, benchmark=args.benchmark, a=args.a, b=args.b, plan=args.plan,
+                     gap=args.gap)
     note = left_out(args.dir)
     if note:  # on stderr: stdout stays the report (--markdown - pipes it)
         print(note, file=sys.stderr)

@@ -33,17 +33,13 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.notes import design_text, groups_line, power_text, scale_and_unit
+from clbench.leaderboard.notes import design_text, groups_line, plan_text, power_text, scale_and_unit
+from clbench.leaderboard.pairs import MIN_PAIRS, find_row, paired_test, plan, score_value
 from clbench.leaderboard.page_stats import competition_ranks, kendall_tau_b
-from clbench.leaderboard.stats import (ALPHA, POWER, PairNoise, replication_unit,
-                                      unit_means)
+from clbench.leaderboard.stats import ALPHA, replication_unit
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, table_groups
 from clbench.metrics.score_registry import TABLE_SCORES, shown
-from clbench.metrics.stderr import entry_score_stderr
 from clbench.results.record import Status
-
-MIN_PAIRS = 3
-
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
@@ -56,17 +52,10 @@ def _std(values: list[float]) -> float | None:
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
-def _value(entry: dict, metric: str) -> float | None:
-    if entry["status"] != Status.OK:
-        return None
-    v = entry["scores"].get(metric)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
-
-
 def _per_order(row: Row, metric: str, orders: list[str]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {o: [] for o in orders}
     for e in row.entries:
-        v = _value(e, metric)
+        v = score_value(e, metric)
         if v is not None:
             out[e["order_label"]].append(v)
     return {o: vs for o, vs in out.items() if vs}
@@ -97,76 +86,13 @@ def rank_stability(per_order: dict[str, dict[str, float]], orders: list[str]) ->
     return out
 
 
-def paired_test(row_a: Row, row_b: Row, metric: str, higher: bool = True, *, unit: str = "order",
-                pairs_in_table: int = 1) -> dict[str, Any]:
-    """Paired t-test and Wilcoxon signed-rank test of ``a - b`` over the replication units
-    (``unit``: orders, each the mean of its seeds; or the seeds of a single order), and the
-    pair's power at the table's Holm level α/m (m = ``pairs_in_table``).
-
-    ``a_better`` / ``b_better`` count the pairs where each is better in the score's direction.
-    """
-    from scipy.stats import ttest_rel, wilcoxon
-
-    def by_unit(row: Row) -> dict[Any, tuple[float, float | None]]:
-        runs = {(e["order_label"], e["seed"]): (v, entry_score_stderr(e, wilson=True).get(metric))
-                for e in row.entries if (v := _value(e, metric)) is not None}
-        return unit_means(runs, unit)
-
-    ua, ub = by_unit(row_a), by_unit(row_b)
-    units = sorted(set(ua) & set(ub), key=repr)
-    name = "orders" if unit == "order" else "seeds"
-    out: dict[str, Any] = {"a": row_a.label, "b": row_b.label, "n_pairs": len(units), "unit": unit,
-                           "pairs": [{unit: u if unit == "order" else u[1], "a": ua[u][0], "b": ub[u][0]}
-                                     for u in units]}
-    if len(units) < MIN_PAIRS:
-        out["note"] = f"not enough paired {name}: {len(units)}, need {MIN_PAIRS} (add {name})"
-        return out
-    xa = [ua[u][0] for u in units]
-    xb = [ub[u][0] for u in units]
-    diffs = [p - q for p, q in zip(xa, xb)]
-    sign = 1 if higher else -1
-    out.update({"mean_difference": _mean(diffs), "a_better": sum(sign * d > 0 for d in diffs),
-                "b_better": sum(sign * d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs)})
-    if max(diffs) == min(diffs):
-        out["t_test"] = None
-        out["note"] = "every pair differs by the same amount; the t statistic is undefined"
-    else:
-        t = ttest_rel(xa, xb)
-        out["t_test"] = {"statistic": float(t.statistic), "p_value": float(t.pvalue)}
-    if all(d == 0 for d in diffs):
-        out["wilcoxon"] = None
-    else:
-        w = wilcoxon(xa, xb)
-        out["wilcoxon"] = {"statistic": float(w.statistic), "p_value": float(w.pvalue),
-                           "min_attainable_p": min(1.0, 2.0 / 2 ** len(units))}
-    mean = out["mean_difference"]
-    ses = [ua[u][1] for u in units] + [ub[u][1] for u in units]
-    v_test = sum(se * se for se in ses) / len(units) if all(se is not None for se in ses) else 0.0
-    noise = PairNoise.of(diffs, v_test)
-    level = ALPHA / max(pairs_in_table, 1)
-    out["power"] = {"level": level, "power": POWER, "test_set_included": all(se is not None for se in ses),
-                    "detectable": noise.detectable(level), "units_needed": noise.units_needed(mean, level)}
-    return out
-
-
-def _find_row(table: BenchmarkTable, name: str, flag: str) -> Row:
-    exact = [r for r in table.rows if r.label == name]
-    if exact:
-        return exact[0]
-    by_strategy = [r for r in table.rows if r.strategy == name]
-    if len(by_strategy) == 1:
-        return by_strategy[0]
-    choices = [r.label for r in table.rows]
-    if len(by_strategy) > 1:
-        raise UserError(f"'{name}' names {len(by_strategy)} rows in {table.label}", where=flag,
-                        fix=f"give the full label, one of: {', '.join(choices)}")
-    raise UserError(f"no strategy '{name}' in {table.label}", where=flag, fix=did_you_mean(name, choices))
-
-
 def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: str | None = None, *,
-                  paired: bool = True) -> dict[str, Any]:
+                  paired: bool = True, planned: bool = False, gap: float | None = None) -> dict[str, Any]:
     """The comparison of one table's methods on ``metric`` across orders; with ``paired``, also
-    the paired test of ``a`` against ``b`` (by default the two best), which a page does not show."""
+    the paired test of ``a`` against ``b`` (by default the two best), which a page does not show;
+    with ``planned``, the orders that pair needs for 80% power and their cost
+    (:func:`clbench.leaderboard.pairs.plan`; ``gap`` as tables show it, points for a percentage;
+    default the observed gap)."""
     higher = table.higher.get(metric, True)
     orders = table.orders
     strategies = []
@@ -220,7 +146,7 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
         if not (a and b):
             raise UserError("give both --a and --b for a paired test", where="--a/--b",
                             fix="e.g. --a replay --b naive")
-        out["paired_test"] = paired_test(_find_row(table, a, "--a"), _find_row(table, b, "--b"), metric, higher,
+        out["paired_test"] = paired_test(find_row(table, a, "--a"), find_row(table, b, "--b"), metric, higher,
                                          **design)
     elif len(strategies) >= 2:
         rows = {r.label: r for r in table.rows}
@@ -228,12 +154,18 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
                                          **design)
     else:
         out["paired_test"] = None
+    pt = out["paired_test"]
+    own_gap = None if gap is None else gap / 100 if meta.percent else gap
+    out["plan"] = plan(table, metric, pt["a"], pt["b"], pairs_in_table=design["pairs_in_table"], gap=own_gap) \
+        if planned and pt is not None else None
     return out
 
 
 def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
-            b: str | None = None, sequence: list[str] | None = None, source: str | None = None) -> dict[str, Any]:
-    """The comparison across task orders, as a JSON-ready dict (see the module notes).
+            b: str | None = None, sequence: list[str] | None = None, source: str | None = None,
+            planned: bool = False, gap: float | None = None) -> dict[str, Any]:
+    """The comparison across task orders, as a JSON-ready dict (see the module notes); with
+    ``planned``, each paired test's plan (``gap`` as tables show it: 6.7 for 6.7 points).
 
     ``sequence`` (config hashes in suite order) only orders benchmarks and task orders;
     ``source`` (the leaderboard directory) only names it in errors.
@@ -250,8 +182,8 @@ def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None =
             raise UserError(f"no benchmark '{benchmark}' in these entries", where="--benchmark",
                             fix=did_you_mean(benchmark, [t.label for t in tables]))
         tables = chosen
-    benchmarks = [compare_table(t, metric, a, b) for t in tables
-                  if any(_value(e, metric) is not None for row in t.rows for e in row.entries)]
+    benchmarks = [compare_table(t, metric, a, b, planned=planned, gap=gap) for t in tables
+                  if any(score_value(e, metric) is not None for row in t.rows for e in row.entries)]
     directions = {bench["higher_is_better"] for bench in benchmarks}
     # one direction for all benchmarks, or None where they differ (each benchmark says its own)
     higher = directions.pop() if len(directions) == 1 else (None if directions else True)
@@ -334,6 +266,8 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
                 console.print(f"{head}: " + "; ".join(parts), highlight=False)
                 if pt.get("power"):
                     console.print(power_text(pt, fmt), highlight=False)
+            if bench.get("plan"):
+                console.print(plan_text(bench["plan"], fmt), highlight=False)
         console.print()
 
 

@@ -286,3 +286,31 @@ def power_text(pt: dict, fmt) -> str:
     return (f"power: at the table's Holm level α/m = {power['level']:.2g}, this pair's test detects "
             f"{fmt(power['detectable'])} with {POWER:.0%} power on {pt['n_pairs']} {name}s; the observed gap "
             f"{fmt(abs(pt['mean_difference']))} needs {needed_text(power['units_needed'], name)}")
+
+
+def _hours(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} h" if value >= 1 else f"{60 * value:.0f} min"
+
+
+def plan_text(plan: dict, fmt) -> str:
+    """:func:`clbench.leaderboard.pairs.plan` in one paragraph: the orders the gap needs for 80%
+    power, planned and at the table's Holm level, and what they cost here and on one GPU."""
+    if plan.get("note"):
+        return f"plan: {plan['note']}"
+    needed = plan["orders_needed"]
+    gap = f"the observed gap {fmt(plan['gap'])}" if plan["gap_observed"] else f"a gap of {fmt(plan['gap'])}"
+    text = (f"plan ({plan['a']} vs {plan['b']}, {plan['power']:.0%} power): {gap}, with a spread of "
+            f"{fmt(plan['sd_orders'])} across orders, needs {needed_text(needed['planned'], 'order')} at "
+            f"α = {plan['levels']['planned']:.2g} for one comparison planned in advance, "
+            f"{needed_text(needed['holm'], 'order')} at the table's Holm level α/m = {plan['levels']['holm']:.2g}; "
+            f"{plan['orders_run']} were run")
+    for key, where in (("cost_here", "here"), ("cost_gpu", "on one GPU")):
+        cost = plan.get(key)
+        if cost is None:
+            if key == "cost_gpu":
+                text += "; no entry of these runs was made on a GPU, so its cost there is not measured"
+            continue
+        text += (f"; one more order costs {_hours(cost['hours_per_order'])} {where} "
+                 f"({', '.join(cost['machines'])}), the planned orders {_hours(cost['hours']['planned'])} "
+                 f"({_hours(cost['more_hours']['planned'])} more), at Holm's level {_hours(cost['hours']['holm'])}")
+    return text + "."

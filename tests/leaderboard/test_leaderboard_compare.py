@@ -204,3 +204,54 @@ def test_n_eff_is_compared_as_a_plain_number_without_a_direction(capsys):
     assert len(values) == 4
     assert f"{sum(values) / len(values):.2f}" in out and "(%)" not in out
     assert "no better direction" in out and "better in" not in out
+
+
+# -- planning: the orders a gap needs, and their cost ------------------------------------------
+PLAN_ORDERS = ["default", "reverse", {"permutation": 1}, {"permutation": 2}]
+PLAN_ACC = {"replay": [0.80, 0.70, 0.75, 0.78], "naive": [0.70, 0.72, 0.66, 0.74]}
+
+
+def _plan_entries(seconds: dict[str, float], gpu_orders: tuple[int, ...] = ()) -> list[dict]:
+    entries = []
+    for strategy, values in PLAN_ACC.items():
+        for k, (order, acc) in enumerate(zip(PLAN_ORDERS, values)):
+            entry = fake_entry(strategy, order, 0, acc)
+            entry["compute"]["wall_seconds"] = seconds[strategy] / (10 if k in gpu_orders else 1)
+            entry["env"].update({"cpu": {"model": "Test CPU", "isa": "AVX2"}, "torch_threads": 2})
+            if k in gpu_orders:
+                entry["env"].update({"cuda": "12.8", "device": "Test GPU"})
+            entries.append(entry)
+    return entries
+
+
+def test_a_plan_gives_the_orders_a_gap_needs_and_what_they_cost_where_the_entries_ran():
+    """The orders are PairNoise's answer for the observed gap at α = 0.05 and at the table's Holm
+    level; an order costs both methods' recorded wall time in it, averaged over the orders run;
+    a larger planned gap needs fewer orders; a GPU's cost comes only from entries made on one."""
+    from clbench.leaderboard.stats import PairNoise
+
+    diffs = [a - b for a, b in zip(PLAN_ACC["replay"], PLAN_ACC["naive"])]
+    noise = PairNoise.of(diffs, 0.0)
+    cpu_only = compare(_plan_entries({"replay": 600.0, "naive": 1200.0}), a="replay", b="naive", planned=True)
+    plan = cpu_only["benchmarks"][0]["plan"]
+    needed = noise.units_needed(sum(diffs) / 4, 0.05)
+    assert plan["orders_needed"]["planned"] == needed > 4 and plan["orders_run"] == 4
+    assert plan["orders_needed"]["holm"] == noise.units_needed(sum(diffs) / 4, plan["levels"]["holm"]) >= needed
+    cost = plan["cost_here"]
+    assert cost["hours_per_order"] == pytest.approx(0.5) and cost["machines"] == ["Test CPU, 2 torch threads"]
+    assert cost["hours"]["planned"] == pytest.approx(needed * 0.5)
+    assert cost["more_hours"]["planned"] == pytest.approx((needed - 4) * 0.5)
+    assert plan["cost_gpu"] is None
+    wider = compare(_plan_entries({"replay": 600.0, "naive": 1200.0}), a="replay", b="naive", planned=True,
+                    gap=20.0)["benchmarks"][0]["plan"]
+    assert wider["gap"] == pytest.approx(0.20) and wider["orders_needed"]["planned"] < needed
+    mixed = compare(_plan_entries({"replay": 600.0, "naive": 1200.0}, gpu_orders=(2, 3)), a="replay", b="naive",
+                    planned=True)["benchmarks"][0]["plan"]
+    assert mixed["cost_gpu"]["hours_per_order"] == pytest.approx(0.05) and mixed["cost_gpu"]["machines"] == ["Test GPU"]
+    assert mixed["cost_here"]["hours_per_order"] == pytest.approx(0.5)
+
+
+def test_gap_without_plan_is_one_line(capsys):
+    assert main(["compare", "leaderboard", "--gap", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "clbench: error: --gap: --gap is the difference a plan is made for (add --plan)"
