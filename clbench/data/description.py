@@ -45,21 +45,23 @@ class StreamDescription(_Strict):
 
 
 def describe(spec: StreamSpec, experiences: list[Experience]) -> dict | None:
-    """The JSON description of a stream, or None when the stream's objective arguments are not
-    JSON (a plugin's stream may carry any object there): its model then loads with the data."""
+    """The JSON description of a stream, or None when a plugin's stream holds what JSON cannot
+    (objects in its objective arguments, names that are not text): its model then loads with
+    the data, as before streams were described. Numbers are taken as Python ints (a stream may
+    count its classes with NumPy)."""
     try:
         args = json.loads(json.dumps(spec.objective_args, allow_nan=False))
-    except (TypeError, ValueError):
+        return StreamDescription(
+            name=spec.name, num_classes=None if spec.num_classes is None else int(spec.num_classes),
+            input_shape=None if spec.input_shape is None else [int(d) for d in spec.input_shape],
+            scenario_type=spec.scenario_type, named_orders={k: list(v) for k, v in spec.named_orders.items()},
+            class_names=None if spec.class_names is None else list(spec.class_names), objective=spec.objective,
+            objective_args=args, imbalance_metrics=bool(spec.imbalance_metrics),
+            experiences=[DescribedExperience(position=int(e.position), name=e.name, domain_id=int(e.domain_id),
+                                             classes=[int(c) for c in e.classes]) for e in experiences],
+        ).model_dump()
+    except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
-    return StreamDescription(
-        name=spec.name, num_classes=spec.num_classes,
-        input_shape=list(spec.input_shape) if spec.input_shape is not None else None,
-        scenario_type=spec.scenario_type, named_orders={k: list(v) for k, v in spec.named_orders.items()},
-        class_names=list(spec.class_names) if spec.class_names is not None else None, objective=spec.objective,
-        objective_args=args, imbalance_metrics=spec.imbalance_metrics,
-        experiences=[DescribedExperience(position=e.position, name=e.name, domain_id=e.domain_id,
-                                         classes=[int(c) for c in e.classes]) for e in experiences],
-    ).model_dump()
 
 
 def read(value: Any, where: str, fix: str) -> tuple[StreamSpec, list[Experience]]:
