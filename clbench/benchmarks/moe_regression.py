@@ -115,7 +115,7 @@ def moe_regression(rounds: Count = 40, num_tasks: Count = 6, num_clusters: Count
         test.append(TensorDataset(round_inputs(basis, xbar, t), basis @ stream.truths[n]))
         names.append(f"t{t:04d}-task{n}")
     spec = StreamSpec(name="moe-regression", input_shape=(2 * dim + 1,), scenario_type="domain-il",
-                      objective="regression",
+                      objective="regression", synthetic=True,
                       class_names=[f"task{n}" for n in range(num_tasks)])
     return build_scenario(spec, train, test, names, domain_ids=[int(n) for n in stream.tasks], targets=False)
 

@@ -218,9 +218,10 @@ def subsample(records: list[dict[str, str]], n: int | None, seed: int, task: str
 
 def scenario_from_records(name: str, data: dict[str, tuple[list[dict], list[dict]]], *,
                           scenario_type: ScenarioType = "domain-il", sources: dict[str, tuple[str, str]] | None = None,
-                          scoring: Scoring = "trace"):
+                          scoring: Scoring = "trace", synthetic: bool = False):
     """The Avalanche scenario of a TRACE-style stream: ``data`` maps each task (in stream
-    order) to its (train, test) records; ``scoring`` picks the task metrics."""
+    order) to its (train, test) records; ``scoring`` picks the task metrics; ``synthetic``: the
+    records were generated, not TRACE's (:attr:`clbench.data.streams.StreamSpec.synthetic`)."""
     from clbench.metrics.text import TRACE_SCORINGS
     from clbench.data.streams import StreamSpec, build_scenario
 
@@ -231,7 +232,7 @@ def scenario_from_records(name: str, data: dict[str, tuple[list[dict], list[dict
     test = [TextRecords(data[t][1], sources.get(t, (None, None))[1]) for t in tasks]
     orders = {k: [t for t in order if t in data] for k, order in ORDERS.items()}
     spec = StreamSpec(name=name, scenario_type=scenario_type, named_orders=orders, objective="causal_lm",
-                      objective_args={"task_metrics": {t: metrics[t] for t in tasks}})
+                      objective_args={"task_metrics": {t: metrics[t] for t in tasks}}, synthetic=synthetic)
     return build_scenario(spec, train, test, names=tasks, targets=False,
                           domain_ids=[TASKS.index(t) if t in TASKS else i for i, t in enumerate(tasks)])
 

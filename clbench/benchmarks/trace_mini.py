@@ -255,7 +255,7 @@ def trace_mini(tasks: Tasks | None = None, n_train: Annotated[int, Field(ge=1)] 
     scorings and item format as ``trace``)."""
     data = generate(tasks, n_train=n_train, n_eval=0, n_test=n_test, seed=seed)
     return scenario_from_records("trace-mini", {t: (d["train"], d["test"]) for t, d in data.items()},
-                                 scenario_type=scenario_type, scoring=scoring)
+                                 scenario_type=scenario_type, scoring=scoring, synthetic=True)
 
 
 trace_mini.objective = "causal_lm"  # the stream's objective, known before it is built (preflight)

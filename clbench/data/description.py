@@ -41,6 +41,7 @@ class StreamDescription(_Strict):
     objective: str
     objective_args: dict[str, Any] = {}
     imbalance_metrics: bool = False
+    synthetic: bool = False
     experiences: list[DescribedExperience] = Field(min_length=1)
 
 
@@ -56,7 +57,7 @@ def describe(spec: StreamSpec, experiences: list[Experience]) -> dict | None:
             input_shape=None if spec.input_shape is None else [int(d) for d in spec.input_shape],
             scenario_type=spec.scenario_type, named_orders={k: list(v) for k, v in spec.named_orders.items()},
             class_names=None if spec.class_names is None else list(spec.class_names), objective=spec.objective,
-            objective_args=args, imbalance_metrics=bool(spec.imbalance_metrics),
+            objective_args=args, imbalance_metrics=bool(spec.imbalance_metrics), synthetic=bool(spec.synthetic),
             experiences=[DescribedExperience(position=int(e.position), name=e.name, domain_id=int(e.domain_id),
                                              classes=[int(c) for c in e.classes]) for e in experiences],
         ).model_dump()
@@ -78,7 +79,8 @@ def read(value: Any, where: str, fix: str) -> tuple[StreamSpec, list[Experience]
                       input_shape=tuple(described.input_shape) if described.input_shape is not None else None,
                       scenario_type=described.scenario_type, named_orders=described.named_orders,
                       class_names=described.class_names, objective=described.objective,
-                      objective_args=described.objective_args, imbalance_metrics=described.imbalance_metrics)
+                      objective_args=described.objective_args, imbalance_metrics=described.imbalance_metrics,
+                      synthetic=described.synthetic)
     experiences = [Experience(position=e.position, name=e.name, domain_id=e.domain_id, classes=e.classes,
                               train=None, test=None) for e in described.experiences]
     return spec, experiences

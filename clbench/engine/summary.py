@@ -16,6 +16,7 @@ def run_summary(parts, precision: str) -> RunSummary:
     specs = {**objective.metric_specs(), **contributed(objective, strategy)}
     return RunSummary(
         cfg=parts.cfg, scenario_type=parts.spec.scenario_type, num_classes=parts.spec.num_classes,
+        synthetic=parts.spec.synthetic,
         objective={"name": type(objective).__name__, **objective.summary()},
         higher_is_better=objective.higher_is_better,
         column_names=parts.columns.per_experience(parts.module.primary),

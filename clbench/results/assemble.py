@@ -159,7 +159,7 @@ def n_eff_by_stage(compositions: list[dict], experiences: list[str], domains: li
 @dataclass(frozen=True)
 class RunSummary:
     """What :func:`assemble` needs to know of a finished run besides its loop state: plain
-    values the engine reads off its objects (:meth:`clbench.engine.runner.ContinualRun.summary`),
+    values the engine reads off its objects (:func:`clbench.engine.summary.run_summary`),
     so that this module never holds the run, its model or its strategy."""
 
     cfg: dict
@@ -179,6 +179,7 @@ class RunSummary:
     strategy_class: str                 # "module:QualName"
     strategy_params: dict[str, Any]
     strategy_diagnostics: dict[str, Any]
+    synthetic: bool = False             # the stream's data was generated (StreamSpec.synthetic)
 
 
 def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: float,
@@ -205,7 +206,8 @@ def assemble(run: RunSummary, state: dict, reference: list[float] | None, wall: 
         "schema": SCHEMA_VERSION,
         "status": Status.OK,
         "benchmark": {"name": cfg["benchmark"]["class_path"], "init_args": cfg["benchmark"]["init_args"],
-                      "scenario_type": run.scenario_type, "num_classes": run.num_classes},
+                      "scenario_type": run.scenario_type, "num_classes": run.num_classes,
+                      **({"synthetic": True} if run.synthetic else {})},
         "objective": run.objective,
         "model": {"name": cfg["model"]["class_path"], "init_args": cfg["model"]["init_args"],
                   "params_total": run.params_total, "params_trainable": run.params_trainable,

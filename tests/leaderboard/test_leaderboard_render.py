@@ -424,7 +424,8 @@ def test_header_says_which_scoring_made_a_text_benchmarks_numbers():
     meta = {"scenario_type": "domain-il", "experiences": ["FOMC"], "num_classes": None, "orders": ["standard"],
             "seeds": [0], "models": ["hf_causal_lm"], "r_names": ["trace_exact_match"], "r_higher": True}
     assert meta_line({**meta, "scorings": ["trace"]}).endswith(
-        "· scoring: trace (TRACE's own evaluation scripts, comparable with papers)")
+        "· scoring: trace (TRACE's own evaluation scripts; papers' numbers compare only on TRACE's own data)")
+    assert meta_line({**meta, "scorings": ["trace"], "synthetic": True}).startswith("synthetic data (generated")
     assert "scoring: normalized (lenient" in meta_line({**meta, "scorings": ["normalized"]})
     assert "scoring" not in meta_line({**meta, "scorings": []})
 

@@ -110,6 +110,7 @@ def test_a_run_stores_each_cells_binomial_error_beside_r(run_result):
     result = run_result
     assert result["schema"] == 2
     assert result["r_n"] == [450, 450, 450]  # the digits test sets' sizes
+    assert "synthetic" not in result["benchmark"]  # collected data: the result says nothing more
     for row, errors in zip(result["r_matrix"] + [result["r_init"]], result["r_stderr"] + [result["r_init_stderr"]]):
         for p, se, n in zip(row, errors, result["r_n"]):
             assert se == pytest.approx(math.sqrt(p * (1 - p) / n))

@@ -90,6 +90,7 @@ def test_the_runner_path_gives_the_simulations_errors_in_its_r_matrix_and_resume
     complete = ContinualRun(resolve_config(raw), tmp_path / "out")
     result = complete.execute()
     assert result["r_metric"] == {"names": ["mse"] * 20, "higher_is_better": False}
+    assert result["benchmark"]["synthetic"] is True  # the simulator's data: tables say so
     assert complete.parts.strategy.seed == derive(3, "strategy")
     sim = simulate([3], 20, 3, explore=4, noise_seeds=[derive(3, "strategy")])
     R = torch.tensor(result["r_matrix"], dtype=torch.float64)
