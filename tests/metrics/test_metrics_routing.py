@@ -283,8 +283,10 @@ def test_units_the_layout_cannot_label_are_left_out_of_n_eff_and_reported():
         routing.record("layer", experts=torch.tensor([[0], [0], [1]]), num_experts=2)       # 3: not B*u
     summary = recorder.compositions()["layer"]
     expected = effective_compositions([0, 1, 1, 1], [[1, 0], [1, 1], [1, 1], [1, 1]]).n_eff
+    # controlled figures: route 0 holds one unit (no unbiased index); route 1's three units share one
+    # composition (index 1); the population holds 1 and 3 units of two compositions: S_pop = 6/12
     assert summary == {"n_eff": pytest.approx(expected), "routes": 2, "compositions": 2, "units": 4,
-                       "unlabelled": 3}
+                       "unlabelled": 3, "n_eff_unbiased": 1.0, "n_eff_null": 2.0, "n_eff_excess": -1.0}
     assert "unlabelled" not in recorder.compositions([0]).get("layer", {})
 
     counter = CompositionCounter()
