@@ -50,17 +50,6 @@ def starts_processes_per_fit(trainer) -> bool:
     return isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
 
 
-def combined_loader_mode(loader) -> str:
-    """The mode a ``CombinedLoader`` was made with (``min_size``, ``max_size_cycle``,
-    ``max_size`` or ``sequential``), to count its batches per epoch before it is iterated.
-
-    Why private: ``CombinedLoader`` takes ``mode`` but keeps it as ``_mode`` only, and its
-    ``len()`` exists only once it is iterated (the scheduler's length is needed before ``fit``).
-    Checked on: 2.4.0 to 2.6.6.
-    """
-    return loader._mode
-
-
 def attached_trainer(module) -> Any:
     """The Trainer a LightningModule is attached to, or None.
 

@@ -71,14 +71,6 @@ def test_starts_processes_per_fit_names_the_spawning_strategies_only():
     assert not internals.starts_processes_per_fit(_trainer())
 
 
-@pytest.mark.parametrize("mode", ["min_size", "max_size_cycle", "max_size", "sequential"])
-def test_combined_loader_mode_is_the_mode_it_was_made_with(mode):
-    from lightning.pytorch.utilities import CombinedLoader
-
-    loader = CombinedLoader({"a": [1, 2, 3], "b": [4]}, mode=mode)
-    assert internals.combined_loader_mode(loader) == mode
-
-
 def test_attached_trainer_is_none_where_the_public_property_raises():
     import lightning.pytorch as pl
 
