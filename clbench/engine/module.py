@@ -263,7 +263,13 @@ class ContinualModule(pl.LightningModule):
         R entries, their sampling errors, every metric) and each column's per-class recalls; the
         metrics are reset for the next pass. Every process calls it (the states are synced)."""
         from clbench.engine.state import ColumnValues
+        from clbench.strategy import Strategy
 
+        # what the objective deferred (pooled generation) is done first, in the strategy's
+        # per-column context where it has one
+        own_context = type(self.strategy).evaluating is not Strategy.evaluating
+        self.objective.finish_evaluation(
+            self.model, (lambda column: self.strategy.evaluating(self.context, column)) if own_context else None)
         computed, sampling, recalls = [], [], []
         for column, primary in zip(self.eval_metrics, self.primary):
             computed.append({name: float(value) for name, value in column.compute().items()})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
 
 import torch
 from torch import Tensor, nn
@@ -118,6 +118,13 @@ class Objective:
 
     def begin_evaluation(self) -> None:
         """Before every evaluation pass over the test columns."""
+
+    def finish_evaluation(self, model: nn.Module, evaluating: Callable[[Any], ContextManager[None]] | None = None
+                          ) -> None:
+        """Complete what :meth:`evaluate` deferred (the causal-LM objective's pooled generation),
+        on every process, before the pass's metrics are computed. ``evaluating(column)``: the
+        strategy's context for a column's samples, given when the strategy has one (else
+        samples of different columns may be processed together)."""
 
     def end_evaluation(self) -> None:
         """After every evaluation pass, on every process (under data parallelism each saw its

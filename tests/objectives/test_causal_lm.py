@@ -107,7 +107,112 @@ def test_batched_generation_from_left_padded_prompts_equals_one_prompt_at_a_time
     assert together == alone
     metrics = MetricCollection(objective.metrics(None))
     objective.evaluate(model, batch, metrics)
+    objective.finish_evaluation(model)
     assert float(metrics.compute()["exact_match"]) == sum(p == r["answer"] for p, r in zip(together, records)) / 2
+
+
+def test_a_pass_is_decoded_pooled_by_cap_and_length_and_scored_in_the_order_it_came(model):
+    """Batches of three columns (caps 2, 2 and 5) are decoded together after the pass: every
+    batch holds one cap, its rows by column and length, a column's shared instruction prefilled
+    once, no row decodes past its cap, and each column's metric and saved rows get what
+    decoding its loader batches one by one gives."""
+    from torchmetrics import MetricCollection
+
+    from unittest import mock
+
+    from clbench.data.streams import Experience
+    from clbench.objectives.generation_pool import plan, shared_prefix_cache
+
+    caps = {"a": 2, "b": 2, "c": 5}
+    words = ["alpha", "beta gamma", "delta epsilon zeta eta", "theta", "iota kappa lambda", "mu nu xi omicron pi rho"]
+    instruction = {"a": "a: say which word comes next.", "b": "b: name the next one in the list please.", "c": "c:"}
+    records = {name: [{"prompt": f"{instruction[name]} " + " ".join(words[(i + k) % len(words)] for k in range(i % 4 + 1)),
+                       "answer": "x"} for i in range(7)] for name in caps}
+    columns = {name: Experience(position=i, name=name, domain_id=i, classes=[], train=[], test=records[name]) for i, name in enumerate(caps)}
+    runs = {}
+    for pooled in (True, False):
+        objective = _objective(model, max_length=96, max_new_tokens=caps, generation_batch=4)
+        collate = objective.collate(train=False)
+        metrics = {name: MetricCollection(objective.metrics(columns[name])) for name in caps}
+        objective.begin_evaluation()
+        expected = {}
+        for name, column in columns.items():
+            for start in (0, 3, 6):  # loader batches of 3, 3 and 1
+                batch = collate(records[name][start:start + 3])
+                if pooled:
+                    objective.evaluate(model, batch, metrics[name], column)
+                else:
+                    expected.setdefault(name, []).extend(
+                        objective.generate(model, batch["input_ids"], batch["attention_mask"], caps[name]))
+        if pooled:
+            assert objective._generations == {}  # nothing is decoded before the pass ends
+            shared = []
+
+            def spy(model_, rows, keys, pad_id):
+                laid_out = shared_prefix_cache(model_, rows, keys, pad_id)
+                shared.extend([rows[0][:2].tolist()] if laid_out is not None else [])
+                return laid_out
+
+            with mock.patch("clbench.objectives.generation_pool.shared_prefix_cache", spy):
+                objective.finish_evaluation(model)
+            runs["pooled"] = ({n: [r["prediction"] for r in rows] for n, rows in objective._generations.items()},
+                              {n: float(m.compute()["exact_match"]) for n, m in metrics.items()},
+                              objective.summary()["generation_rows"])
+        else:
+            runs["alone"] = expected
+    predictions, scores, rows = runs["pooled"]
+    assert predictions == runs["alone"]
+    assert scores == {n: sum(p == "x" for p in predictions[n]) / 7 for n in caps}
+    assert rows == 4
+    tok = model.tokenizer
+    # the instructions of a and b were prefilled once per batch; c's one-token tag is not worth it
+    assert len(shared) == 4 and all(ids == tok(f"{instruction[n]}", add_special_tokens=False)["input_ids"][:2]
+                                    for ids, n in zip(shared, "aabb"))
+    # the plan: caps 2 and 5 never share a batch; 14 rows of cap 2 in four batches of 3-4, by length
+    lengths = [len(tok(r["prompt"], add_special_tokens=False)["input_ids"]) for n in caps for r in records[n]]
+    groups = [caps[n] for n in caps for _ in records[n]]
+    batches = plan(lengths, groups, 4)
+    assert sorted(len(b) for b in batches) == [3, 3, 3, 4, 4, 4]
+    assert all(len({groups[i] for i in b}) == 1 for b in batches)
+    cap2 = [i for b in batches if groups[b[0]] == 2 for i in b]
+    assert [lengths[i] for i in cap2] == sorted(lengths[i] for i in range(14))
+
+
+def test_a_strategy_context_keeps_each_column_apart_and_wraps_its_decoding(model):
+    """With the strategy's per-column context, rows of two columns of one cap are decoded in two
+    batches, each inside its own column's context; ``pool_generation: false`` decodes a batch
+    as it comes."""
+    import contextlib
+
+    from torchmetrics import MetricCollection
+
+    from clbench.data.streams import Experience
+
+    objective = _objective(model, max_length=64, max_new_tokens=3)
+    columns = [Experience(position=i, name=n, domain_id=i, classes=[], train=[], test=[]) for i, n in enumerate("ab")]
+    seen = []
+
+    @contextlib.contextmanager
+    def evaluating(column):
+        seen.append(column.name)
+        yield
+
+    records = [{"prompt": f"question {i}", "answer": "x"} for i in range(3)]
+    for column in columns:
+        objective.evaluate(model, objective.collate(train=False)(records), MetricCollection(objective.metrics(column)),
+                           column)
+    objective.finish_evaluation(model, evaluating)
+    assert seen == ["a", "b"] and set(objective._generations) == {"a", "b"}
+    objective.begin_evaluation()
+    for column in columns:
+        objective.evaluate(model, objective.collate(train=False)(records), MetricCollection(objective.metrics(column)),
+                           column)
+    objective.finish_evaluation(model)  # no context: one batch for both columns
+    assert objective._generation_rows == [6]
+    unpooled = _objective(model, max_length=64, max_new_tokens=3, pool_generation=False)
+    unpooled.evaluate(model, unpooled.collate(train=False)(records), MetricCollection(unpooled.metrics(columns[0])),
+                      columns[0])
+    assert [r["prediction"] for r in unpooled._generations["a"]] == [r["prediction"] for r in objective._generations["a"]]
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +279,7 @@ def test_trace_scoring_scores_the_generation_as_decoded_and_lenient_scoring_stri
         batch = objective.collate(train=False)(records)
         metrics = MetricCollection(objective.metrics(None))
         objective.evaluate(model, batch, metrics)
+        objective.finish_evaluation(model)
         rows[name] = objective._generations["all"]
         out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5,
                              do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)

@@ -207,6 +207,7 @@ def test_prompt_prefix_changes_outputs_and_generation_runs_under_oracle_and_keys
         module.objective.begin_evaluation()
         metrics = module.eval_metrics[0]
         module.objective.evaluate(model, batch, metrics, experiences[0])
+        module.objective.finish_evaluation(model, lambda column: strategy.evaluating(module.context, column))
         assert strategy.state.slots.tolist() == [0] * 4  # only task 0 trained: every sample uses it
         # the prompt matters: changing it changes the logits
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
@@ -256,6 +257,7 @@ def test_oracle_mode_uses_the_column_the_module_evaluates():
         module.objective.begin_evaluation()
         with strategy.evaluating(module.context, column):
             module.objective.evaluate(model, batch, module.eval_metrics[0], column)
+        module.objective.finish_evaluation(model, lambda c: strategy.evaluating(module.context, c))
         assert strategy.state.slots.tolist() == [slot] * 4
 
 

@@ -1,0 +1,219 @@
+"""Greedy generation over a whole evaluation pass: prompts pooled, bucketed, then decoded.
+
+The causal-LM objective used to decode each loader batch as it came (``eval_batch_size`` rows,
+padded to the batch's longest prompt, one ``generate`` per batch). A pass's prompts are now
+kept until the pass ends (:class:`PendingBatch`) and decoded together:
+
+- rows are grouped by their answer cap (a task's ``max_new_tokens``), so no row decodes past
+  its own cap and a batch ends when its rows reach EOS or that cap;
+- within a group, rows are sorted by prompt length (ties in arrival order), so a batch pads
+  its prompts to near-equal lengths instead of to the longest of a random draw;
+- a group is cut into the fewest batches of at most ``rows`` rows, of near-equal size.
+
+- within a batch, rows are ordered by column, and the token prefix a column's rows share (its
+  task instruction) is prefilled once and its KV cache repeated for every row
+  (:func:`shared_prefix_cache`): the prompt's own tokens are all that each row prefills.
+
+On a CPU a decoding step over 64 rows costs a few times one over 8, for eight times the tokens,
+and prefill costs per token, so what padding and repeated instructions are saved is saved
+outright (``perf/lm_generation.py`` measures both).
+
+Greedy tokens are not bit-equal to one-batch-at-a-time decoding: a row's logits round
+differently beside other rows (about 4e-5 in SmolLM2's logits), and a near tie may flip. The
+perf script counts the rows whose text differs. The batch size is a setting, not read from
+free memory: the tokens of a run must not depend on what else its machine was running; a
+batch the memory cannot hold is cut (:func:`rows_that_fit`) and the cut is recorded.
+
+The teacher-forced routing pass (models with routing layers) keeps its own forward: it reads
+prompt + reference answer, right-padded, and its prompt positions would give the generation's
+prefill only in exact arithmetic, laid out as the loader batch, not as the bucketed one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Hashable
+
+import torch
+from torch import Tensor
+
+# Fraction of the free memory a generation batch may take (KV cache and prefill activations).
+MEMORY_SHARE = 0.25
+# A column's shared prefix shorter than this is prefilled with each row (a separate forward is not worth it).
+MIN_SHARED_PREFIX = 4
+
+
+@dataclass
+class PendingBatch:
+    """One loader batch whose generations wait for the end of the pass."""
+
+    rows: list[Tensor]  # each prompt's token ids, without padding
+    cap: int  # new tokens at most (the column's max_new_tokens)
+    raw: bool  # decoded as TRACE's inference does
+    metrics: Any  # the column's MetricCollection
+    column: Any  # the experience the column scores (None: a stream-wide test set)
+    prompts: list[str]
+    answers: list[str]
+    predictions: list[str | None] = field(default_factory=list)
+
+
+def decode(model: Any, pending: list[PendingBatch], generate: Callable[..., list[str]], pad_id: int, rows: int,
+           evaluating: Callable[[Any], ContextManager[None]] | None = None) -> list[int]:
+    """Fill every pending batch's ``predictions``: rows pooled across batches (and across
+    columns unless ``evaluating(column)``, the strategy's per-column context, is given: then per
+    column inside it), decoded by ``generate(model, ids, mask, cap, raw=, cache=)``. Returns the
+    sizes of the batches decoded."""
+    flat = [(b, i) for b, batch in enumerate(pending) for i in range(len(batch.rows))]
+    for batch in pending:
+        batch.predictions = [None] * len(batch.rows)
+    order = {c: k for k, c in enumerate(dict.fromkeys(id(b.column) for b in pending))}  # columns as they came
+    columns = [order[id(pending[b].column)] for b, _ in flat]
+    groups = [(pending[b].cap, pending[b].raw, columns[n] if evaluating else None) for n, (b, _) in enumerate(flat)]
+    lengths = [len(pending[b].rows[i]) for b, i in flat]
+    wanted = rows_that_fit(model, max(lengths) + max(b.cap for b in pending), rows)
+    # a hook may change what a forward sees (MoSEs prepends its prompts): no prefix is shared then
+    share = not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+    sizes = []
+    for members in plan(lengths, groups, wanted, columns):
+        first = pending[flat[members[0]][0]]
+        batch_rows = [pending[b].rows[i] for b, i in (flat[m] for m in members)]
+        with evaluating(first.column) if evaluating else contextlib.nullcontext():
+            laid_out = shared_prefix_cache(model, batch_rows, [columns[m] for m in members], pad_id) if share else None
+            ids, mask, cache = laid_out if laid_out is not None else (*left_padded(batch_rows, pad_id), None)
+            texts = generate(model, ids, mask, first.cap, raw=first.raw, cache=cache)
+        for m, text in zip(members, texts):
+            b, i = flat[m]
+            pending[b].predictions[i] = text
+        sizes.append(len(members))
+    return sizes
+
+
+def plan(lengths: list[int], groups: list[Hashable], rows: int, columns: list[int] | None = None
+         ) -> list[list[int]]:
+    """Batches of row indices: rows of one group only, sorted by column (when given), then by
+    length (ties in order), each group cut into ``ceil(n / rows)`` batches whose sizes differ by
+    at most one."""
+    by_group: dict[Hashable, list[int]] = {}
+    for index, group in enumerate(groups):
+        by_group.setdefault(group, []).append(index)
+    batches = []
+    for members in by_group.values():
+        members.sort(key=lambda i: (columns[i] if columns else 0, lengths[i]))  # stable: ties keep their order
+        count = math.ceil(len(members) / rows)
+        size, extra = divmod(len(members), count)
+        start = 0
+        for k in range(count):
+            end = start + size + (k < extra)
+            batches.append(members[start:end])
+            start = end
+    return batches
+
+
+def left_padded(rows: list[Tensor], pad_id: int, width: int | None = None) -> tuple[Tensor, Tensor]:
+    """``(input_ids, attention_mask)`` with every row ending at the last position (``width``
+    columns; the longest row's by default)."""
+    width = max(1, max(len(r) for r in rows)) if width is None else width
+    device = rows[0].device
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        if len(row):
+            ids[i, width - len(row):] = row
+            mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def bytes_per_row(config: Any, tokens: int, itemsize: int) -> int:
+    """Memory one row of a generation batch may take: its KV cache over ``tokens`` positions and
+    one layer's prefill activations (attention projections and the MLP's three matrices)."""
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(config, "head_dim", 0) or (hidden // heads if hidden else 0))
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    layers = int(getattr(config, "num_hidden_layers", 1) or 1)
+    inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    cache = 2 * layers * kv_heads * head_dim
+    activations = 4 * hidden + 3 * inner
+    return tokens * (cache + activations) * itemsize + int(getattr(config, "vocab_size", 0) or 0) * 4
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` (None where it cannot be read)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def rows_that_fit(model: Any, tokens: int, wanted: int) -> int:
+    """``wanted``, or fewer where :data:`MEMORY_SHARE` of the free memory cannot hold as many
+    rows of ``tokens`` positions."""
+    hf = getattr(model, "hf", model)
+    config = getattr(hf, "config", None)
+    parameter = next(iter(model.parameters()), None)
+    if config is None or parameter is None:
+        return wanted
+    free = free_memory(parameter.device)
+    if free is None:
+        return wanted
+    each = bytes_per_row(getattr(config, "get_text_config", lambda: config)(), tokens, parameter.element_size())
+    return max(1, min(wanted, int(free * MEMORY_SHARE) // max(1, each)))
+
+
+def common_prefix(rows: list[Tensor]) -> int:
+    """How many leading tokens all ``rows`` share."""
+    shortest = min(len(r) for r in rows)
+    if len(rows) < 2 or shortest == 0:
+        return 0
+    stacked = torch.stack([r[:shortest] for r in rows])
+    differs = (stacked != stacked[0]).any(0).nonzero()
+    return int(differs[0]) if len(differs) else shortest
+
+
+def shared_prefix_cache(model: Any, rows: list[Tensor], keys: list[Hashable], pad_id: int
+                        ) -> tuple[Tensor, Tensor, Any] | None:
+    """``(input_ids, attention_mask, cache)`` for ``generate``: the rows laid out as
+    [left-padded shared prefix | left-padded rest], the prefix that the rows of each key (column)
+    share computed once (one row) and its KV cache copied to those rows. Padding inside a row
+    is masked and positions follow the mask, as ``generate`` derives them, so each row sees
+    its own prompt. None where no key's rows share :data:`MIN_SHARED_PREFIX` tokens (each row
+    keeps at least one token of its own to prefill), or the model's cache is not a plain
+    key/value cache."""
+    from transformers import DynamicCache
+
+    spans: dict[Hashable, int] = {}
+    for key in dict.fromkeys(keys):
+        members = [r for r, k in zip(rows, keys) if k == key]
+        shared = min(common_prefix(members), min(len(r) for r in members) - 1)
+        spans[key] = shared if shared >= MIN_SHARED_PREFIX else 0
+    if not any(spans.values()):
+        return None
+    width = max(spans.values())
+    layers: list[list[tuple[Tensor, Tensor] | None]] = []
+    first = {key: next(r for r, k in zip(rows, keys) if k == key) for key, n in spans.items() if n}
+    caches = {}
+    for key, row in first.items():
+        cache = DynamicCache(config=getattr(model, "config", None))
+        model(input_ids=row[: spans[key]][None], cache=cache, use_cache=True)
+        if not all(type(layer).__name__ == "DynamicLayer" for layer in cache.layers):
+            return None
+        caches[key] = cache
+    reference = next(iter(caches.values())).layers
+    layers = []
+    for depth, layer in enumerate(reference):
+        keys_t = layer.keys.new_zeros((len(rows), *layer.keys.shape[1:2], width, layer.keys.shape[-1]))
+        values_t = layer.values.new_zeros((len(rows), *layer.values.shape[1:2], width, layer.values.shape[-1]))
+        for i, key in enumerate(keys):
+            if spans[key]:
+                keys_t[i, :, width - spans[key]:] = caches[key].layers[depth].keys[0]
+                values_t[i, :, width - spans[key]:] = caches[key].layers[depth].values[0]
+        layers.append((keys_t, values_t))
+    prefix_ids, prefix_mask = left_padded([r[: spans[k]] for r, k in zip(rows, keys)], pad_id, width)
+    rest_ids, rest_mask = left_padded([r[spans[k]:] for r, k in zip(rows, keys)], pad_id)
+    cache = DynamicCache(ddp_cache_data=layers, config=getattr(model, "config", None))
+    return torch.cat([prefix_ids, rest_ids], 1), torch.cat([prefix_mask, rest_mask], 1), cache

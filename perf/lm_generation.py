@@ -1,0 +1,112 @@
+"""Evaluation of a language-model run: pooled, bucketed generation against batch-by-batch decoding.
+
+One evaluation pass of a run (every test column of its stream), timed two ways in one process,
+rounds interleaved (who goes first alternates), on the model the config builds:
+
+- ``per-batch``: what the causal-LM objective did before pooling, and what ``model.generate``
+  alone does: each loader batch of ``train.eval_batch_size`` prompts, left-padded to its
+  longest, decoded by one ``generate`` call up to its column's ``max_new_tokens``;
+- ``pooled``: the objective's evaluation as a run does it: every batch kept, then decoded by
+  :meth:`~clbench.objectives.causal_lm.CausalLanguageModeling.finish_evaluation` (rows grouped by
+  answer cap, sorted by prompt length, ``objective.init_args.generation_batch`` rows a batch).
+
+Both decode greedily with the KV cache, stop a row at EOS or its cap, and are decoded to text
+the same way; both are given the same collated batches. Tokens/s counts the tokens each side
+generated before its row stopped (EOS included). The texts of the two are compared row by row:
+a row that differs is counted (a row's logits round differently beside other rows).
+
+    OMP_NUM_THREADS=1 python perf/lm_generation.py                 # the README's SmolLM2 run: minutes
+    OMP_NUM_THREADS=1 python perf/lm_generation.py --config configs/examples/trace-mini-seq_ft.yaml
+    python perf/lm_generation.py benchmark.init_args.n_test=32 objective.init_args.generation_batch=32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/examples/trace-mini-smollm2.yaml")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+
+    import torch
+    from torchmetrics import MetricCollection
+
+    from clbench.config.load import load_config
+    from clbench.engine.parts import build_parts
+    from clbench.results.assemble import cpu_identity
+
+    torch.set_num_threads(args.threads)
+    parts = build_parts(load_config(args.config, args.overrides), args.config)
+    objective, model = parts.objective, parts.model.eval()
+    tok = objective.tokenizer
+    collate = objective.collate(train=False)
+    size = parts.cfg["train"]["eval_batch_size"] or parts.cfg["train"]["batch_size"]
+    batches = []  # (column, collated batch)
+    for column in parts.experiences:
+        records = [column.test[i] for i in range(len(column.test))]
+        batches += [(column, collate(records[i:i + size])) for i in range(0, len(records), size)]
+    prompts = sum(len(b["prompts"]) for _, b in batches)
+
+    def per_batch() -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for column, batch in batches:
+            raw = objective.metric_name(column).startswith("trace")
+            out.setdefault(column.name, []).extend(objective.generate(
+                model, batch["input_ids"], batch["attention_mask"], objective.new_tokens(column), raw=raw))
+        return out
+
+    def pooled() -> dict[str, list[str]]:
+        objective.begin_evaluation()
+        for column, batch in batches:
+            objective.evaluate(model, batch, MetricCollection(objective.metrics(column)), column)
+        objective.finish_evaluation(model)
+        return {name: [row["prediction"] for row in rows] for name, rows in objective._generations.items()}
+
+    def generated(texts: dict[str, list[str]]) -> int:
+        """Tokens decoded before each row stopped: its text's tokens, plus the EOS where it stopped early."""
+        count = 0
+        for column in parts.experiences:
+            for text in texts[column.name]:
+                n = len(tok(text, add_special_tokens=False)["input_ids"])
+                count += min(objective.new_tokens(column), n + 1)
+        return count
+
+    contenders = {"per-batch": per_batch, "pooled": pooled}
+    cpu = cpu_identity()
+    print(f"{args.config}: {prompts} prompts in {len(batches)} loader batches of {size}, "
+          f"{len(parts.experiences)} columns; {next(model.parameters()).dtype}; CPU {cpu['model']} ({cpu['isa']}), "
+          f"{args.threads} thread(s)", flush=True)
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    outputs: dict[str, dict[str, list[str]]] = {}
+    with torch.no_grad():
+        for r in range(args.rounds):
+            order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
+            for name in order:
+                start = time.perf_counter()
+                outputs[name] = contenders[name]()
+                times[name].append(time.perf_counter() - start)
+            print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.1f}s" for n in contenders), flush=True)
+    tokens = {name: generated(outputs[name]) for name in contenders}
+    base = statistics.median(times["per-batch"])
+    differ = sum(a != b for name in outputs["per-batch"]
+                 for a, b in zip(outputs["per-batch"][name], outputs["pooled"][name]))
+    print("\n| contender | seconds a pass (median) | generated tokens | tokens/s | x per-batch |")
+    print("|---|---|---|---|---|")
+    for name in contenders:
+        seconds = statistics.median(times[name])
+        print(f"| {name} | {seconds:.1f} | {tokens[name]} | {tokens[name] / seconds:.1f} | {base / seconds:.2f} |")
+    print(f"\nrows whose text differs between the two: {differ} of {prompts}; pooled batches: "
+          f"{objective._generation_rows}")
+
+
+if __name__ == "__main__":
+    main()
