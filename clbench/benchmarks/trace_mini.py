@@ -19,7 +19,12 @@ a rule a tiny model can learn from a few hundred examples:
 Generation is deterministic (``random.Random`` seeded per task and split). Prompts are unique
 within a task across train, eval and test, so the test set checks more than recall.
 
-    python -m clbench.benchmarks.trace_mini OUTDIR [--n-train 500 --n-eval 50 --n-test 100 --seed 0]
+``template: shared`` writes every task's prompt in one form, ``Input: <content>\nOutput:``,
+without its instruction or field names (the same draws, so the same answers): which task a
+prompt belongs to must then be told from its content, as a method that identifies tasks at
+test time (MoSEs' keys) must do on real data, where formats are not a giveaway.
+
+    python -m clbench.benchmarks.trace_mini OUTDIR [--n-train 500 --n-eval 50 --n-test 100 --seed 0] [--template shared]
 
 writes the set in TRACE's on-disk layout (``OUTDIR/<Task>/{train,eval,test}.json``), readable by
 the ``trace`` benchmark.
@@ -35,7 +40,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from typing import Annotated, Callable
+from typing import Annotated, Callable, Literal
 
 from pydantic import Field
 
@@ -68,7 +73,7 @@ def c_stance(rng: random.Random) -> Record:
     text = f"{_pick(rng, SUBJECTS)} {_pick(rng, STANCE_VERBS[label])} {target} {_pick(rng, TAILS)}"
     prompt = ("Decide the stance of the text toward the target. A: favor, B: against, C: neutral.\n"
               f"Text: {text}\nTarget: {target}\nStance:")
-    return {"prompt": prompt, "answer": label}
+    return {"prompt": prompt, "answer": label, "content": f"{text} ({target})"}
 
 
 FOMC_ACTORS = ["The Committee", "Participants", "Members", "Several officials", "The Board", "Most policymakers"]
@@ -89,7 +94,7 @@ def fomc(rng: random.Random) -> Record:
            f"{_pick(rng, FOMC_REASONS)}"
     prompt = ("What is the monetary policy stance of the text? A: dovish, B: hawkish, C: neutral. "
               f"Answer with A, B or C.\nText: {text}\nAnswer:")
-    return {"prompt": prompt, "answer": label}
+    return {"prompt": prompt, "answer": label, "content": text}
 
 
 DECISION_VERBS = ["approve", "reject", "delay", "amend", "fund"]
@@ -111,7 +116,7 @@ def meetingbank(rng: random.Random) -> Record:
     rng.shuffle(turns)
     summary = " ".join(t for t in turns if t in decisions)
     prompt = f"Write a summary of the following meeting transcript.\nTranscript: {' '.join(turns)}\nSummary:"
-    return {"prompt": prompt, "answer": summary}
+    return {"prompt": prompt, "answer": summary, "content": " ".join(turns)}
 
 
 NAMES = ["count", "name", "size", "value", "total", "label", "speed", "owner", "color", "score", "price", "level"]
@@ -136,7 +141,8 @@ def py150(rng: random.Random) -> Record:
         code = (f"def show_{a} ( {a} ) : <EOL> print ( <STR_LIT:{a}> , {a} ) <EOL> "
                 f"if __name__ == <STR_LIT:__main__> : <EOL>")
         answer = f"show_{a} ( <NUM_LIT:{num}> ) <EOL>"
-    return {"prompt": f"Complete the next line of the Python code.\n<s> {code}\nNext line:", "answer": answer}
+    return {"prompt": f"Complete the next line of the Python code.\n<s> {code}\nNext line:", "answer": answer,
+            "content": f"<s> {code}"}
 
 
 CATEGORIES = {
@@ -159,7 +165,7 @@ def scienceqa(rng: random.Random) -> Record:
     letters = "ABCD"
     listing = " ".join(f"({letters[i]}) {o}" for i, o in enumerate(options))
     prompt = f"Question: Which of these is a {cat}?\nOptions: {listing}\nAnswer:"
-    return {"prompt": prompt, "answer": letters[correct]}
+    return {"prompt": prompt, "answer": letters[correct], "content": f"Which of these is a {cat}? {listing}"}
 
 
 FACTS = [("spider", "spiders", "legs", 8), ("dog", "dogs", "legs", 4), ("bird", "birds", "legs", 2),
@@ -174,7 +180,7 @@ def numglue_cm(rng: random.Random) -> Record:
     k = rng.randrange(1, 10)
     question = f"{_pick(rng, PEOPLE)} counts {k} {plural}. How many {part} do they have in total?"
     return {"prompt": f"Solve the problem. Give only the number.\nQuestion: {question}\nAnswer:",
-            "answer": str(per * k)}
+            "answer": str(per * k), "content": question}
 
 
 UNITS = [("grams of salt", "a solution"), ("liters of water", "a tank"), ("moles of gas", "a flask"),
@@ -191,7 +197,7 @@ def numglue_ds(rng: random.Random) -> Record:
         question = f"{container.capitalize()} holds {a} {unit}. {b} are removed. How many {unit} does it hold now?"
         answer = a - b
     return {"prompt": f"Solve the problem. Give only the number.\nQuestion: {question}\nAnswer:",
-            "answer": str(answer)}
+            "answer": str(answer), "content": question}
 
 
 NOUN_PHRASES = [("Der Mediziner", "Der Arzt"), ("Das Automobil", "Das Auto"), ("Der Hund", "Der Hund"),
@@ -211,8 +217,14 @@ def minuten20(rng: random.Random) -> Record:
         sources.append(f"{hard} {verb} {_pick(rng, TIMES)} {_pick(rng, INTENSIFIERS)} {adv}.")
         targets.append(f"{easy} {verb} {adv}.")
     prompt = f"Provide a simplified version of the following paragraph in German.\n\n{' '.join(sources)}"
-    return {"prompt": prompt, "answer": " ".join(targets)}
+    return {"prompt": prompt, "answer": " ".join(targets), "content": " ".join(sources)}
 
+
+# ``template: shared``: every task's prompt in one form, so that which task a prompt belongs to is
+# told by its content alone (a method that must identify the task, as MoSEs' keys do, cannot
+# read it off the instruction).
+SHARED_TEMPLATE = "Input: {content}\nOutput:"
+Template = Literal["own", "shared"]
 
 GENERATORS: dict[str, Callable[[random.Random], Record]] = {
     "C-STANCE": c_stance, "FOMC": fomc, "MeetingBank": meetingbank, "Py150": py150, "ScienceQA": scienceqa,
@@ -221,10 +233,12 @@ GENERATORS: dict[str, Callable[[random.Random], Record]] = {
 
 
 def generate(tasks: list[str] | None = None, n_train: int = 200, n_eval: int = 20, n_test: int = 50,
-             seed: int = 0) -> dict[str, dict[str, list[Record]]]:
+             seed: int = 0, template: Template = "own") -> dict[str, dict[str, list[Record]]]:
     """``{task: {split: records}}``. Test is drawn first, then eval, then train, each with its
     own generator, and no prompt repeats within a task; a split's records therefore stay the
-    same when a later split's size changes."""
+    same when a later split's size changes. ``template: shared`` gives every task's prompt the
+    one form of :data:`SHARED_TEMPLATE` around its content (instruction and field names left
+    out), from the same draws: the answers are those of ``own``."""
     sizes = {"test": n_test, "eval": n_eval, "train": n_train}
     out = {}
     for task in in_order(tasks):
@@ -239,7 +253,9 @@ def generate(tasks: list[str] | None = None, n_train: int = 200, n_eval: int = 2
                 if attempts > 200 * sizes[split] + 100:
                     raise ArgumentError("benchmark", f"n_{split}", f"cannot draw {sizes[split]} distinct {split} "
                                         f"prompts for {task}", fix="ask for fewer records")
-                record = GENERATORS[task](rng)
+                drawn = GENERATORS[task](rng)
+                content = drawn.pop("content")
+                record = drawn if template == "own" else {**drawn, "prompt": SHARED_TEMPLATE.format(content=content)}
                 if record["prompt"] not in seen:
                     seen.add(record["prompt"])
                     records.append(record)
@@ -250,10 +266,11 @@ def generate(tasks: list[str] | None = None, n_train: int = 200, n_eval: int = 2
 
 def trace_mini(tasks: Tasks | None = None, n_train: Annotated[int, Field(ge=1)] = 200,
                n_test: Annotated[int, Field(ge=1)] = 50, seed: int = 0, scenario_type: ScenarioType = "domain-il",
-               scoring: Scoring = "trace"):
+               scoring: Scoring = "trace", template: Template = "own"):
     """The generated TRACE look-alike as a stream (built in memory; same orders, metrics,
-    scorings and item format as ``trace``)."""
-    data = generate(tasks, n_train=n_train, n_eval=0, n_test=n_test, seed=seed)
+    scorings and item format as ``trace``); ``template: shared``: one prompt form for every
+    task (:data:`SHARED_TEMPLATE`)."""
+    data = generate(tasks, n_train=n_train, n_eval=0, n_test=n_test, seed=seed, template=template)
     return scenario_from_records("trace-mini", {t: (d["train"], d["test"]) for t, d in data.items()},
                                  scenario_type=scenario_type, scoring=scoring, synthetic=True)
 
@@ -290,10 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-eval", type=_count, default=50)
     parser.add_argument("--n-test", type=_count, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--template", choices=["own", "shared"], default="own",
+                        help="shared: one prompt form for every task (the task told by content alone)")
     args = parser.parse_args(argv)
     try:
         root = write_trace(args.outdir, generate(n_train=args.n_train, n_eval=args.n_eval, n_test=args.n_test,
-                                                 seed=args.seed))
+                                                 seed=args.seed, template=args.template))
     except UserError as err:
         print(f"error: {err.one_line()}", file=sys.stderr)
         return err.exit_code

@@ -219,6 +219,42 @@ def test_trace_mini_prompts_are_unique_and_answers_follow_the_rules(data):
         assert len(r["answer"].split()) < len(r["prompt"].split("\n\n")[1].split())
 
 
+def test_a_shared_template_hides_the_task_that_the_own_prompts_give_away():
+    """``template: shared``: the same draws and answers, one prompt form for every task. The
+    control: a prompt's first line names its task in the own form (a lookup of the training
+    prompts' first lines identifies every test prompt of six of the eight tasks), and none in
+    the shared form, where the first line carries content only and each task's own instruction
+    appears nowhere."""
+    from clbench.benchmarks.trace_mini import SHARED_TEMPLATE
+
+    own = generate(n_train=30, n_eval=0, n_test=20, seed=3)
+    shared = generate(n_train=30, n_eval=0, n_test=20, seed=3, template="shared")
+    head, tail = SHARED_TEMPLATE.split("{content}")
+    for task in own:
+        for split in ("train", "test"):
+            assert [r["answer"] for r in shared[task][split]] == [r["answer"] for r in own[task][split]]
+            assert all(r["prompt"].startswith(head) and r["prompt"].endswith(tail) for r in shared[task][split])
+        prompts = [r["prompt"] for s in shared[task].values() for r in s]
+        assert len(prompts) == len(set(prompts)), task
+        instruction = own[task]["test"][0]["prompt"].split("\n")[0]
+        assert not any(instruction in p for p in prompts), task
+
+    def identified(data: dict) -> float:
+        """Share of test prompts whose task a lookup of the training prompts' first lines gives."""
+        seen: dict[str, set[str]] = {}
+        for task, splits in data.items():
+            for r in splits["train"]:
+                seen.setdefault(r["prompt"].split("\n")[0], set()).add(task)
+        tests = [(task, r["prompt"]) for task, splits in data.items() for r in splits["test"]]
+        return sum(seen.get(p.split("\n")[0]) == {task} for task, p in tests) / len(tests)
+
+    assert identified(own) == 6 / 8  # all but the two NumGLUE tasks, which share their instruction
+    assert identified(shared) == 0.0
+    spec = trace_mini(n_train=30, n_test=20, seed=3, template="shared")
+    first = ordered_experiences(spec, "default")[0]
+    assert first.test.records() == shared[first.name]["test"]
+
+
 @pytest.mark.parametrize("scoring", ["trace", "normalized"])
 def test_trace_mini_references_score_one_by_their_tasks_metric(data, scoring):
     from clbench.metrics.text import TRACE_SCORINGS
