@@ -268,8 +268,8 @@ def trace_mini(tasks: Tasks | None = None, n_train: Annotated[int, Field(ge=1)] 
                n_test: Annotated[int, Field(ge=1)] = 50, seed: int = 0, scenario_type: ScenarioType = "domain-il",
                scoring: Scoring = "trace", template: Template = "own"):
     """The generated TRACE look-alike as a stream (built in memory; same orders, metrics,
-    scorings and item format as ``trace``); ``template: shared``: one prompt form for every
-    task (:data:`SHARED_TEMPLATE`)."""
+    scorings and item format as ``trace``); with ``template: shared`` every task's prompt
+    has one form, so that only its content tells the task."""
     data = generate(tasks, n_train=n_train, n_eval=0, n_test=n_test, seed=seed, template=template)
     return scenario_from_records("trace-mini", {t: (d["train"], d["test"]) for t, d in data.items()},
                                  scenario_type=scenario_type, scoring=scoring, synthetic=True)
