@@ -1,18 +1,19 @@
 """Greedy generation over a whole evaluation pass: prompts pooled, bucketed, then decoded.
 
-The causal-LM objective used to decode each loader batch as it came (``eval_batch_size`` rows,
-padded to the batch's longest prompt, one ``generate`` per batch). A pass's prompts are now
-kept until the pass ends (:class:`PendingBatch`) and decoded together:
+Decoding each loader batch as it comes (``eval_batch_size`` rows, padded to the batch's longest
+prompt, one ``generate`` per batch) pays for padding, for every row's copy of its task's
+instruction, and for each decoding step's fixed cost once per small batch. The causal-LM
+objective therefore keeps a pass's prompts until the pass ends (:class:`PendingBatch`) and
+decodes them together (:func:`decode`):
 
 - rows are grouped by their answer cap (a task's ``max_new_tokens``), so no row decodes past
   its own cap and a batch ends when its rows reach EOS or that cap;
-- within a group, rows are sorted by prompt length (ties in arrival order), so a batch pads
-  its prompts to near-equal lengths instead of to the longest of a random draw;
-- a group is cut into the fewest batches of at most ``rows`` rows, of near-equal size.
-
-- within a batch, rows are ordered by column, and the token prefix a column's rows share (its
-  task instruction) is prefilled once and its KV cache repeated for every row
-  (:func:`shared_prefix_cache`): the prompt's own tokens are all that each row prefills.
+- within a group, rows are ordered by column, then by prompt length (ties in arrival order),
+  so a batch pads its prompts to near-equal lengths;
+- a group is cut into the fewest batches of at most ``rows`` rows, of near-equal size;
+- within a batch, the token prefix a column's rows share (its task instruction) is prefilled
+  once and its KV cache copied to each of them (:func:`shared_prefix_cache`): each row
+  prefills its own tokens only.
 
 On a CPU a decoding step over 64 rows costs a few times one over 8, for eight times the tokens,
 and prefill costs per token, so what padding and repeated instructions are saved is saved
