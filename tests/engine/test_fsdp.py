@@ -203,18 +203,24 @@ def test_a_test_set_smaller_than_the_processes_leaves_ranks_empty_shards(tmp_pat
 
 def test_lightning_precision_applies_under_sharding_as_under_ddp(tmp_path, write_yaml):
     """``trainer.precision: bf16-mixed`` (autocast, on the CPU here) reaches the sharded model as
-    it reaches DDP's: the same R under both, and not the float32 R. Both decode each loader batch
-    as it comes (sharded parameters always do), so that bf16's rounding sees the same batches."""
+    it reaches DDP's: the same R under both, and not the float32 R (the control: one process on
+    the global batch, the same steps, in this process). Both decode each loader batch as it
+    comes (sharded parameters always do), so that bf16's rounding sees the same batches."""
+    from clbench.config.load import resolve_config
+    from clbench.engine.runner import run
+
     results = {}
-    for kind, precision in (("ddp", "bf16-mixed"), ("fsdp", "bf16-mixed"), ("fsdp", "32-true")):
-        trainer = {"accelerator": "cpu", "devices": 2, "strategy": kind, "precision": precision}
-        cfg = lm_config()
-        cfg["objective"]["init_args"]["pool_generation"] = False
-        config = write_yaml({**cfg, "trainer": trainer}, f"{kind}-{precision}.yaml")
-        result = run_two_processes(config, tmp_path / f"{kind}-{precision}")
-        results[kind, precision] = torch.tensor(result["r_matrix"])
-    assert torch.allclose(results["fsdp", "bf16-mixed"], results["ddp", "bf16-mixed"], atol=1e-6, rtol=0)
-    assert not torch.allclose(results["fsdp", "bf16-mixed"], results["fsdp", "32-true"], atol=1e-6, rtol=0)
+    cfg = lm_config()
+    cfg["objective"]["init_args"]["pool_generation"] = False
+    for kind in ("ddp", "fsdp"):
+        trainer = {"accelerator": "cpu", "devices": 2, "strategy": kind, "precision": "bf16-mixed"}
+        config = write_yaml({**cfg, "trainer": trainer}, f"{kind}.yaml")
+        results[kind] = torch.tensor(run_two_processes(config, tmp_path / kind)["r_matrix"])
+    single = {**cfg, "trainer": {**cfg["trainer"], "precision": "32-true"},
+              "train": {**cfg["train"], "batch_size": 2 * cfg["train"]["batch_size"]}}
+    fp32 = torch.tensor(run(resolve_config(single), tmp_path / "fp32")["r_matrix"])
+    assert torch.allclose(results["fsdp"], results["ddp"], atol=1e-6, rtol=0)
+    assert not torch.allclose(results["fsdp"], fp32, atol=1e-6, rtol=0)
 
 
 if __name__ == "__main__":
