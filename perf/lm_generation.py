@@ -42,6 +42,7 @@ def main() -> None:
 
     from clbench.config.load import load_config
     from clbench.engine.parts import build_parts
+    from clbench.metrics.text import TEXT_METRICS
     from clbench.results.assemble import cpu_identity
 
     torch.set_num_threads(args.threads)
@@ -59,7 +60,7 @@ def main() -> None:
     def per_batch() -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for column, batch in batches:
-            raw = objective.metric_name(column).startswith("trace")
+            raw = TEXT_METRICS[objective.metric_name(column)].scoring == "trace"  # as the objective decides
             out.setdefault(column.name, []).extend(objective.generate(
                 model, batch["input_ids"], batch["attention_mask"], objective.new_tokens(column), raw=raw))
         return out

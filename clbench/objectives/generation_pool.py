@@ -41,6 +41,8 @@ from typing import Any, Callable, ContextManager, Hashable
 import torch
 from torch import Tensor
 
+from clbench.objectives.text_batches import left_padded
+
 # Fraction of the free memory a generation batch may take (KV cache and prefill activations).
 MEMORY_SHARE = 0.25
 # A column's shared prefix shorter than this is prefilled with each row (a separate forward is not worth it).
@@ -113,20 +115,6 @@ def plan(lengths: list[int], groups: list[Hashable], rows: int, columns: list[in
     return batches
 
 
-def left_padded(rows: list[Tensor], pad_id: int, width: int | None = None) -> tuple[Tensor, Tensor]:
-    """``(input_ids, attention_mask)`` with every row ending at the last position (``width``
-    columns; the longest row's by default)."""
-    width = max(1, max(len(r) for r in rows)) if width is None else width
-    device = rows[0].device
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
-    for i, row in enumerate(rows):
-        if len(row):
-            ids[i, width - len(row):] = row
-            mask[i, width - len(row):] = 1
-    return ids, mask
-
-
 def bytes_per_row(config: Any, tokens: int, itemsize: int) -> int:
     """Memory one row of a generation batch may take: its KV cache over ``tokens`` positions and
     one layer's prefill activations (attention projections and the MLP's three matrices)."""
@@ -195,7 +183,6 @@ def shared_prefix_cache(model: Any, rows: list[Tensor], keys: list[Hashable], pa
     if not any(spans.values()):
         return None
     width = max(spans.values())
-    layers: list[list[tuple[Tensor, Tensor] | None]] = []
     first = {key: next(r for r, k in zip(rows, keys) if k == key) for key, n in spans.items() if n}
     caches = {}
     for key, row in first.items():
@@ -205,14 +192,15 @@ def shared_prefix_cache(model: Any, rows: list[Tensor], keys: list[Hashable], pa
             return None
         caches[key] = cache
     reference = next(iter(caches.values())).layers
+    rows_by_key = {key: torch.tensor([i for i, k in enumerate(keys) if k == key], device=rows[0].device)
+                   for key in caches}
     layers = []
     for depth, layer in enumerate(reference):
         keys_t = layer.keys.new_zeros((len(rows), *layer.keys.shape[1:2], width, layer.keys.shape[-1]))
         values_t = layer.values.new_zeros((len(rows), *layer.values.shape[1:2], width, layer.values.shape[-1]))
-        for i, key in enumerate(keys):
-            if spans[key]:
-                keys_t[i, :, width - spans[key]:] = caches[key].layers[depth].keys[0]
-                values_t[i, :, width - spans[key]:] = caches[key].layers[depth].values[0]
+        for key, rows_of_key in rows_by_key.items():  # one copy per column, broadcast over its rows
+            keys_t[rows_of_key, :, width - spans[key]:] = caches[key].layers[depth].keys
+            values_t[rows_of_key, :, width - spans[key]:] = caches[key].layers[depth].values
         layers.append((keys_t, values_t))
     prefix_ids, prefix_mask = left_padded([r[: spans[k]] for r, k in zip(rows, keys)], pad_id, width)
     rest_ids, rest_mask = left_padded([r[spans[k]:] for r, k in zip(rows, keys)], pad_id)

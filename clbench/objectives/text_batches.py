@@ -108,13 +108,21 @@ class TextCollator:
     def _test(self, prompt_ids: list[list[int]], prompts: list[str], answers: list[str]) -> dict[str, Any]:
         room = max(1, self.max_length - self.max_new_tokens)
         truncated = sum(len(p) > room for p in prompt_ids)
-        rows = [p[-room:] for p in prompt_ids]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding: every prompt ends at the last position
-            if r:
-                input_ids[i, width - len(r):] = torch.tensor(r)
-                mask[i, width - len(r):] = 1
+        rows = [torch.tensor(p[-room:], dtype=torch.long) for p in prompt_ids]
+        input_ids, mask = left_padded(rows, self.pad_id, max(len(r) for r in rows))
         return {"input_ids": input_ids, "attention_mask": mask, "prompts": prompts, "answers": answers,
                 "truncated": torch.tensor(truncated)}
+
+
+def left_padded(rows: list[Tensor], pad_id: int, width: int | None = None) -> tuple[Tensor, Tensor]:
+    """``(input_ids, attention_mask)`` with every row ending at the last position (``width``
+    columns; the longest row's by default)."""
+    width = max(1, max(len(r) for r in rows)) if width is None else width
+    device = rows[0].device
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        if len(row):
+            ids[i, width - len(row):] = row
+            mask[i, width - len(row):] = 1
+    return ids, mask

@@ -209,6 +209,22 @@ def test_a_strategy_context_keeps_each_column_apart_and_wraps_its_decoding(model
                            column)
     objective.finish_evaluation(model)  # no context: one batch for both columns
     assert objective._generation_rows == [6]
+    # a batch the memory cannot hold is cut: room for two rows, so batches of 2 and 1, the same texts
+    from unittest import mock
+
+    from clbench.objectives import generation_pool
+
+    longest = max(len(model.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in records)
+    each = generation_pool.bytes_per_row(model.config, longest + 3, 4)
+    pooled = [r["prediction"] for r in objective._generations["a"]]
+    objective.begin_evaluation()
+    objective.evaluate(model, objective.collate(train=False)(records), MetricCollection(objective.metrics(columns[0])),
+                       columns[0])
+    with mock.patch.object(generation_pool, "free_memory", return_value=int(2.5 * each / generation_pool.MEMORY_SHARE)):
+        objective.finish_evaluation(model)
+    assert objective._generation_rows == [2, 1]
+    assert objective.summary()["generation_rows"] < objective.generation_batch
+    assert [r["prediction"] for r in objective._generations["a"]] == pooled
     unpooled = _objective(model, max_length=64, max_new_tokens=3, pool_generation=False)
     unpooled.evaluate(model, unpooled.collate(train=False)(records), MetricCollection(unpooled.metrics(columns[0])),
                       columns[0])
