@@ -45,12 +45,10 @@ def _check_scores(preds: Tensor, num_classes: int) -> None:
 
 
 # -- G-mean --------------------------------------------------------------------------------
-def geometric_mean_update(preds: Tensor, target: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
-    """Per-class ``(correct, support)`` counts: the G-mean's sufficient statistics.
-
-    ``preds`` is either scores ``(N, K)`` (logits or probabilities; the prediction is the argmax)
-    or predicted labels ``(N,)``.
-    """
+def predicted_labels(preds: Tensor, target: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
+    """``(labels, target)`` checked, each ``(N,)``: ``preds`` is either scores ``(N, K)`` (logits
+    or probabilities; the prediction is the argmax) or predicted labels ``(N,)``. Checked here
+    because torchmetrics' own checks pass a target outside ``[0, K)`` on as a reshape error."""
     if preds.is_floating_point():
         _check_scores(preds, num_classes)
         labels = preds.argmax(dim=1)
@@ -58,10 +56,17 @@ def geometric_mean_update(preds: Tensor, target: Tensor, num_classes: int) -> tu
         if preds.ndim != 1:
             raise ValueError(f"integer preds must be labels of shape (N,), got {tuple(preds.shape)}")
         labels = preds.long()
-    target = _check_target(target, num_classes, labels.shape[0])
-    support = torch.bincount(target, minlength=num_classes)
-    correct = torch.bincount(target[labels == target], minlength=num_classes)
-    return correct, support
+    return labels, _check_target(target, num_classes, labels.shape[0])
+
+
+def class_counts(preds: Tensor, target: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Per-class ``(correct, support)``: the G-mean's sufficient statistics, the true positives
+    and the true positives plus false negatives of torchmetrics' multiclass stat scores."""
+    from torchmetrics.functional.classification import multiclass_stat_scores
+
+    labels, target = predicted_labels(preds, target, num_classes)
+    tp, _, _, fn, _ = multiclass_stat_scores(labels, target, num_classes, average=None, validate_args=False).unbind(-1)
+    return tp, tp + fn
 
 
 def geometric_mean_compute(correct: Tensor, support: Tensor, absent: Absent = "ignore") -> Tensor:
@@ -89,7 +94,7 @@ def geometric_mean_compute(correct: Tensor, support: Tensor, absent: Absent = "i
 def geometric_mean(preds: Tensor, target: Tensor, num_classes: int, *,
                    absent: Absent = "ignore") -> Tensor:
     """Geometric mean of per-class recalls (Kubat & Matwin 1997; multiclass form as in the thesis)."""
-    return geometric_mean_compute(*geometric_mean_update(preds, target, num_classes), absent=absent)
+    return geometric_mean_compute(*class_counts(preds, target, num_classes), absent=absent)
 
 
 # -- MAUC (Hand & Till 2001) ---------------------------------------------------------------

@@ -51,7 +51,7 @@ def _evaluate(indices):
     out = {name: float(value) for name, value in metrics.compute().items()}
     gmean = metrics["gmean"]
     with gmean.sync_context():                 # the summed counts, as compute() sees them
-        out["support"] = int(gmean.support.sum())
+        out["support"] = int((gmean.tp + gmean.fn).sum())
     util = recorder.compute()["moe"]
     out["utilization"] = util["utilization"].numpy()
     out["soft_utilization"] = util["soft_utilization"].numpy()
