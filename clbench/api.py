@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from clbench.leaderboard.schema import Entry
 
 __all__ = ["RunResult", "Leaderboard", "load_config", "run", "load_model", "run_leaderboard", "load_leaderboard",
            "compare"]
@@ -185,10 +188,11 @@ def load_model(run_dir: str | Path, experience: int | None = None, *, trust_code
 
 @dataclass(frozen=True)
 class Leaderboard:
-    """A leaderboard folder's entries (verified when read) and its tables."""
+    """A leaderboard folder's entries (verified when read, typed: :class:`clbench.leaderboard.schema.Entry`;
+    ``entry.document`` is its JSON) and its tables."""
 
     path: Path
-    entries: list[dict] = field(repr=False)
+    entries: list[Entry] = field(repr=False)
 
     def table(self) -> list[dict[str, Any]]:
         """One dict per table row: benchmark, strategy label, rank, rank group (letters), runs, and
@@ -209,9 +213,7 @@ class Leaderboard:
         return rows
 
     def results(self) -> list[RunResult]:
-        from clbench.results.record import Status
-
-        return [RunResult.from_record(e) for e in self.entries if e.get("status") == Status.OK]
+        return [RunResult.from_record(e.document) for e in self.entries if e.ok]
 
 
 def load_leaderboard(folder: str | Path) -> Leaderboard:

@@ -299,3 +299,11 @@ def fake_entry(strategy: str, order, seed: int, acc: float, benchmark: str = "di
             result["metrics"] = {"err": {"title": "Err", "higher_is_better": False, "percent": percent,
                                          "class": "clbench.metrics.regression:SquaredError"}}
     return E.entry_from_result(result)
+
+
+def typed_entries(documents: list[dict]) -> list:
+    """Entries held in memory as tables read them from a folder: each checked against, and read
+    as, its typed model (:func:`clbench.leaderboard.schema.validate_entry`)."""
+    from clbench.leaderboard.schema import validate_entry
+
+    return [validate_entry(d, "entry", "fix the test's entry") for d in documents]

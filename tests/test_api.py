@@ -56,7 +56,7 @@ def test_leaderboard_run_table_and_compare(tmp_path):
     report = clbench.compare(tmp_path / "board")
     assert report["benchmarks"] and report["metric"] == "acc"
     again = clbench.load_leaderboard(tmp_path / "board")
-    assert [e["config_hash"] for e in again.entries] == [e["config_hash"] for e in board.entries]
+    assert [e.config_hash for e in again.entries] == [e.config_hash for e in board.entries]
 
 
 @pytest.mark.parametrize("call, message", [

@@ -5,8 +5,9 @@ One concept per module:
 * :mod:`~clbench.leaderboard.suite`: read and check a suite YAML, expand its grid into
   resolved run configs (one per benchmark x model x strategy x order x seed);
   :mod:`~clbench.leaderboard.suite_file`: the file's fields and their rules.
-* :mod:`~clbench.leaderboard.entries`: the entry schema; write, read and verify one JSON file
-  per run, named by the hash of its resolved config.
+* :mod:`~clbench.leaderboard.entries`: write, read and verify one JSON file per run, named by
+  the hash of its resolved config; :mod:`~clbench.leaderboard.schema`: its fields and their
+  types, the typed entry tables and ``compare`` read.
 * :mod:`~clbench.leaderboard.rescore`: recompute an entry's scores from its stored matrices
   and refuse an entry whose scores differ.
 * :mod:`~clbench.leaderboard.manifest`: ``DIR/suite.json``, the suite's grid in order.
@@ -22,7 +23,8 @@ One concept per module:
   :mod:`~clbench.leaderboard.cell_text`: how a table's cells are written, in every view.
 * :mod:`~clbench.leaderboard.compare`: the same strategies across task orders (worst order,
   range, Kendall's tau between per-order rankings, a paired test).
-* :mod:`~clbench.leaderboard.render`: ``README.md`` and a self-contained ``index.html``.
+* :mod:`~clbench.leaderboard.render`: ``README.md`` and a self-contained ``index.html``;
+  :mod:`~clbench.leaderboard.markdown`: text from files written into Markdown literally.
 * :mod:`~clbench.leaderboard.doc_tables`: the leaderboard tables quoted in ``docs/*.md``,
   written from the committed entries (``--check`` says where a document differs).
 * :mod:`~clbench.leaderboard.verify`: rerun entries from their recorded configs and compare

@@ -39,7 +39,7 @@ from clbench.leaderboard.page_stats import competition_ranks, kendall_tau_b
 from clbench.leaderboard.stats import ALPHA, replication_unit
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, Row, arrow, build_tables, table_groups
 from clbench.metrics.score_registry import TABLE_SCORES, shown
-from clbench.results.record import Status
+from clbench.leaderboard.schema import Entry
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
@@ -57,7 +57,7 @@ def _per_order(row: Row, metric: str, orders: list[str]) -> dict[str, list[float
     for e in row.entries:
         v = score_value(e, metric)
         if v is not None:
-            out[e["order_label"]].append(v)
+            out[e.order_label].append(v)
     return {o: vs for o, vs in out.items() if vs}
 
 
@@ -161,7 +161,7 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
     return out
 
 
-def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
+def compare(entries: list[Entry], *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
             b: str | None = None, sequence: list[str] | None = None, source: str | None = None,
             planned: bool = False, gap: float | None = None) -> dict[str, Any]:
     """The comparison across task orders, as a JSON-ready dict (see the module notes); with
@@ -171,7 +171,7 @@ def compare(entries: list[dict], *, metric: str = "acc", benchmark: str | None =
     ``source`` (the leaderboard directory) only names it in errors.
     """
     tables = build_tables(entries, sequence, source=source)
-    known = sorted({k for e in entries if e["status"] == Status.OK for k, v in e["scores"].items()
+    known = sorted({k for e in entries if e.ok for k, v in e.scores.items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if metric not in known:
         raise UserError(f"no score '{metric}' in these entries", where="--metric",

@@ -35,7 +35,7 @@ from clbench.io import write_text
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.manifest import manifest_hashes
 from clbench.leaderboard.notes import DIRTY_MARK, readme_notes
-from clbench.leaderboard.render import md_text
+from clbench.leaderboard.markdown import md_text
 from clbench.leaderboard.stats import interval, replication_unit, unit_means
 from clbench.leaderboard.cell_text import fmt, group_cell, number, runs_cell
 from clbench.leaderboard.table import BenchmarkTable, Row, Stat, build_tables
@@ -131,8 +131,8 @@ def readme_rows(table: BenchmarkTable, scores: list[str], rows: list[Row], notes
 
 def unit_values(row: Row, score: str, unit: str) -> dict:
     """The row's mean ``score`` per replication unit (an order, its seeds averaged; or (order, seed))."""
-    runs = {(e["order_label"], e["seed"]): (v, None) for e in row.ok
-            if isinstance(v := e["scores"].get(score), (int, float)) and math.isfinite(v)}
+    runs = {(e.order_label, e.seed): (v, None) for e in row.ok
+            if isinstance(v := e.scores.get(score), (int, float)) and math.isfinite(v)}
     return {key: mean for key, (mean, _) in unit_means(runs, unit).items()}
 
 

@@ -28,12 +28,15 @@ import hashlib
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from clbench.config.load import SCHEMA_VERSION, canonical_json, config_hash, order_label
 from clbench.errors import UserError
 from clbench.leaderboard.layout import check_layout
 from clbench.results.record import Status
+
+if TYPE_CHECKING:
+    from clbench.leaderboard.schema import Entry
 
 ENTRY_SCHEMA = 1
 ENTRIES_DIR = "entries"
@@ -123,6 +126,11 @@ def write_entry(root: str | Path, entry: dict) -> Path:
 
 def verify_entry(entry: Any, where: str) -> dict:
     """``entry`` if it is a well-formed, untampered entry this version can read; else a UserError."""
+    return verified_entry(entry, where).document
+
+
+def verified_entry(entry: Any, where: str) -> Entry:
+    """:func:`verify_entry`'s checks; the entry as its typed model (:mod:`clbench.leaderboard.schema`)."""
     rerun = "delete it and rerun 'clbench leaderboard run' to regenerate it"
     if not isinstance(entry, dict) or "entry_schema" not in entry:
         raise UserError("not a clbench leaderboard entry (no entry_schema)", where=where,
@@ -139,7 +147,7 @@ def verify_entry(entry: Any, where: str) -> dict:
                         where=where, fix="upgrade clbench to read it")
     from clbench.leaderboard.schema import validate_entry
 
-    validate_entry(entry, where, rerun)  # every field there, of its type (clbench.leaderboard.schema)
+    typed = validate_entry(entry, where, rerun)  # every field there, of its type (clbench.leaderboard.schema)
     if content_hash(entry) != entry["content_hash"]:
         raise UserError("content hash mismatch: the entry was modified after it was written", where=where, fix=rerun)
     if not isinstance(entry["config"], dict) or config_hash(entry["config"]) != entry["config_hash"]:
@@ -148,7 +156,7 @@ def verify_entry(entry: Any, where: str) -> dict:
         from clbench.leaderboard.rescore import check_scores
 
         check_scores(entry, where)
-    return entry
+    return typed
 
 
 def _read_json(path: Path) -> Any:
@@ -159,10 +167,15 @@ def _read_json(path: Path) -> Any:
 
 
 def read_entry(path: str | Path) -> dict:
-    """Read and verify one entry file; its name must be its config hash."""
+    """Read and verify one entry file (its name must be its config hash); its JSON."""
+    return read_typed_entry(path).document
+
+
+def read_typed_entry(path: str | Path) -> Entry:
+    """:func:`read_entry`, as the entry's typed model."""
     path = Path(path)
-    entry = verify_entry(_read_json(path), str(path))
-    _check_name(path, entry)
+    entry = verified_entry(_read_json(path), str(path))
+    _check_name(path, entry.document)
     return entry
 
 
@@ -176,8 +189,9 @@ def _check_name(path: Path, entry: Any) -> None:
         raise UserError(f"file name does not match its config_hash{shown}", where=str(path), fix=_rename_hint(path))
 
 
-def load_entries(root: str | Path, hashes: Iterable[str] | None = None) -> list[dict]:
-    """Every entry under ``root/entries`` (or only ``hashes``), verified, sorted by file name.
+def load_entries(root: str | Path, hashes: Iterable[str] | None = None) -> list[Entry]:
+    """Every entry under ``root/entries`` (or only ``hashes``), verified and typed
+    (:class:`~clbench.leaderboard.schema.Entry`), sorted by file name.
 
     With ``hashes`` (a suite's grid) the other entries are not read in full, but every file in
     the folder must still be an entry under its own name (:func:`check_entry_names`).
@@ -198,7 +212,7 @@ def load_entries(root: str | Path, hashes: Iterable[str] | None = None) -> list[
         paths = [folder / name for name in names]
     else:
         paths = [entry_path(root, h) for h in hashes if entry_path(root, h).exists()]
-    return [read_entry(p) for p in paths]
+    return [read_typed_entry(p) for p in paths]
 
 
 def check_entry_names(root: str | Path) -> list[str]:

@@ -10,26 +10,25 @@ from __future__ import annotations
 import functools
 
 from clbench.leaderboard.stats import ALPHA, MAX_UNITS, POWER, TEST_LONG, Groups, letter_marks, mark_order
-from clbench.leaderboard.table import RANK_BY, BenchmarkTable, scoring
+from clbench.leaderboard.table import RANK_BY, BenchmarkTable, scoring, unseen_scores
 from clbench.metrics.score_registry import shown
-from clbench.results.record import Status
 
 INDEX = "index.html"  # the rendered page, which the notes point readers to
 
 
 def bench_meta(table: BenchmarkTable) -> dict:
     entries = [e for row in table.rows for e in row.entries]
-    ok = [e for e in entries if e["status"] == Status.OK]
-    defaults = [e for e in ok if e["order_label"] == "default"]
+    ok = [e for e in entries if e.ok]
+    defaults = [e for e in ok if e.order_label == "default"]
     first = (defaults or ok or entries)[0]
-    bench = first["benchmark"]
-    seeds = sorted({e["seed"] for e in entries})
+    bench = first.benchmark
+    seeds = sorted({e.seed for e in entries})
     models = sorted({row.model for row in table.rows})
-    return {"scenario_type": bench.get("scenario_type"), "num_classes": bench.get("num_classes"),
-            "experiences": list(first.get("experiences") or []), "orders": table.orders, "seeds": seeds,
-            "models": models, "init_args": bench.get("init_args") or {}, "r_names": table.r_names,
-            "r_higher": table.r_higher, "scorings": sorted({s for s in map(scoring, ok or entries) if s}),
-            "synthetic": bool(ok) and all((e["benchmark"] or {}).get("synthetic") is True for e in ok)}
+    return {"scenario_type": bench.scenario_type, "num_classes": bench.num_classes,
+            "experiences": list(first.experiences) if first.ok else [], "orders": table.orders, "seeds": seeds,
+            "models": models, "init_args": bench.init_args, "r_names": table.r_names,
+            "r_higher": table.r_higher, "scorings": sorted({s for e in ok if (s := scoring(e.objective))}),
+            "synthetic": bool(ok) and all(e.benchmark.synthetic for e in ok)}
 
 
 SCORING_NOTES = {"trace": "TRACE's own evaluation scripts; papers' numbers compare only on TRACE's own data",
@@ -111,7 +110,7 @@ GMEAN_SCORES = ("gmean_final", "global_gmean")
 def gmean_note(table: BenchmarkTable, page: bool = False) -> str | None:
     """Why a G-mean column reads 0 (one class never predicted is enough), or None where none does."""
     runs = [e for row in table.rows for e in row.ok if any(s in table.scores for s in GMEAN_SCORES)]
-    zero = [e for e in runs if any(e["scores"].get(s) == 0 for s in GMEAN_SCORES)]
+    zero = [e for e in runs if any(e.scores.get(s) == 0 for s in GMEAN_SCORES)]
     if not zero:
         return None
     where = ("a strategy's page (click its name) shows the per-class recall after the last stage" if page else
@@ -179,9 +178,13 @@ def constant_note(table: BenchmarkTable) -> str | None:
     """Why a column that a table's runs make constant by construction shows — (table.constant_scores)."""
     if "fwt" not in table.constant:
         return None
-    return ("FWT is not shown (—): on this class-incremental stream every run scored exactly 0 on each "
-            "experience before training it (a shared head does not predict classes it has not seen), so FWT "
-            "would be −mean(r_init) for every method, a property of the untrained network, not a transfer.")
+    largest = max(v for row in table.rows for e in row.ok if not e.single_stage for v in unseen_scores(e))
+    scored = ("every run scored exactly 0 on each experience before training it" if largest == 0 else
+              f"no run scored above {shown(largest, percent=True, digits=2)}% on an experience before training it, less "
+              "than each run's test-set standard error of FWT")
+    return (f"FWT is not shown (—): on this class-incremental stream {scored} (a shared head does not predict "
+            "classes it has not seen), so FWT would be −mean(r_init) for every method, a property of the "
+            "untrained network, not a transfer.")
 
 
 def readme_notes(table: BenchmarkTable) -> tuple[list[str], list[str]]:

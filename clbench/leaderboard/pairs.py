@@ -25,16 +25,16 @@ from clbench.errors import UserError, did_you_mean
 from clbench.leaderboard.stats import ALPHA, POWER, PairNoise, unit_means
 from clbench.leaderboard.table import BenchmarkTable, Row
 from clbench.metrics.stderr import entry_score_stderr
-from clbench.results.record import Status
+from clbench.leaderboard.schema import Entry
 
 MIN_PAIRS = 3
 
 
-def score_value(entry: dict, metric: str) -> float | None:
+def score_value(entry: Entry, metric: str) -> float | None:
     """An ok entry's finite score ``metric``, else None."""
-    if entry["status"] != Status.OK:
+    if not entry.ok:
         return None
-    v = entry["scores"].get(metric)
+    v = entry.scores.get(metric)
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
@@ -85,7 +85,7 @@ def paired_test(row_a: Row, row_b: Row, metric: str, higher: bool = True, *, uni
 def _paired_units(row_a: Row, row_b: Row, metric: str, unit: str) -> tuple[list, dict, dict]:
     """The units both rows have, and each row's (mean score, its test-set error) per unit."""
     def by_unit(row: Row) -> dict[Any, tuple[float, float | None]]:
-        runs = {(e["order_label"], e["seed"]): (v, entry_score_stderr(e, wilson=True).get(metric))
+        runs = {(e.order_label, e.seed): (v, entry_score_stderr(e.document, wilson=True).get(metric))
                 for e in row.entries if (v := score_value(e, metric)) is not None}
         return unit_means(runs, unit)
 
@@ -117,14 +117,13 @@ def find_row(table: BenchmarkTable, name: str, flag: str) -> Row:
     raise UserError(f"no strategy '{name}' in {table.label}", where=flag, fix=did_you_mean(name, choices))
 
 
-def _machine(entry: dict) -> tuple[str, bool]:
+def _machine(entry: Entry) -> tuple[str, bool]:
     """Where an entry ran, as the plan names it, and whether that was a GPU."""
-    env = entry.get("env") or {}
-    if env.get("cuda"):
-        return str(env.get("device") or "a GPU"), True
-    cpu = env.get("cpu") if isinstance(env.get("cpu"), dict) else {}
-    threads = env.get("torch_threads")
-    name = cpu.get("model") or env.get("device") or "a CPU"
+    env = entry.env
+    if env.cuda:
+        return str(env.device or "a GPU"), True
+    threads = env.torch_threads
+    name = (env.cpu and env.cpu.model) or env.device or "a CPU"
     return (f"{name}, {threads} torch thread{'s' if threads != 1 else ''}" if threads else str(name)), False
 
 
@@ -137,11 +136,11 @@ def _order_cost(rows: list[Row], gpu: bool) -> tuple[float | None, list[str]]:
     for index, row in enumerate(rows):
         for entry in row.ok:
             name, on_gpu = _machine(entry)
-            seconds = (entry.get("compute") or {}).get("wall_seconds")
-            if on_gpu != gpu or not isinstance(seconds, (int, float)):
+            seconds = entry.compute.wall_seconds
+            if on_gpu != gpu or seconds is None:
                 continue
-            per_order[entry["order_label"]] = per_order.get(entry["order_label"], 0.0) + float(seconds)
-            seen_orders.setdefault(entry["order_label"], set()).add(index)
+            per_order[entry.order_label] = per_order.get(entry.order_label, 0.0) + float(seconds)
+            seen_orders.setdefault(entry.order_label, set()).add(index)
             if name not in machines:
                 machines.append(name)
     complete = [cost for order, cost in per_order.items() if seen_orders[order] == set(range(len(rows)))]

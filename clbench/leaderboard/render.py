@@ -30,10 +30,12 @@ from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.figures import BAR_METRIC, groups_figure, order_bar_figure, png_uri
 from clbench.leaderboard.manifest import manifest_hashes, read_manifest
+from clbench.leaderboard.markdown import md_code, md_text
 from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, RECALL_MISSING, RECALL_NOTE, bench_meta, constant_note,
                                       direction_note, dirty_note, gmean_note, groups_note, groups_text, meta_line,
                                       page_notes, readme_notes, routing_note, trace_note)
 from clbench.leaderboard.cell_text import TEST_SET_MARK, fmt, group_cell, number, runs_cell
+from clbench.leaderboard.schema import Entry, Environment, OkEntry
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, build_tables, made_dirty
 from clbench.results.record import Status
 
@@ -43,36 +45,36 @@ ROUTING_LAYERS = 6  # panels per run in the page's utilization figures (evenly s
 
 
 # -- provenance -----------------------------------------------------------------------------
-def _provenance(entries: list[dict], root: Path, manifest: dict | None) -> dict:
+def _provenance(entries: list[Entry], root: Path, manifest: dict | None) -> dict:
     def distinct(values) -> list[str]:
         return sorted({str(v) for v in values if v})
 
-    failed = sum(e["status"] == Status.FAILED for e in entries)
+    failed = sum(e.status == Status.FAILED for e in entries)
     info = {
         "runs": len(entries), "failed": failed,
-        "suites": distinct(e.get("suite") for e in entries),
-        "harness": distinct(f"clbench {e['harness'].get('version')}" for e in entries),
-        "commits": distinct((e["harness"].get("git_commit") or "")[:12] for e in entries),
-        "devices": distinct(_device(e["env"]) for e in entries),
-        "torch": distinct((e["env"].get("packages") or {}).get("torch") for e in entries),
+        "suites": distinct(e.suite for e in entries),
+        "harness": distinct(f"clbench {e.harness.version}" for e in entries),
+        "commits": distinct((e.harness.git_commit or "")[:12] for e in entries),
+        "devices": distinct(_device(e.env) for e in entries),
+        "torch": distinct(e.env.packages.get("torch") for e in entries),
         "suite": None, "missing": 0, "dirty": sum(made_dirty(e) for e in entries),
     }
     if manifest:
-        have = {e["config_hash"] for e in entries}
+        have = {e.config_hash for e in entries}
         info["suite"] = manifest
         info["missing"] = sum(h not in have for h in manifest_hashes(root) or [])
     return info
 
 
-def _device(env: dict) -> str | None:
+def _device(env: Environment) -> str | None:
     """``cpu (AMD EPYC, AVX2, kernels pinned to avx2, bf16-mixed)``: on CPU the numbers depend on the
     kernels' instruction set (pinned: the same on any CPU that has it) and the precision."""
-    cpu = env.get("cpu")
-    if env.get("cuda") or not isinstance(cpu, dict):
-        return env.get("device")
-    pin = f", kernels pinned to {cpu['pin']}" if cpu.get("pin") else ""
-    precision = f", {env['precision']}" if env.get("precision") not in (None, "32-true") else ""
-    return f"{env.get('device')} ({cpu.get('model')}, {cpu.get('isa')}{pin}{precision})"
+    cpu = env.cpu
+    if env.cuda or cpu is None:
+        return env.device
+    pin = f", kernels pinned to {cpu.pin}" if cpu.pin else ""
+    precision = f", {env.precision}" if env.precision not in (None, "32-true") else ""
+    return f"{env.device} ({cpu.model}, {cpu.isa}{pin}{precision})"
 
 
 def _regenerate(root_arg: str, manifest: dict | None) -> str:
@@ -82,35 +84,15 @@ def _regenerate(root_arg: str, manifest: dict | None) -> str:
     return f"clbench leaderboard run{suite} --output {folder}"
 
 
-# -- Markdown escaping ------------------------------------------------------------------------
-# What a Markdown renderer would read as markup in text taken from files (suite.json, entries):
-# emphasis, code, links and images, tables, strikethrough, and an HTML tag or autolink (a "<"
-# before a letter, "/", "!" or "?"). "_" inside a word (seq_lora) is not emphasis.
-_MD_PUNCT = re.compile(r"[\\`*\[\]|~]|<(?=[A-Za-z/!?])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
-_MD_BLOCK = re.compile(r"^(?:[#>+=-]|\d+(?=[.)]))")  # a heading, quote, list or rule where a line starts
-
-
-def md_text(value: object) -> str:
-    """``value`` as literal Markdown text on one line: every character that would be markup
-    backslash-escaped (CommonMark shows the character itself), ordinary words left as they are."""
-    text = _MD_PUNCT.sub(lambda m: "\\" + m.group(0), " ".join(str(value).split()))
-    return _MD_BLOCK.sub(lambda m: m.group(0) + "\\" if m.group(0)[0].isdigit() else "\\" + m.group(0), text)
-
-
-def md_code(value: object) -> str:
-    """``value`` as a Markdown code span, fenced by more backticks than it holds (nothing inside is markup)."""
-    text = " ".join(str(value).split())
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * (longest + 1)
-    return f"{fence} {text} {fence}" if longest else f"{fence}{text}{fence}"
+def _suite(manifest: dict | None) -> dict | None:
+    return manifest and {"name": manifest["name"], "source": manifest.get("source", ""),
+                         "description": manifest.get("description")}
 
 
 # -- README ---------------------------------------------------------------------------------
-def render_readme(tables: list[BenchmarkTable], entries: list[dict], info: dict, root_arg: str) -> str:
+def render_readme(tables: list[BenchmarkTable], entries: list[Entry], info: dict, root_arg: str) -> str:
     """``README.md``: the tables in Markdown, from ``templates/readme.md.j2``."""
-    manifest = info["suite"]
-    suite = None if not manifest else {"name": manifest["name"], "source": manifest.get("source", ""),
-                                       "description": manifest.get("description")}
+    manifest, suite = info["suite"], _suite(info["suite"])
     contexts = []
     for table in tables:
         rows = [{"rank": str(row.rank or "—"), "label": f"{row.label} {DIRTY_MARK}" if row.dirty else row.label,
@@ -208,10 +190,10 @@ def _table_context(table: BenchmarkTable) -> dict:
             "after": after, "orders": orders, "groups": groups}
 
 
-def _failed(entries: list[dict]) -> list[dict]:
-    return [{"strategy": e["strategy"]["name"], "benchmark": e["benchmark"]["name"], "order": e["order_label"],
-             "seed": e["seed"], "hash": e["config_hash"][:12], "error": e["error"]}
-            for e in entries if e["status"] == Status.FAILED]
+def _failed(entries: list[Entry]) -> list[dict]:
+    return [{"strategy": e.strategy.name, "benchmark": e.benchmark.name, "order": e.order_label,
+             "seed": e.seed, "hash": e.config_hash[:12], "error": e.error}
+            for e in entries if e.status == Status.FAILED]
 
 
 def _status(info: dict) -> str:
@@ -224,38 +206,36 @@ def _status(info: dict) -> str:
             f"{', '.join(info['devices']) or 'unknown'} · torch {', '.join(info['torch']) or 'unknown'}")
 
 
-def render_html(tables: list[BenchmarkTable], entries: list[dict], info: dict, root_arg: str) -> str:
+def render_html(tables: list[BenchmarkTable], entries: list[Entry], info: dict, root_arg: str) -> str:
     """``index.html``: the tables and per-order charts; no heatmap (those are on the run pages)."""
-    manifest = info["suite"]
-    suite = None if not manifest else {"name": manifest["name"], "source": manifest.get("source", ""),
-                                       "description": manifest.get("description")}
+    manifest, suite = info["suite"], _suite(info["suite"])
     return _templates().get_template("index.html.j2").render(
         csp=CSP, suite=suite, status=_status(info), regenerate=_regenerate(root_arg, manifest),
         notes=page_notes(tables), tables=[_table_context(t) for t in tables], failed=_failed(entries),
         dirty_mark=DIRTY_MARK)
 
 
-def _runs(table: BenchmarkTable, row) -> list[dict]:
-    return sorted(row.ok, key=lambda e: (table.orders.index(e["order_label"]), e["seed"]))
+def _runs(table: BenchmarkTable, row) -> list[OkEntry]:
+    return sorted(row.ok, key=lambda e: (table.orders.index(e.order_label), e.seed))
 
 
-def _run_caption(e: dict, table: BenchmarkTable, title: str) -> str:
-    acc = e["scores"].get(RANK_BY)
-    return (f"order {e['order_label']} · seed {e['seed']}"
+def _run_caption(e: OkEntry, table: BenchmarkTable, title: str) -> str:
+    acc = e.scores.get(RANK_BY)
+    return (f"order {e.order_label} · seed {e.seed}"
             + (f" · {title} {number(acc, table.score(RANK_BY))}" if isinstance(acc, (int, float)) else "")
             + (f" · {DIRTY_MARK} uncommitted code" if made_dirty(e) else ""))
 
 
-def _recall_lines(e: dict) -> dict | None:
+def _recall_lines(e: OkEntry) -> dict | None:
     """A run's final per-class recall (``recall_final``) as table lines, in percent; None if not recorded."""
-    recall = e.get("recall_final")
+    recall = e.recall_final
     if not recall:
         return None
-    gmeans = (e.get("matrices") or {}).get("gmean") or [[]]
+    gmeans = e.matrices.get("gmean") or [[]]
     lines = []
-    named = list(zip(e["experiences"], recall.get("columns") or [], gmeans[-1] + [None] * len(e["experiences"])))
+    named = list(zip(e.experiences, recall.get("columns") or [], gmeans[-1] + [None] * len(e.experiences)))
     if recall.get("global") is not None:
-        named.append(("global test set", recall["global"], (e.get("scores") or {}).get("global_gmean")))
+        named.append(("global test set", recall["global"], e.scores.get("global_gmean")))
     for name, values, gmean in named:
         if values is None:
             continue
@@ -290,17 +270,18 @@ def render_run_page(table: BenchmarkTable, row) -> str:
     for e in runs:
         lines = _recall_lines(e)
         if lines:
-            recalls.append({"hash": e["config_hash"], "caption": _run_caption(e, table, title), **lines})
-    imbalance = any("gmean_final" in e["scores"] or "global_gmean" in e["scores"] for e in runs)
+            recalls.append({"hash": e.config_hash, "caption": _run_caption(e, table, title), **lines})
+    imbalance = any("gmean_final" in e.scores or "global_gmean" in e.scores for e in runs)
     recall_note = RECALL_NOTE if recalls else RECALL_MISSING if imbalance else None
     routing = []
     for e in runs:
-        if not e.get("expert_utilization"):
+        if not e.expert_utilization:
             continue
-        layers = routing_layers(e, ROUTING_LAYERS)
-        caption = (f"order {e['order_label']} · seed {e['seed']}: expert utilization per test experience after the "
-                   f"last stage ({len(layers)} of {len(routing_layers(e))} MoE layers)")
-        routing.append({"hash": e["config_hash"], "caption": caption, "png": png_uri(utilization_figure(e, layers))})
+        layers = routing_layers(e.document, ROUTING_LAYERS)
+        caption = (f"order {e.order_label} · seed {e.seed}: expert utilization per test experience after the "
+                   f"last stage ({len(layers)} of {len(routing_layers(e.document))} MoE layers)")
+        routing.append({"hash": e.config_hash, "caption": caption,
+                        "png": png_uri(utilization_figure(e.document, layers))})
     summary = f"{runs_cell(row)} runs · " + " · ".join(f"{table.title(s)} {fmt(row.stats.get(s), score=table.score(s))}"
                                                        for s in table.scores)
     return _templates().get_template("run.html.j2").render(
@@ -308,7 +289,7 @@ def render_run_page(table: BenchmarkTable, row) -> str:
         recall_note=recall_note, routing=routing)
 
 
-def _fixed_order(table: BenchmarkTable, runs: list[dict], title: str) -> dict:
+def _fixed_order(table: BenchmarkTable, runs: list[OkEntry], title: str) -> dict:
     """The row's R matrices and curves. Each run's R in the stream's own experience order, so
     that runs of different orders compare cell by cell, and in its own order (the page shows
     one of the two, as its switch says); the mean R over orders; and each multi-stage run's
@@ -323,26 +304,28 @@ def _fixed_order(table: BenchmarkTable, runs: list[dict], title: str) -> dict:
                                        r_matrix_figure)
     from clbench.results.record import single_stage
 
-    names = canonical_names([e for r in table.rows for e in r.ok]) or canonical_names(runs)
-    if names is not None and any(sorted(e["experiences"]) != sorted(names) for e in runs):
-        names = canonical_names(runs)
+    results = [e.document for e in runs]  # R's figures read runner results (clbench.results.plots)
+    names = canonical_names([e.document for r in table.rows for e in r.ok]) or canonical_names(results)
+    if names is not None and any(sorted(e.experiences) != sorted(names) for e in runs):
+        names = canonical_names(results)
     matrices, mean = [], None
     for e in runs:
         views = []
         if names is not None:
-            views.append({"order": "stream", **_matrix(len(names), lambda e=e: fixed_order_cells(e, names),
-                                                       lambda e=e: fixed_order_figure(e, names))})
-        views.append({"order": "run", **_matrix(len(e["experiences"]), lambda e=e: r_matrix_cells(e),
-                                                lambda e=e: r_matrix_figure(e))})
-        matrices.append({"hash": e["config_hash"], "caption": _run_caption(e, table, title), "views": views})
+            views.append({"order": "stream", **_matrix(len(names), lambda e=e: fixed_order_cells(e.document, names),
+                                                       lambda e=e: fixed_order_figure(e.document, names))})
+        views.append({"order": "run", **_matrix(len(e.experiences), lambda e=e: r_matrix_cells(e.document),
+                                                lambda e=e: r_matrix_figure(e.document))})
+        matrices.append({"hash": e.config_hash, "caption": _run_caption(e, table, title), "views": views})
     if names is not None:
-        orders = len({e["order_label"] for e in runs})
-        mean = {"order": None, **_matrix(len(names), lambda: mean_over_orders_cells(runs, names),
-                                         lambda: mean_over_orders_figure(runs, names)),
+        orders = len({e.order_label for e in runs})
+        mean = {"order": None, **_matrix(len(names), lambda: mean_over_orders_cells(results, names),
+                                         lambda: mean_over_orders_figure(results, names)),
                 "caption": f"mean over {orders} order{'s' if orders != 1 else ''} ({len(runs)} run"
                            f"{'s' if len(runs) != 1 else ''}, each order's averaged first)"}
-    curves = [{"hash": e["config_hash"], "caption": _run_caption(e, table, title), "svg": Markup(curves_svg(e, names))}
-              for e in runs if not single_stage(e) and len(e["experiences"]) <= MAX_LINES]
+    curves = [{"hash": e.config_hash, "caption": _run_caption(e, table, title),
+               "svg": Markup(curves_svg(e.document, names))}
+              for e in runs if not single_stage(e.document) and len(e.experiences) <= MAX_LINES]
     return {"names": names or [], "mean": mean, "matrices": matrices, "curves": curves}
 
 

@@ -48,35 +48,26 @@ from clbench.leaderboard.page_stats import competition_ranks
 from clbench.leaderboard.stats import (Groups, Interval, interval, is_cut, rank_groups,
                                       replication_unit, unit_means)
 from clbench.metrics.stderr import entry_score_stderr
+from clbench.leaderboard.schema import Entry, ObjectiveRecord, OkEntry
 
 # Score columns, titles, units and directions: clbench.metrics.score_registry.
 SCORES = TABLE_SCORES
 _IGNORED = ("seed", "order", "logging", "save")
 
 
-def r_metric(entry: dict) -> tuple[list[str] | None, bool]:
-    """(metric name of each R column or None, whether higher is better) of an ok entry."""
-    spec = entry.get("r_metric")
-    if not isinstance(spec, dict):
-        return None, True
-    return spec.get("names"), bool(spec.get("higher_is_better", True))
+def scoring(objective: ObjectiveRecord) -> str | None:
+    """Which scoring made a generated-text entry's R, from its ``objective`` (``trace``: TRACE's
+    own evaluation; ``normalized``: the lenient metrics; ``mixed``), None for other objectives.
+    Entries from before the causal-LM objective recorded it were all scored ``normalized``."""
+    if objective.scoring:
+        return objective.scoring
+    return "normalized" if objective.name == "CausalLanguageModeling" else None
 
 
-def scoring(entry: dict) -> str | None:
-    """Which scoring made a generated-text entry's R (``trace``: TRACE's own evaluation;
-    ``normalized``: the lenient metrics; ``mixed``), None for other objectives. Entries from
-    before the causal-LM objective recorded it were all scored ``normalized``."""
-    objective = entry.get("objective") or {}
-    if objective.get("scoring"):
-        return objective["scoring"]
-    return "normalized" if objective.get("name") == "CausalLanguageModeling" else None
-
-
-def score_direction(key: str, entry: dict) -> bool:
+def score_direction(key: str, entry: OkEntry) -> bool:
     """Whether a larger value of score ``key`` is better in ``entry``, for the entry's R
     (:func:`clbench.metrics.score_registry.higher_is_better`)."""
-    names, higher = r_metric(entry)
-    return higher_is_better(key, higher, names, entry.get("metrics"))
+    return higher_is_better(key, entry.r_metric.higher_is_better, entry.r_metric.names, entry.recorded_metrics)
 
 
 def _metric_score(key: str) -> bool:
@@ -116,9 +107,9 @@ class Stat:
                    low=ci.low, high=ci.high)
 
 
-def made_dirty(entry: dict) -> bool:
+def made_dirty(entry: Entry) -> bool:
     """Whether the entry was made from a tree with uncommitted changes (``env.git_dirty``)."""
-    return bool((entry.get("env") or {}).get("git_dirty"))
+    return entry.env.git_dirty
 
 
 @dataclass
@@ -127,31 +118,31 @@ class Row:
     label: str
     strategy: str
     model: str
-    entries: list[dict]
+    entries: list[Entry]
     stats: dict[str, Stat] = field(default_factory=dict)
     rank: int | None = None
 
     @property
-    def ok(self) -> list[dict]:
-        return [e for e in self.entries if e["status"] == Status.OK]
+    def ok(self) -> list[OkEntry]:
+        return [e for e in self.entries if e.ok]
 
     @property
-    def failed(self) -> list[dict]:
-        return [e for e in self.entries if e["status"] == Status.FAILED]
+    def failed(self) -> list[Entry]:
+        return [e for e in self.entries if e.status == Status.FAILED]
 
     @property
-    def dirty(self) -> list[dict]:
+    def dirty(self) -> list[Entry]:
         """Runs made from uncommitted code (``env.git_dirty``): their code cannot be found again."""
         return [e for e in self.entries if made_dirty(e)]
 
     @property
     def wall_seconds(self) -> float | None:
-        values = [e["compute"]["wall_seconds"] for e in self.ok if e["compute"].get("wall_seconds") is not None]
+        values = [e.compute.wall_seconds for e in self.ok if e.compute.wall_seconds is not None]
         return sum(values) / len(values) if values else None
 
     @property
     def params_trainable(self) -> int | None:
-        values = [e["model"].get("params_trainable") for e in self.ok]
+        values = [e.model.params_trainable for e in self.ok]
         return values[0] if values and values[0] is not None else None
 
 
@@ -216,8 +207,8 @@ class BenchmarkTable:
         seen: list[str] = []
         for row in self.rows:
             for e in row.entries:
-                if e["order_label"] not in seen:
-                    seen.append(e["order_label"])
+                if e.order_label not in seen:
+                    seen.append(e.order_label)
         return seen
 
 
@@ -251,33 +242,33 @@ def _order_key(label: str) -> tuple:
     return (named.get(label, 2), tuple((0, p) if isinstance(p, int) else (1, p) for p in parts))
 
 
-def _meta(entries: list[dict]) -> dict[str, Score]:
+def _meta(entries: list[Entry]) -> dict[str, Score]:
     """score -> its metadata, from the first ok entry that has the score (directions are
     checked across entries by :func:`_directions`)."""
     out: dict[str, Score] = {}
     for e in entries:
-        if e["status"] != Status.OK:
+        if not e.ok:
             continue
-        for key in e["scores"]:
+        for key in e.scores:
             if key not in out:
-                out[key] = score_meta(key, r_metric(e)[0], e.get("metrics"))
+                out[key] = score_meta(key, e.r_metric.names, e.recorded_metrics)
     return out
 
 
-def _directions(entries: list[dict], label: str, source: str | None) -> dict[str, bool]:
+def _directions(entries: list[Entry], label: str, source: str | None) -> dict[str, bool]:
     """score -> higher is better over the ok ``entries`` of one table; refuses a score with two
     directions, and one whose direction is unknown (:func:`score_direction`), naming the entry."""
     seen: dict[str, dict[bool, list[str]]] = {}
     for e in entries:
-        if e["status"] != Status.OK:
+        if not e.ok:
             continue
-        for key in e["scores"]:
+        for key in e.scores:
             try:
                 higher = score_direction(key, e)
             except UserError as err:
                 folder = f"{source}/entries" if source else "entries"
-                raise UserError(err.what, where=f"{folder}/{e['config_hash']}.json: scores.{key}", fix=err.fix) from None
-            seen.setdefault(key, {}).setdefault(higher, []).append(e["config_hash"])
+                raise UserError(err.what, where=f"{folder}/{e.config_hash}.json: scores.{key}", fix=err.fix) from None
+            seen.setdefault(key, {}).setdefault(higher, []).append(e.config_hash)
     for key, by in seen.items():
         if len(by) > 1:
             folder = f"{source}/entries" if source else "entries"
@@ -289,7 +280,7 @@ def _directions(entries: list[dict], label: str, source: str | None) -> dict[str
     return {key: next(iter(by)) for key, by in seen.items()}
 
 
-def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
+def build_tables(entries: list[Entry], sequence: list[str] | None = None, *,
                  source: str | None = None) -> list[BenchmarkTable]:
     """Per-benchmark tables over ``entries`` (any mix of suites, statuses, orders and seeds).
 
@@ -299,25 +290,24 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
     """
     if sequence:
         position = {h: i for i, h in enumerate(sequence)}
-        entries = sorted(entries, key=lambda e: (position.get(e["config_hash"], len(position)), e["config_hash"]))
+        entries = sorted(entries, key=lambda e: (position.get(e.config_hash, len(position)), e.config_hash))
     else:
-        entries = sorted(entries, key=lambda e: (e["benchmark"]["name"], _order_key(e["order_label"]), e["seed"],
-                                                 e["config_hash"]))
-    benches: dict[str, list[dict]] = {}
+        entries = sorted(entries, key=lambda e: (e.benchmark.name, _order_key(e.order_label), e.seed, e.config_hash))
+    benches: dict[str, list[Entry]] = {}
     bench_cfg: dict[str, dict] = {}
     for e in entries:
-        key = canonical_json(e["config"]["benchmark"])
+        key = canonical_json(e.config["benchmark"])
         benches.setdefault(key, []).append(e)
-        bench_cfg[key] = {"benchmark": e["config"]["benchmark"]}
+        bench_cfg[key] = {"benchmark": e.config["benchmark"]}
     keys = list(benches)
     bench_labels = disambiguate([bench_cfg[k]["benchmark"]["class_path"] for k in keys], [bench_cfg[k] for k in keys],
                                   "benchmark")
     tables = []
     for key, bench_label in zip(keys, bench_labels):
-        groups: dict[str, list[dict]] = {}
+        groups: dict[str, list[Entry]] = {}
         configs: dict[str, dict] = {}
         for e in benches[key]:
-            cfg = {k: v for k, v in e["config"].items() if k not in _IGNORED and k != "benchmark"}
+            cfg = {k: v for k, v in e.config.items() if k not in _IGNORED and k != "benchmark"}
             gkey = canonical_json(cfg)
             groups.setdefault(gkey, []).append(e)
             configs[gkey] = cfg
@@ -326,17 +316,17 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
                                [configs[g] for g in gkeys], "strategy")
         rows = [Row(key=g, label=label, strategy=configs[g]["strategy"]["class_path"],
                     model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]
-        present = {s for e in benches[key] if e["status"] == Status.OK for s, v in e["scores"].items() if v is not None}
+        present = {s for e in benches[key] if e.ok for s, v in e.scores.items() if v is not None}
         higher = _directions(benches[key], bench_label, source)
         meta = _meta(benches[key])
         added = [s for s in meta if s in present and s not in SCORES and _metric_score(s)]
         scores = [s for s in SCORES if s in present] + added
-        unit = replication_unit({e["order_label"] for e in benches[key] if e["status"] == Status.OK})
+        unit = replication_unit({e.order_label for e in benches[key] if e.ok})
         constant = constant_scores(benches[key])
         for row in rows:
-            errors = [entry_score_stderr(e, wilson=True) for e in row.ok]
+            errors = [entry_score_stderr(e.document, wilson=True) for e in row.ok]
             for score in (s for s in scores if s not in constant):
-                stat = summarize({(e["order_label"], e["seed"]): (e["scores"].get(score), se.get(score))
+                stat = summarize({(e.order_label, e.seed): (e.scores.get(score), se.get(score))
                                   for e, se in zip(row.ok, errors)}, unit, meta[score].bounds)
                 if stat is not None:
                     row.stats[score] = stat
@@ -345,34 +335,45 @@ def build_tables(entries: list[dict], sequence: list[str] | None = None, *,
         rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.label))
         names: list[str] = []
         for e in benches[key]:
-            for name in (r_metric(e)[0] or []) if e["status"] == Status.OK else []:
+            for name in (e.r_metric.names or []) if e.ok else []:
                 if name not in names:
                     names.append(name)
-        scorings = sorted({s for e in benches[key] if e["status"] == Status.OK and (s := scoring(e))})
+        scorings = sorted({s for e in benches[key] if e.ok and (s := scoring(e.objective))})
         tables.append(BenchmarkTable(key=key, name=bench_cfg[key]["benchmark"]["class_path"], label=bench_label,
                                      scores=scores, rows=rows, higher=higher, r_names=names, scorings=scorings,
                                      groups=groups, meta=meta, constant=constant))
     return tables
 
 
-def constant_scores(entries: list[dict]) -> list[str]:
+def unseen_scores(entry: OkEntry) -> list[float]:
+    """R above the diagonal: each experience's score just before it was trained."""
+    return [row[j + 1] for j, row in enumerate(entry.r_matrix[:-1])]
+
+
+def constant_scores(entries: list[Entry]) -> list[str]:
     """Scores that say nothing about the method on these runs: FWT on a class-incremental stream
-    where every sequential run scored exactly 0 on each experience before training it (R above
-    the diagonal, a shared head that never predicts a class it has not seen), so that FWT equals
-    −mean(r_init) for every method, a property of the initialisation. Checked on the runs, not
-    assumed from the scenario type: a method or model that does score unseen classes keeps the column."""
-    runs = [e for e in entries if e["status"] == Status.OK and not e.get("single_stage")]
-    if not runs or any(e["benchmark"].get("scenario_type") != "class-il" for e in runs):
+    where a shared head scores (next to) nothing on classes it has not trained, so that FWT is
+    −mean(r_init) for every method, a property of the initialisation. FWT is the mean over
+    experiences of R above the diagonal minus r_init; it is withheld where, in every sequential
+    run, the first part (the mean of R above the diagonal) is smaller than the run's own FWT
+    standard error from its test sets (exactly 0 where the run recorded none). Checked on the
+    runs, not assumed from the scenario type: a method or model that does score unseen classes
+    beyond that noise keeps the column."""
+    runs = [e for e in entries if e.ok and not e.single_stage]
+    if not runs or any(e.benchmark.scenario_type != "class-il" for e in runs):
         return []
-    above = [row[j + 1] for e in runs for j, row in enumerate(e["r_matrix"][:-1])]
-    return ["fwt"] if above and all(v == 0 for v in above) else []
+    for e in runs:
+        above = unseen_scores(e)
+        if not above or sum(above) / len(above) > (entry_score_stderr(e.document).get("fwt") or 0.0):
+            return []
+    return ["fwt"]
 
 
 def table_groups(rows: list[Row], higher: bool, score: str = RANK_BY) -> Groups:
     """Rank groups of ``rows`` on ``score`` (:func:`clbench.leaderboard.stats.rank_groups`)."""
     runs = {}
     for row in rows:
-        runs[row.label] = {(e["order_label"], e["seed"]): (e["scores"][score],
-                                                           entry_score_stderr(e, wilson=True).get(score))
-                           for e in row.ok if _finite(e["scores"].get(score))}
+        runs[row.label] = {(e.order_label, e.seed): (e.scores[score],
+                                                     entry_score_stderr(e.document, wilson=True).get(score))
+                           for e in row.ok if _finite(e.scores.get(score))}
     return rank_groups(runs, score, higher)

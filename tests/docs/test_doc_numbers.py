@@ -24,6 +24,11 @@ def doc(name: str) -> str:
     return " ".join((ROOT / "docs" / name).read_text(encoding="utf-8").split())
 
 
+def ok(row) -> list[dict]:
+    """A table row's finished runs, as their entries' JSON."""
+    return [e.document for e in row.ok]
+
+
 def rows(boards, directory: str, label: str = "trace-mini") -> dict:
     return {row.label: row for row in boards.table(directory, label, "test").rows}
 
@@ -52,7 +57,7 @@ def verdicts(boards, directory: str, a: str, b: str, scores: list[str]) -> dict[
 
 def task_mean(row, name: str, cell) -> list[float]:
     """``cell(entry, j)`` of task ``name`` (its index j in the entry's own order), per run."""
-    return [cell(e, e["experiences"].index(name)) for e in row.ok]
+    return [cell(e, e["experiences"].index(name)) for e in ok(row)]
 
 
 def mean(values) -> float:
@@ -65,8 +70,8 @@ def test_fashion_mnist_counts_and_claims(boards):
     text = doc("datasets.md")
     split, rotated = (boards.table("leaderboards/fashion-mnist", f"fashion-mnist-{s}", "test")
                       for s in ("split", "rotated"))
-    runs = sum(len(row.ok) for t in (split, rotated) for row in t.rows)
-    seeds = len({e["seed"] for row in split.rows for e in row.ok})
+    runs = sum(len(ok(row)) for t in (split, rotated) for row in t.rows)
+    seeds = len({e["seed"] for row in split.rows for e in ok(row)})
     assert f"{runs} runs ({len(split.rows)} methods x 2 streams x {len(split.orders)} orders x {seeds} seeds)" in text
     acc = {row.label: row.stats["acc"].mean for row in split.rows}
     memory = ["joint", "cumulative", "gem", "replay", "agem"]
@@ -83,13 +88,13 @@ def test_thesis_fashion_mnist_prototype_router_claim(boards):
     best = "naive (model.label=Prototype router)"
     assert table.rows[0].label == best and table.rows[0].rank == 1
     assert max(table.rows, key=lambda row: row.stats["bwt"].mean).label == best
-    assert "18 runs from the clean commit d2403b0" in doc("datasets.md") and sum(len(r.ok) for r in table.rows) == 18
+    assert "18 runs from the clean commit d2403b0" in doc("datasets.md") and sum(len(ok(r)) for r in table.rows) == 18
 
 
 def test_ewc_seeds_end_alike_on_split(boards):
     text = doc("datasets.md")
     ewc = rows(boards, "leaderboards/fashion-mnist", "fashion-mnist-split")["ewc"]
-    seed0, seed1 = sorted((e for e in ewc.ok if e["order_label"] == "default"), key=lambda e: e["seed"])[:2]
+    seed0, seed1 = sorted((e for e in ok(ewc) if e["order_label"] == "default"), key=lambda e: e["seed"])[:2]
     cells = [(i, j) for i in range(5) for j in range(i + 1)]
     differ = sum(seed0["r_matrix"][i][j] != seed1["r_matrix"][i][j] for i, j in cells)
     right = [[round(r * n) for r, n in zip(e["r_matrix"][-1], e["r_n"][-1] if isinstance(e["r_n"][0], list)
@@ -109,11 +114,11 @@ def test_moses_routes_and_keys(boards):
     assert "On the tiny model it went from 68.00 to 10.31 in every order" in text
     smol_neff = {o: f"{v:.2f}" for o, v in by_order(smol, "n_eff").items()}
     assert f"to {smol_neff['standard']} (standard) and {smol_neff['order1']} (order 1)" in text
-    final = {e["order_label"]: e["strategy"]["diagnostics"]["task_identification"][-1]["accuracy"] for e in smol.ok}
+    final = {e["order_label"]: e["strategy"]["diagnostics"]["task_identification"][-1]["accuracy"] for e in ok(smol)}
     shares = f"{pct(final['standard'], 0)}% and {pct(final['order1'], 0)}%"
     assert f"its keys find the task for {shares} of the prompts" in text
     assert f"{final['standard']:.2f} (standard), {final['order1']:.2f} (order 1)" in text
-    stages = [s["accuracy"] for e in tiny.ok for s in e["strategy"]["diagnostics"]["task_identification"]]
+    stages = [s["accuracy"] for e in ok(tiny) for s in e["strategy"]["diagnostics"]["task_identification"]]
     assert set(stages) == {1.0} and "| 1.00 (every order, every stage) |" in text
 
 
@@ -125,8 +130,8 @@ def test_smollm2_claims(boards):
     assert "no: neither moves (BWT 0.0 in both orders)" in text
     for label in ("mh_moe", "loramoe"):
         assert {pct(v) for v in by_order(smol[label], "bwt").values()} == {"0.0"}
-        untrained = [mean(e["r_init"]) for e in smol[label].ok]
-        assert all(abs(e["scores"]["acc"] - u) < 0.01 for e, u in zip(smol[label].ok, untrained))
+        untrained = [mean(e["r_init"]) for e in ok(smol[label])]
+        assert all(abs(e["scores"]["acc"] - u) < 0.01 for e, u in zip(ok(smol[label]), untrained))
     assert "no: both stay at the untrained model's level" in text
     neff = {label: by_order(smol[label], "n_eff") for label in ("mh_moe", "loramoe")}
     assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"]) and "| yes, in both orders |" in text
@@ -161,12 +166,13 @@ def test_what_each_method_keeps_of_the_untrained_model(boards):
     for label in ("seq_ft", "seq_lora", "o_lora", "ewc", "gem", "replay", "loramoe", "mh_moe", "moses"):
         row = smol[label]
         final = [mean(task_mean(row, t, lambda e, j: e["r_matrix"][-1][j])) for t in TASKS]
-        learned = mean(mean(e["r_matrix"][j][j] - e["r_init"][j] for j in range(len(e["experiences"]))) for e in row.ok)
+        learned = mean(mean(e["r_matrix"][j][j] - e["r_init"][j] for j in range(len(e["experiences"])))
+                       for e in ok(row))
         kept = f"{100 * sum(final) / sum(untrained):.0f}%"
         gain = f"{'+' if learned >= 0 else ''}{pct(learned)}"
         line = f"| `{label}` | {' | '.join(pct(v) for v in final)} | {kept} | {gain} |"
         assert line in text, line
-    summaries = [row[e["experiences"].index("MeetingBank")] for e in smol["moses"].ok for row in e["r_matrix"]]
+    summaries = [row[e["experiences"].index("MeetingBank")] for e in ok(smol["moses"]) for row in e["r_matrix"]]
     assert f"MeetingBank's summaries drop to {pct(min(summaries), 0)}-{pct(max(summaries), 0)} whichever task" in doc(
         "language-models.md")
     lora = mean(task_mean(smol["seq_lora"], "MeetingBank", lambda e, j: e["r_matrix"][-1][j]))
@@ -198,8 +204,8 @@ def test_which_tasks_clear_the_untrained_score(boards):
     short = rows(boards, SHORT)
     for label in SHORT_METHODS:
         above = [sum(e["r_matrix"][j][j] - e["r_init"][j] > 2 * e["r_stderr"][j][j]
-                     for e in short[label].ok for j in [e["experiences"].index(t)]) for t in SHORT_TASKS]
-        runs = len(short[label].ok)
+                     for e in ok(short[label]) for j in [e["experiences"].index(t)]) for t in SHORT_TASKS]
+        runs = len(ok(short[label]))
         parts = ", ".join(f"{t} {n}/{runs}" for t, n in zip(SHORT_TASKS, above))
         assert f"| `{label}` | {sum(above)} of {runs * len(SHORT_TASKS)} ({parts}) |" in text, label
 
@@ -207,7 +213,7 @@ def test_which_tasks_clear_the_untrained_score(boards):
 def test_short_suite_sentences(boards):
     text = doc("language-models.md")
     short = rows(boards, SHORT)
-    se = mean(e["scores_stderr"]["acc"] for row in short.values() for e in row.ok)
+    se = mean(e["scores_stderr"]["acc"] for row in short.values() for e in ok(row))
     assert f"a run's OP has a test-set standard error of about {pct(se)} points" in text
     wins = {s: sum(by_order(short["mh_moe"], s)[o] > v for o, v in by_order(short["loramoe"], s).items())
             for s in ("bwt", "acc")}
@@ -218,7 +224,7 @@ def test_short_suite_sentences(boards):
     assert f"(N_eff {stat['mh_moe']:.1f} against {stat['loramoe']:.1f}, lower in every order)" in text
     assert (f"MoSEs' N_eff ({stat['moses']:.2f})" in text and f"LoRAMoE's ({stat['loramoe']:.2f}," in text
             and f"MH-MoE's ({stat['mh_moe']:.2f}," in text)
-    stages = [s["accuracy"] for e in short["moses"].ok for s in e["strategy"]["diagnostics"]["task_identification"]]
+    stages = [s["accuracy"] for e in ok(short["moses"]) for s in e["strategy"]["diagnostics"]["task_identification"]]
     assert set(stages) == {1.0} and "(100% at every stage of every order)" in text
     assert "identification accuracy 1.00 after the last stage of every order, and at every stage" in text
     assert {pct(v) for v in by_order(short["moses"], "bwt").values()} == {"0.0"}
@@ -247,7 +253,7 @@ def test_trace_mini_moe_sentences(boards):
     text = doc("strategies.md")
     tiny = rows(boards, TINY)
     learned = {label: mean(mean(e["r_matrix"][j][j] - e["r_init"][j] for j in range(len(e["experiences"])))
-                           for e in row.ok) for label, row in tiny.items()}
+                           for e in ok(row)) for label, row in tiny.items()}
     assert ("orders, percent): " + ", ".join(f"{label} {pct(learned[label])}" for label in
                                              ("mh_moe", "loramoe", "seq_lora", "o_lora", "moses")) + ".") in text
     others = [round(100 * v) for label, v in learned.items() if label != "moses"]
@@ -259,10 +265,10 @@ def test_trace_mini_moe_sentences(boards):
     assert verdicts(boards, TINY, "mh_moe", "loramoe", ["bwt"]) == {"BWT": "holds 0"}
     assert "the paired interval holds 0, and if anything MH-MoE forgets a little more" in text
     assert tiny["mh_moe"].stats["bwt"].mean < tiny["loramoe"].stats["bwt"].mean
-    stages = [s["accuracy"] for e in tiny["moses"].ok for s in e["strategy"]["diagnostics"]["task_identification"]]
-    assert set(stages) == {1.0} and len(tiny["moses"].ok) == 4
+    stages = [s["accuracy"] for e in ok(tiny["moses"]) for s in e["strategy"]["diagnostics"]["task_identification"]]
+    assert set(stages) == {1.0} and len(ok(tiny["moses"])) == 4
     assert "task-identification accuracy 1.00 in all four orders" in text and "(BWT 0.0 in every order)" in text
-    standard = next(e for e in tiny["moses"].ok if e["order_label"] == "standard")
+    standard = next(e for e in ok(tiny["moses"]) if e["order_label"] == "standard")
     identified = [a for s in standard["strategy"]["diagnostics"]["task_identification"] for a in s["per_task"].values()]
     assert set(identified) == {1.0} and "(standard order) it is 1.00 for every task at every stage" in text
     s = standard["scores"]
@@ -286,7 +292,7 @@ ROUTERS = {"MoE (switch)": ("MoE", "blocks.4.mlp", "blocks.5.mlp"), "MoE-many (8
 def thesis_runs(boards) -> dict[str, list[dict]]:
     """model label -> its runs on leaderboards/thesis, by seed."""
     table = boards.table("leaderboards/thesis", "digits-domains", "test")
-    return {row.ok[0]["config"]["model"]["init_args"]["label"]: sorted(row.ok, key=lambda e: e["seed"])
+    return {ok(row)[0]["config"]["model"]["init_args"]["label"]: sorted(ok(row), key=lambda e: e["seed"])
             for row in table.rows}
 
 
@@ -366,8 +372,8 @@ def test_moe_theory_table_and_claims(boards):
     text = (ROOT / "docs" / "moe-theory.md").read_text(encoding="utf-8")
     finals = {}
     for row in boards.table("leaderboards/moe-theory", "moe-regression", "test").rows:
-        cfg = row.ok[0]["config"]
-        r = [torch.tensor(e["r_matrix"], dtype=torch.float64) for e in row.ok]
+        cfg = ok(row)[0]["config"]
+        r = [torch.tensor(e["r_matrix"], dtype=torch.float64) for e in ok(row)]
         finals[cfg["model"]["init_args"]["num_experts"], cfg["strategy"]["init_args"]["terminate"]] = (
             [float(forgetting_curve(m)[-1]) for m in r], [float(generalisation_curve(m)[-1]) for m in r])
 

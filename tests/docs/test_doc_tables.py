@@ -81,7 +81,7 @@ def test_a_paired_fragment_is_each_difference_per_order(tmp_path, boards):
                                 "<!-- /leaderboard-paired -->\n")
     run([str(path)], check=False, root=ROOT)
     rows = {row.label: row for row in boards.table(*GROW.split(), "test").rows}
-    by_order = {label: {e["order_label"]: e["scores"]["bwt"] for e in rows[label].ok} for label in rows}
+    by_order = {label: {e.order_label: e.scores["bwt"] for e in rows[label].ok} for label in rows}
     line = next(line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("| seq_ft − "))
     cells = line.split(" | ")
     assert cells[:2] == ["| seq_ft − seq_lora", "BWT"]

@@ -104,7 +104,7 @@ def test_a_suite_records_the_diverged_run_as_failed_and_goes_on(tmp_path, poison
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     hashes = [r.hash for r in load_suite(suite).runs]
-    entries = {e["config_hash"]: e for e in load_entries(board)}  # every entry verifies
+    entries = {e.config_hash: e.document for e in load_entries(board)}  # every entry verifies
     assert sorted(entries) == sorted(hashes)
     failed, ok = entries[hashes[0]], entries[hashes[1]]
     assert failed["status"] == "failed"

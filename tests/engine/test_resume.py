@@ -237,7 +237,7 @@ def test_an_interrupted_leaderboard_run_completes_with_every_entry_once(tmp_path
     assert done.returncode == 0, done.stderr
     assert entries() == sorted([f"{first}.json", f"{second}.json"])
     loaded = load_entries(board)  # each one verifies: schema, content hash, file name = config hash
-    assert [e["status"] for e in loaded] == ["ok", "ok"]
+    assert [e.status for e in loaded] == ["ok", "ok"]
     for name in entries():
         entry = read_entry(board / "entries" / name)
         assert len(entry["r_matrix"]) == 3 and all(len(row) == 3 for row in entry["r_matrix"])

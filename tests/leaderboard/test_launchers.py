@@ -63,7 +63,7 @@ def serial(tmp_path_factory) -> dict[str, dict]:
     """The smoke suite run one cell after another in this process: the reference entries, by hash."""
     out = tmp_path_factory.mktemp("serial") / "lb"
     run_suite(load_suite(SMOKE), out, console=Console(file=io.StringIO()))
-    return {e["config_hash"]: e for e in E.load_entries(out)}
+    return {e.config_hash: e.document for e in E.load_entries(out)}
 
 
 def assert_same_as_serial(out: Path, serial: dict, hashes) -> None:
@@ -115,8 +115,8 @@ def test_an_interrupted_local_launcher_reruns_only_the_missing_cells(tmp_path, s
             proc.wait()
     assert proc.returncode == 130, text[-3000:]
     assert "interrupted after" in text and "rerun the same command to continue" in text
-    first = {e["config_hash"] for e in E.load_entries(out)}
-    assert first and all(e["status"] == "ok" for e in E.load_entries(out))  # the interrupted cell is not "failed"
+    first = {e.config_hash for e in E.load_entries(out)}
+    assert first and all(e.status == "ok" for e in E.load_entries(out))  # the interrupted cell is not "failed"
     assert not list(out.glob(f"{RUNS_DIR}/*.lock"))  # the interrupted worker let go of its cell
 
     outcome = run_local(suite, out, jobs=2, console=Console(file=io.StringIO()))

@@ -304,7 +304,7 @@ def test_run_writes_one_verified_entry_per_grid_point_and_prints_the_table(board
     for k in range(1, 5):
         assert f"run {k} of 4: " in stdout
     assert "naive" in stdout and "joint" in stdout and "ranked by ACC" in stdout
-    entries = E.load_entries(out)
+    entries = [e.document for e in E.load_entries(out)]
     for e in entries:
         assert e["status"] == "ok" and e["error"] is None and e["suite"] == "smoke"
         assert e["entry_schema"] == E.ENTRY_SCHEMA and e["harness"]["version"]
@@ -360,13 +360,13 @@ def test_force_reruns_everything_and_threads_are_recorded(board, tmp_path, monke
 
     out = copy_board(board, tmp_path)
     suite = load_suite(SMOKE)
-    old = {e["config_hash"]: e for e in E.load_entries(out)}
+    old = {e.config_hash: e.document for e in E.load_entries(out)}
     threads = torch.get_num_threads()
     calls = spy_runner(monkeypatch)
     outcome = run_suite(suite, out, force=True, console=quiet())
     assert [h for h, resumed in calls] == [r.hash for r in suite.runs] and not any(r for _, r in calls)
     assert outcome.ran == [r.hash for r in suite.runs] and outcome.skipped == []
-    for e in E.load_entries(out):
+    for e in (loaded.document for loaded in E.load_entries(out)):
         assert e["execution"]["torch_threads"] == suite.threads == 1
         assert e["r_matrix"] == old[e["config_hash"]]["r_matrix"]
         assert e["created_at"] >= old[e["config_hash"]]["created_at"]

@@ -7,7 +7,7 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-from helpers import fake_entry
+from helpers import fake_entry, typed_entries
 from scipy.stats import kendalltau, ttest_rel, wilcoxon
 
 from clbench.cli.main import main
@@ -44,7 +44,7 @@ def synthetic():
     entries = [fake_entry(s, order, seed, ACC[s][k][seed]) for s in ACC for k, order in enumerate(ORDERS)
                for seed in (0, 1)]
     assert all(e["scores"]["forgetting"] == pytest.approx(1 - e["scores"]["acc"]) for e in entries)
-    return entries
+    return typed_entries(entries)
 
 
 def test_per_order_worst_order_and_range(synthetic):
@@ -111,7 +111,7 @@ def test_default_paired_test_is_between_the_two_best(synthetic):
 
 def test_too_few_pairs_says_so():
     runs = [("naive", "default", 0.4), ("naive", "reverse", 0.5), ("replay", "default", 0.6), ("replay", "reverse", 0.7)]
-    few = [fake_entry(s, o, 0, v) for s, o, v in runs]
+    few = typed_entries([fake_entry(s, o, 0, v) for s, o, v in runs])
     (bench,) = compare(few)["benchmarks"]
     assert bench["paired_test"]["n_pairs"] == 2 and "not enough paired orders" in bench["paired_test"]["note"]
     assert bench["rank_stability"]["kendall_tau_mean"] == pytest.approx(1.0)
@@ -137,13 +137,12 @@ needs_committed = pytest.mark.skipif(not (COMMITTED / "entries").is_dir(),
 def test_committed_leaderboard_is_the_quickstart_suite_and_shows_the_expected_effects():
     suite = load_suite(REPO / "configs" / "suites" / "quickstart.yaml")
     entries = E.load_entries(COMMITTED)  # every committed entry verifies
-    assert sorted(e["config_hash"] for e in entries) == sorted(r.hash for r in suite.runs), \
+    assert sorted(e.config_hash for e in entries) == sorted(r.hash for r in suite.runs), \
         "leaderboard/ is stale: regenerate it with 'clbench leaderboard run'"
-    assert all(e["status"] == "ok" for e in entries)
+    assert all(e.status == "ok" for e in entries)
 
     def mean(strategy, score, bench="digits-domains"):
-        values = [e["scores"][score] for e in entries if e["strategy"]["name"] == strategy
-                  and e["benchmark"]["name"] == bench]
+        values = [e.scores[score] for e in entries if e.strategy.name == strategy and e.benchmark.name == bench]
         return sum(values) / len(values)
 
     assert mean("naive", "bwt") < -0.1  # clear forgetting
@@ -162,12 +161,12 @@ def test_compare_on_the_committed_leaderboard_matches_its_entries(tmp_path, caps
     entries = E.load_entries(COMMITTED)
     assert {b["benchmark"] for b in report["benchmarks"]} == {"digits-domains", "digits-dirichlet"}
     for bench in report["benchmarks"]:
-        mine = [e for e in entries if e["benchmark"]["name"] == bench["benchmark"]]
+        mine = [e for e in entries if e.benchmark.name == bench["benchmark"]]
         assert bench["orders"] == ["default", "reverse", "perm1"]
         for s in bench["strategies"]:
             for order, value in s["per_order"].items():
-                (entry,) = [e for e in mine if e["strategy"]["name"] == s["label"] and e["order_label"] == order]
-                assert value == entry["scores"]["acc"]
+                (entry,) = [e for e in mine if e.strategy.name == s["label"] and e.order_label == order]
+                assert value == entry.scores["acc"]
                 assert f"{100 * value:.1f}" in printed
         labels = [s["label"] for s in bench["strategies"]]
         vectors = {o: [next(s for s in bench["strategies"] if s["label"] == lab)["per_order"][o] for lab in labels]
@@ -180,7 +179,7 @@ def test_compare_on_the_committed_leaderboard_matches_its_entries(tmp_path, caps
 def test_cli_errors_are_one_line(tmp_path, capsys, synthetic):
     root = tmp_path / "lb"
     for entry in synthetic:
-        E.write_entry(root, entry)
+        E.write_entry(root, entry.document)
     assert main(["compare", str(root), "--metric", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--metric" in err
@@ -200,7 +199,7 @@ def test_n_eff_is_compared_as_a_plain_number_without_a_direction(capsys):
     root = REPO / "leaderboards" / "trace-mini-moe"
     assert main(["compare", str(root), "--metric", "n_eff"]) == 0
     out = capsys.readouterr().out
-    values = [e["scores"]["n_eff"] for e in E.load_entries(root) if e["strategy"]["name"] == "mh_moe"]
+    values = [e.scores["n_eff"] for e in E.load_entries(root) if e.strategy.name == "mh_moe"]
     assert len(values) == 4
     assert f"{sum(values) / len(values):.2f}" in out and "(%)" not in out
     assert "no better direction" in out and "better in" not in out
@@ -211,7 +210,7 @@ PLAN_ORDERS = ["default", "reverse", {"permutation": 1}, {"permutation": 2}]
 PLAN_ACC = {"replay": [0.80, 0.70, 0.75, 0.78], "naive": [0.70, 0.72, 0.66, 0.74]}
 
 
-def _plan_entries(seconds: dict[str, float], gpu_orders: tuple[int, ...] = ()) -> list[dict]:
+def _plan_entries(seconds: dict[str, float], gpu_orders: tuple[int, ...] = ()) -> list:
     entries = []
     for strategy, values in PLAN_ACC.items():
         for k, (order, acc) in enumerate(zip(PLAN_ORDERS, values)):
@@ -221,7 +220,7 @@ def _plan_entries(seconds: dict[str, float], gpu_orders: tuple[int, ...] = ()) -
             if k in gpu_orders:
                 entry["env"].update({"cuda": "12.8", "device": "Test GPU"})
             entries.append(entry)
-    return entries
+    return typed_entries(entries)
 
 
 def test_a_plan_gives_the_orders_a_gap_needs_and_what_they_cost_where_the_entries_ran():

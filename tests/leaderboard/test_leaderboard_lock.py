@@ -100,7 +100,7 @@ def test_two_processes_share_the_grid_and_run_each_point_once(tmp_path):
                for p, text in zip(procs, reversed(outputs)))
     assert len(list(marks.glob("started-*"))) == 2  # no grid point was started twice
     suite = load_suite(suite_path)
-    assert sorted(e["config_hash"] for e in E.load_entries(out)) == sorted(r.hash for r in suite.runs)
+    assert sorted(e.config_hash for e in E.load_entries(out)) == sorted(r.hash for r in suite.runs)
     assert not (out / RUNS_DIR).exists()  # working folders and locks are gone
 
 

@@ -21,7 +21,7 @@ from clbench.leaderboard.stats import ALPHA, PairNoise, interval, letters, rank_
 from clbench.leaderboard.cell_text import fmt
 from clbench.leaderboard.table import build_tables
 from clbench.metrics.stderr import entry_score_stderr, wilson_stderr
-from helpers import fake_entry
+from helpers import fake_entry, typed_entries
 
 ORDERS = ("default", "reverse", "perm1", "perm2")
 SEEDS = (0, 1)
@@ -49,8 +49,8 @@ def order_means(entries, name):
     """The method's mean over seeds in each order, in the order of :data:`ORDERS`."""
     by = {}
     for e in entries:
-        if e["strategy"]["name"] == name:
-            by.setdefault(e["order_label"], []).append(e["scores"]["acc"])
+        if e.strategy.name == name:
+            by.setdefault(e.order_label, []).append(e.scores["acc"])
     return [sum(by[o]) / len(by[o]) for o in ORDERS if o in by]
 
 
@@ -68,7 +68,7 @@ def test_the_order_is_the_unit_a_large_effect_is_its_own_group_and_a_null_effect
         stat = row.stats["acc"]
         assert stat.n == 8 and stat.units == 4 and stat.mean == pytest.approx(mean)
         assert stat.half == pytest.approx(t.ppf(0.975, 3) * sd / 2)
-        runs = [e["scores"]["acc"] for e in entries if e["strategy"]["name"] == row.label]
+        runs = [e.scores["acc"] for e in entries if e.strategy.name == row.label]
         run_sd = math.sqrt(sum((v - mean) ** 2 for v in runs) / 7)
         assert stat.half > 1.5 * t.ppf(0.975, 7) * run_sd / math.sqrt(8)  # control: seeds counted as units
     # the order effect makes every interval wider than the null group's spread: pairing is what separates them
@@ -248,7 +248,7 @@ def test_one_run_per_method_is_grouped_and_bounded_by_its_test_set_alone(tmp_pat
 def test_test_set_noise_widens_the_critical_difference_where_runs_recorded_it(tmp_path):
     entries = E.load_entries(board(tmp_path))
     without = build_tables(entries)[0].groups
-    noisy = [with_stderr(dict(e), 0.05) for e in entries]
+    noisy = typed_entries([with_stderr(dict(e.document), 0.05) for e in entries])
     with_noise = build_tables(noisy)[0].groups
     assert with_noise.test_set_known and not without.test_set_known
     assert with_noise.critical[0] > without.critical[0]

@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassHammingDistance
 from clbench import Strategy
 from clbench.errors import UserError
 from clbench.metrics import declare
-from helpers import tiny_config
+from helpers import tiny_config, typed_entries
 
 
 class HammingNaive(Strategy):
@@ -43,6 +43,7 @@ def test_an_added_lower_is_better_metric_is_recorded_and_ranked_lower_first():
         assert final == pytest.approx([1 - acc for acc in result["r_matrix"][-1]], abs=1e-6)  # 1 - accuracy
         entries.append(entry_from_result(result))
 
+    entries = typed_entries(entries)
     (table,) = build_tables(entries)
     assert "hamming_final" in table.scores and table.higher["hamming_final"] is False
     assert table.title("hamming_final") == "Hamming ↓"
@@ -56,9 +57,9 @@ def test_an_added_lower_is_better_metric_is_recorded_and_ranked_lower_first():
     assert column == {"key": "hamming_final", "title": "Hamming ↓", "type": "num", "first": "asc"}
 
     # an entry that did not record the metric's direction is refused, never ranked as higher-is-better
-    unrecorded = [{**e, "metrics": {k: v for k, v in e["metrics"].items() if k != "hamming"}} for e in entries]
+    unrecorded = [{**e.document, "metrics": {k: v for k, v in e.document["metrics"].items() if k != "hamming"}} for e in entries]
     with pytest.raises(UserError, match="score 'hamming_final' has no known direction"):
-        build_tables(unrecorded)
+        build_tables(typed_entries(unrecorded))
 
 
 class Undirected(Metric):

@@ -9,7 +9,7 @@ import copy
 import math
 
 import pytest
-from helpers import tiny_config
+from helpers import tiny_config, typed_entries
 
 from clbench.errors import UserError
 
@@ -95,13 +95,13 @@ def test_a_table_shows_it_with_its_title_and_direction_and_compare_reads_it(entr
     from clbench.leaderboard.compare import compare
     from clbench.leaderboard.table import build_tables
 
-    (table,) = build_tables(entries)
+    (table,) = build_tables(typed_entries(entries))
     assert "top_share_final" in table.scores
     assert table.meta["top_share_final"].title == "Top-expert share"
     assert table.higher["top_share_final"] is False
     assert len([row for row in table.rows if "top_share_final" in row.stats]) == 2
 
-    report = compare(entries, metric="top_share_final")
+    report = compare(typed_entries(entries), metric="top_share_final")
     assert report["higher_is_better"] is False and report["percent"] is True
     (bench,) = report["benchmarks"]
     per_order = {s["strategy"]: s["per_order"] for s in bench["strategies"]}

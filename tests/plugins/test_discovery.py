@@ -12,7 +12,7 @@ from clbench.cli.main import main
 from clbench.plugins.describe import arg_docs, describe, first_sentence
 from clbench.leaderboard.table import build_tables
 from clbench.registry import KINDS, available, display_name
-from helpers import fake_entry
+from helpers import fake_entry, typed_entries
 
 PLUGIN = '''
 from clbench.strategy import Strategy
@@ -107,5 +107,5 @@ def test_a_strategy_from_a_file_is_labelled_by_its_class(tmp_path):
     assert display_name("my_pkg.methods.SI") == "SI"
     (tmp_path / "si.py").write_text(PLUGIN)
     entries = [fake_entry("naive", "default", 0, 0.5), fake_entry(f"{tmp_path / 'si.py'}:SI", "default", 0, 0.7)]
-    (table,) = build_tables(entries)
+    (table,) = build_tables(typed_entries(entries))
     assert sorted(row.label for row in table.rows) == ["SI", "naive"]
