@@ -140,27 +140,24 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
     """``clbench run`` with ``trainer: {devices: 2, strategy: fsdp}`` against the same run under
     DDP (the same per-rank batches, so the same steps, and gradients clipped by the same global
     norm: clipping acts on every step at 0.05): the same R, the same generations (every
-    test prompt once, none from the padding batch), and a checkpoint whose adapter weights,
-    gathered from the shards, are DDP's; the frozen base is left out of it. Killed on every rank
-    in the second experience, the sharded run resumes to the uninterrupted R. Pretraining and
+    test prompt once, none from the padding batch). Killed on every rank in the second
+    experience, the sharded run leaves a checkpoint of adapter weights gathered from the shards
+    (the frozen base left out) from which it resumes to the uninterrupted R exactly: a shard
+    lost or misplaced in the gathering would train on from other weights. Pretraining and
     the reference models (``metrics.reference_models``: the pretrained plain model trained on
     one experience alone) run sharded too, to DDP's scores."""
     from helpers import kill_env, run_cli
 
     from clbench.engine.checkpoint import CHECKPOINT
 
-    results, kills = {}, {}
+    results, configs = {}, {}
     for kind in ("ddp", "fsdp"):
         trainer = {"accelerator": "cpu", "devices": 2, "strategy": kind, "gradient_clip_val": 0.05}
         cfg = lm_config()
         cfg["metrics"]["reference_models"] = True
         cfg["pretrain"] = {"fraction": 0.25, "epochs": 1}
-        config = write_yaml({**cfg, "trainer": trainer}, f"{kind}.yaml")
-        results[kind] = run_two_processes(config, tmp_path / kind)
-        killed = run_cli("run", "--config", str(config), "--output", str(tmp_path / f"{kind}-killed"),
-                         "--no-progress", env=kill_env("stage:1:step:1", {"OMP_NUM_THREADS": "1"}))
-        assert killed.returncode != 0
-        kills[kind] = (config, torch.load(tmp_path / f"{kind}-killed" / CHECKPOINT, weights_only=True))
+        configs[kind] = write_yaml({**cfg, "trainer": trainer}, f"{kind}.yaml")
+        results[kind] = run_two_processes(configs[kind], tmp_path / kind)
     ddp, fsdp = results["ddp"], results["fsdp"]
     assert fsdp["r_init"] == ddp["r_init"]
     assert torch.allclose(torch.tensor(fsdp["r_matrix"]), torch.tensor(ddp["r_matrix"]), atol=1e-6, rtol=0)
@@ -175,10 +172,12 @@ def test_a_sharded_run_equals_ddp_checkpoints_gathered_weights_and_resumes(tmp_p
         said += [r["prediction"] for r in rows]
     assert any(said)  # the model says something: generations are compared, not ""
 
-    gathered, reference = kills["fsdp"][1]["model"], kills["ddp"][1]["model"]
-    assert gathered.keys() == reference.keys() and all("lora_" in k for k in gathered)  # no frozen base
-    assert all(torch.allclose(gathered[k], reference[k], atol=ATOL, rtol=RTOL) for k in gathered)
-    again = run_two_processes(kills["fsdp"][0], tmp_path / "fsdp-killed", "--resume")
+    killed = run_cli("run", "--config", str(configs["fsdp"]), "--output", str(tmp_path / "fsdp-killed"),
+                     "--no-progress", env=kill_env("stage:1:step:1", {"OMP_NUM_THREADS": "1"}))
+    assert killed.returncode != 0
+    gathered = torch.load(tmp_path / "fsdp-killed" / CHECKPOINT, weights_only=True)["model"]
+    assert gathered and all("lora_" in k for k in gathered)  # no frozen base
+    again = run_two_processes(configs["fsdp"], tmp_path / "fsdp-killed", "--resume")
     assert again["r_matrix"] == fsdp["r_matrix"] and again["compute"]["resumes"] == 1
 
 
