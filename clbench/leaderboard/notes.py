@@ -179,11 +179,14 @@ def constant_note(table: BenchmarkTable) -> str | None:
     if "fwt" not in table.constant:
         return None
     largest = max(v for row in table.rows for e in row.ok if not e.single_stage for v in unseen_scores(e))
-    scored = ("every run scored exactly 0 on each experience before training it" if largest == 0 else
-              f"no run scored above {shown(largest, percent=True, digits=2)}% on an experience before training it, less "
-              "than each run's test-set standard error of FWT")
-    return (f"FWT is not shown (—): on this class-incremental stream {scored} (a shared head does not predict "
-            "classes it has not seen), so FWT would be −mean(r_init) for every method, a property of the "
+    if largest == 0:
+        return ("FWT is not shown (—): on this class-incremental stream every run scored exactly 0 on each "
+                "experience before training it (a shared head does not predict classes it has not seen), so FWT "
+                "would be −mean(r_init) for every method, a property of the untrained network, not a transfer.")
+    return (f"FWT is not shown (—): on this class-incremental stream no run scored above "
+            f"{shown(largest, percent=True, digits=2)}% on an experience before training it (a shared head all but "
+            "never predicts a class it has not trained), less in every run than its FWT's test-set standard error, "
+            "so FWT would be −mean(r_init) for every method within the test sets' noise, a property of the "
             "untrained network, not a transfer.")
 
 
