@@ -175,7 +175,7 @@ def test_moses_routes_and_keys(boards):
     assert f"its keys find the task for {shares} of the prompts" in text
     assert f"{final['standard']:.2f} (standard), {final['order1']:.2f} (order 1)" in text
     stages = [s["accuracy"] for e in ok(tiny) for s in e["strategy"]["diagnostics"]["task_identification"]]
-    assert set(stages) == {1.0} and "| 1.00 (every order, every stage) |" in text
+    assert set(stages) == {1.0} and "| 1.00 (every order, every stage): by construction |" in text
 
 
 def test_smollm2_claims(boards):
@@ -190,9 +190,11 @@ def test_smollm2_claims(boards):
         assert all(abs(e["scores"]["acc"] - u) < 0.01 for e, u in zip(ok(smol[label]), untrained))
     assert "no: both stay at the untrained model's level" in text
     neff = {label: by_order(smol[label], "n_eff") for label in ("mh_moe", "loramoe")}
-    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"]) and "| yes, in both orders |" in text
+    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"])
+    assert "| lower in both orders: no finding (route space) |" in text
     assert min(smol.values(), key=lambda row: row.stats["acc"].mean).label == "moses"
-    assert "yes, at the lowest OP of the nine methods" in text and len(smol) == 9
+    bwt = smol["moses"].stats["bwt"]
+    assert f"BWT {pct(bwt.mean)} ± {pct(bwt.half)}, at the lowest OP of the nine methods" in text and len(smol) == 9
     assert verdicts(boards, SMOL, "o_lora", "seq_lora", ["bwt", "acc"]) == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
 
 
@@ -202,10 +204,11 @@ def test_tiny_qwen3_claims(boards):
         "BWT": "holds 0", "OP (TRACE)": "holds 0", "N_eff": "below 0"}
     tiny = rows(boards, TINY)
     neff = {label: by_order(tiny[label], "n_eff") for label in ("mh_moe", "loramoe")}
-    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"]) and "| yes, in every order |" in text
+    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"])
+    assert "| lower in every order: no finding (route space) |" in text
     assert "| no: a tie (the paired interval holds 0) |" in text
     assert {pct(v) for v in by_order(tiny["moses"], "bwt").values()} == {"0.0"}
-    assert "yes: BWT 0.0 in every order" in text
+    assert "BWT 0.0 in every order: by construction" in text
     assert verdicts(boards, TINY, "o_lora", "seq_lora", ["bwt", "acc"]) == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
 
 
