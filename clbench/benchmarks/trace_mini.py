@@ -266,12 +266,20 @@ def generate(tasks: list[str] | None = None, n_train: int = 200, n_eval: int = 2
 
 def trace_mini(tasks: Tasks | None = None, n_train: Annotated[int, Field(ge=1)] = 200,
                n_test: Annotated[int, Field(ge=1)] = 50, seed: int = 0, scenario_type: ScenarioType = "domain-il",
-               scoring: Scoring = "trace", template: Template = "own"):
+               scoring: Scoring = "trace", template: Template = "own",
+               n_validation: Annotated[int, Field(ge=0)] = 0):
     """The generated TRACE look-alike as a stream (built in memory; same orders, metrics,
     scorings and item format as ``trace``); with ``template: shared`` every task's prompt
-    has one form, so that only its content tells the task."""
-    data = generate(tasks, n_train=n_train, n_eval=0, n_test=n_test, seed=seed, template=template)
-    return scenario_from_records("trace-mini", {t: (d["train"], d["test"]) for t, d in data.items()},
+    has one form, so that only its content tells the task.
+
+    ``n_validation`` > 0 holds that many prompts per task out of training (the ``eval`` split,
+    drawn after test and before train, so none is a test or training prompt) and scores the run
+    on them in the test set's place: settings such as a learning rate are chosen there, never on
+    the test set. The training prompts then differ from a test-scored run's (they skip the
+    validation prompts), so a validation run chooses settings and is no leaderboard result."""
+    data = generate(tasks, n_train=n_train, n_eval=n_validation, n_test=n_test, seed=seed, template=template)
+    scored = "eval" if n_validation else "test"
+    return scenario_from_records("trace-mini", {t: (d["train"], d[scored]) for t, d in data.items()},
                                  scenario_type=scenario_type, scoring=scoring, synthetic=True)
 
 

@@ -294,3 +294,20 @@ def test_data_check_reads_a_trace_tree(tmp_path):
                           "tasks=[FOMC, Py150]"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "FOMC/test.json" in bad.stderr and "record 0" in bad.stderr
+
+
+def test_a_validation_split_is_scored_in_the_test_sets_place_and_overlaps_neither():
+    """``n_validation``: a run scores held-out prompts that are neither test nor training
+    prompts; the test prompts are the test-scored stream's, and without it nothing changes."""
+    plain = trace_mini(n_train=30, n_test=20, seed=3)
+    held = trace_mini(n_train=30, n_test=20, seed=3, n_validation=10)
+    data = generate(n_train=30, n_eval=10, n_test=20, seed=3)
+    for position in range(3):
+        kept, scored = ordered_experiences(plain, "default")[position], ordered_experiences(held, "default")[position]
+        assert kept.name == scored.name
+        assert kept.test.records() == data[kept.name]["test"]  # the test-scored stream's test set
+        assert scored.test.records() == data[scored.name]["eval"] and len(scored.test.records()) == 10
+        validation = {r["prompt"] for r in scored.test.records()}
+        assert not validation & {r["prompt"] for r in kept.test.records()}
+        assert not validation & {r["prompt"] for r in scored.train.records()}
+    assert generate(n_train=30, n_eval=0, n_test=20, seed=3)[kept.name]["test"] == data[kept.name]["test"]
