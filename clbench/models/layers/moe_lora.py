@@ -69,6 +69,7 @@ import torch
 from torch import Tensor, nn
 
 from clbench.models import auxiliary
+from clbench.models.gating import dense_gates, top_k_gates
 from clbench.models.layers.adapted import AdaptedLinear, replace_linears
 from clbench.models import routing_channel as routing
 
@@ -169,12 +170,12 @@ class MoELoRALinear(AdaptedLinear):
         if self.top_k is None:
             return probs, None, probs
         if self.top_k == 1 and self.top1_gate == "probability":
-            chosen = probs.gather(-1, top_indices)  # Switch Transformer: p_j of the selected expert
+            chosen = top_k_gates(probs, top_indices, "probability")  # Switch Transformer: p_j of the selected expert
         elif self.top_k == 1:
-            chosen = torch.ones_like(top_values)     # Eq. 13 with k = 1: ≡ 1, no router gradient
+            chosen = top_k_gates(logits, top_indices, "one")         # Eq. 13 with k = 1: ≡ 1, no router gradient
         else:
-            chosen = top_values.softmax(-1)          # Eq. 13: renormalised over the selected set
-        return torch.zeros_like(probs).scatter(-1, top_indices, chosen), top_indices, probs
+            chosen = top_k_gates(logits, top_indices, "softmax")     # Eq. 13: renormalised over the selected set
+        return dense_gates(chosen, top_indices, like=probs), top_indices, probs
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.base_layer(x)

@@ -47,6 +47,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from clbench.models.gating import dense_gates, top_k_gates
 from clbench.models.layers.adapted import AdaptedLinear, replace_linears
 from clbench.models import routing_channel as routing
 
@@ -154,8 +155,8 @@ class MoSELinear(AdaptedLinear):
     # -- forward ----------------------------------------------------------------------------
     def route(self, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Gates (M, N), zero off the top-k; the top-k indices (M, k); the softmax over all N."""
-        top_values, top_indices = logits.topk(self.top_k, dim=-1)
-        gates = torch.zeros_like(logits).scatter(-1, top_indices, top_values.softmax(-1))
+        top_indices = logits.topk(self.top_k, dim=-1).indices
+        gates = dense_gates(top_k_gates(logits, top_indices, "softmax"), top_indices, like=logits)
         return gates, top_indices, logits.softmax(-1)
 
     def mixture(self, h: Tensor, slot: int | None) -> tuple[Tensor, Tensor, Tensor]:

@@ -10,10 +10,10 @@ its own auxiliary losses with :func:`clbench.models.auxiliary.add` (a no-op outs
 
 Choices (the thesis leaves these open; each is an option where it plausibly changes results):
 
-* Combining the top-k outputs. The thesis: "the experts output when multiple experts is
-  added and normalized", so the top-k probabilities are renormalized to sum to 1. With top-1
-  that weight is exactly 1 and carries no gradient, and the router would learn from the
-  balance loss only. ``gate="straight_through"`` (default) keeps the thesis's forward value
+* Combining the top-k outputs (the formulas live in :mod:`clbench.models.gating`). The thesis:
+  "the experts output when multiple experts is added and normalized", so the top-k
+  probabilities are renormalized to sum to 1. With top-1 that weight is exactly 1 and
+  carries no gradient, and the router would learn from the balance loss only. ``gate="straight_through"`` (default) keeps the thesis's forward value
   and passes the task gradient as Switch Transformer's raw-probability gate does
   (``g = normalized + p - p.detach()``); ``"normalized"`` is the literal reading, ``"raw"``
   is Switch Transformer (output scaled by ``p``, so copies of a dense MLP no longer equal it).
@@ -38,8 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from clbench.models import auxiliary
+from clbench.models.gating import top_k_gates
 
-GATES = ("straight_through", "normalized", "raw")
+# the `gate` option -> its formula in clbench.models.gating
+GATES = {"straight_through": "straight_through", "normalized": "normalized", "raw": "probability"}
 
 
 def balance_loss(fractions: Tensor) -> Tensor:
@@ -55,17 +57,6 @@ def annealed_weight(weight: float, step: int, anneal_steps: int) -> float:
     return float(weight) * max(0.0, 1.0 - step / anneal_steps)
 
 
-def combine_gates(probs: Tensor, experts: Tensor, mode: str) -> Tensor:
-    """Top-k combine weights ``(U, k)`` from probabilities ``(U, E)`` (see the module notes)."""
-    chosen = probs.gather(-1, experts)
-    if mode == "raw":
-        return chosen
-    normalized = chosen / chosen.sum(-1, keepdim=True)
-    if mode == "normalized":
-        return normalized
-    return normalized + (chosen - chosen.detach())  # exactly the normalized value
-
-
 class _Router(nn.Module):
     """Shared bookkeeping: top-k, gate mode and the annealed balance loss."""
 
@@ -75,7 +66,7 @@ class _Router(nn.Module):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must lie in [1, num_experts={num_experts}], got {top_k}")
         if gate not in GATES:
-            raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+            raise ValueError(f"gate must be one of {tuple(GATES)}, got {gate!r}")
         if balance_on not in ("probs", "assignments"):
             raise ValueError(f"balance_on must be 'probs' or 'assignments', got {balance_on!r}")
         self.dim, self.num_experts, self.top_k, self.gate = dim, num_experts, top_k, gate
@@ -122,7 +113,7 @@ class SwitchRouter(_Router):
         weight = self.weight if self.lr_mult == 1.0 else self.weight * self.lr_mult
         probs = F.linear(feats, weight).float().softmax(-1)
         experts = probs.topk(self.top_k, dim=-1).indices
-        gates = combine_gates(probs, experts, self.gate)
+        gates = top_k_gates(probs, experts, GATES[self.gate])
         self._balance(probs, experts)
         self._tick()
         return experts, gates, probs
@@ -200,7 +191,7 @@ class EMACentroidRouter(_Router):
             score = self.scores(z)
         experts = score.topk(self.top_k, dim=-1).indices
         probs = (score / self.temperature).softmax(-1)
-        gates = combine_gates(probs, experts, self.gate)
+        gates = top_k_gates(probs, experts, GATES[self.gate])
         if self.training:
             self._update(z, experts[:, 0])
         self._balance(probs, experts)
