@@ -166,9 +166,11 @@ def test_parse_overrides_refuses_malformed_items(peer, bad):
 
 def test_default_suite_still_reads(peer):
     s = peer.suite_settings()
-    split = s["benchmarks"]["fashion-mnist-split"]
-    assert split["strategies"]["ewc"]["init_args"] == {"ewc_lambda": 100.0}  # the separate-penalty one
-    assert split["train"]["epochs"] == 2 and split["train"]["batch_size"] == 128
+    split = s["benchmarks"]["fashion-mnist-split"]  # the class-IL item, listed before the task-IL one
+    assert split["init_args"] == {} and split["train"]["epochs"] == 21 and split["train"]["batch_size"] == 128
+    # the values the validation search chose for class-IL, not the strategies' defaults
+    assert split["strategies"]["ewc"]["init_args"] == {"ewc_lambda": 1e6}
+    assert split["strategies"]["derpp"]["init_args"] == {"mem_size": 1000, "alpha": 1.0, "beta": 1.0}
     assert set(peer.METHODS) == {"naive", "ewc", "replay", "lwf", "agem", "gem",
                                  "derpp", "er_ace", "icarl", "gdumb", "si", "mas"}
 
