@@ -138,6 +138,37 @@ def test_split_board_claims(boards):
         " runs; every other run exactly 0" in text
 
 
+ROTATED = "leaderboards/fashion-mnist-rotated"
+
+
+def test_rotated_board_claims(boards):
+    """docs/datasets.md's Rotated section, recomputed: naive's diagonal and end, joint above every
+    sequential method, FWT intervals covering 0, the regularisers' groups against naive's, and
+    GDumb's memory holding the first rotation only."""
+    text = doc("datasets.md")
+    table = boards.table(ROTATED, "fashion-mnist-rotated", "test")
+    found = {row.label: row for row in table.rows}
+    span = lambda values: f"{pct(min(values))}–{pct(max(values))}"  # noqa: E731
+    naive = ok(found["naive"])
+    diagonal = [e["r_matrix"][j][j] for e in naive for j in range(len(e["experiences"]))]
+    ends = span([e["scores"]["acc"] for e in naive])
+    assert len(naive) == 5 and f"(diagonal cells {span(diagonal)}) and ends at {ends}" in text
+    joint, letters = found["joint"].stats["acc"], table.groups.letters
+    assert table.rows[0].label == "joint" and not set(letters["joint"]) & set(letters[table.rows[1].label])
+    by_order = span([e["scores"]["acc"] for e in ok(found["joint"])])
+    assert f"reaches {pct(joint.mean)} ± {pct(joint.half)} ({by_order} by order)" in text
+    fwt = [row.stats["fwt"] for row in table.rows if row.label != "joint"]
+    assert all(f.mean - f.half <= 0 <= f.mean + f.half for f in fwt) and "every method's interval covers 0" in text
+    apart = [m for m in ("ewc", "si", "mas") if not set(letters[m]) & set(letters["naive"])]
+    assert apart == ["ewc", "si", "mas"] and set(letters["lwf"]) & set(letters["naive"])
+    assert "in rank groups that exclude it, while LwF ({}) shares naive's".format(pct(found["lwf"].stats["acc"].mean)) in text
+    gdumb = ok(found["gdumb"])
+    first = {pct(e["r_matrix"][-1][0]) for e in gdumb}
+    others = [x for e in gdumb for x in e["r_matrix"][-1][1:]]
+    assert len(first) == 1 and f"({first.pop()} on it at the end in every order, {span(others)} on the other four)" in text
+    assert table.rows[-1].label == "gdumb" and "GDumb ends last" in text
+
+
 def test_thesis_fashion_mnist_prototype_router_claim(boards):
     assert "The prototype router ends highest, with the least forgetting" in doc("datasets.md")
     table = boards.table("leaderboards/thesis-fashion-mnist", "fashion-mnist-rotated", "test")
