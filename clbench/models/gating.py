@@ -17,8 +17,9 @@ here, each computed from ``scores.gather(-1, indices)``:
   as the thesis's routers always have, so their results keep their last bits;
 * ``"straight_through"`` (probabilities): ``"normalized"``'s value with ``"probability"``'s
   gradient, so a top-1 router still learns from the task loss;
-* ``"one"``: 1 for every selected expert and no gradient to the router (LoRAMoE's Eq. 13 with
-  k = 1, as the released code computes it: no zero gradient reaches the optimizer either).
+* ``"one"``: 1 for every selected expert (LoRAMoE's Eq. 13 with k = 1: the softmax of one logit),
+  written as a constant, so the router gets no gradient at all rather than a zero one, which
+  Adam's moments and weight decay would still act on.
 """
 
 from __future__ import annotations
