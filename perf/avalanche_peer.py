@@ -390,10 +390,14 @@ def main() -> None:
         print(f"- {method} ({chosen['source']}): {chosen['init_args']}; train {chosen['train']}")
     print("\n| method | seeds | clbench | Avalanche | difference (90% CI) | TOST p | verdict |\n"
           "|---|---|---|---|---|---|---|")
+    per_seed = []
     for method in args.methods:
         ours = [clbench_final(settings, benchmark, method, s, overrides) for s in args.seeds]
         theirs = [avalanche_final(settings, benchmark, method, s, overrides) for s in args.seeds]
         print(table_row(method, args.seeds, ours, theirs, args.margin), flush=True)
+        per_seed.append(f"- {method}: " + ", ".join(f"seed {s} {a:.1f} / {b:.1f}"
+                                                   for s, a, b in zip(args.seeds, ours, theirs)))
+    print("\nPer seed, clbench / Avalanche:\n" + "\n".join(per_seed))
 
 
 if __name__ == "__main__":
