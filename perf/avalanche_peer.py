@@ -334,8 +334,10 @@ def avalanche_final(settings: dict, benchmark: str, method: str, seed: int, over
                   train_epochs=train["epochs"], eval_mb_size=256, device="cpu",
                   evaluator=EvaluationPlugin(accuracy_metrics(experience=True), loggers=[]))
     strategy = avalanche_strategy(method, chosen["init_args"], model, optimizer, common)
-    for exp in scenario.train_stream:
+    for position, exp in enumerate(scenario.train_stream, 1):
         strategy.train(exp, num_workers=0)
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            print(f"  (Avalanche {method}, seed {seed}: non-finite weights after experience {position})", flush=True)
     metrics = strategy.eval(scenario.test_stream, num_workers=0)
     accs = [v for k, v in sorted(metrics.items()) if k.startswith("Top1_Acc_Exp/eval_phase/test_stream")]
     return 100 * statistics.fmean(accs)
