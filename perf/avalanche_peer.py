@@ -5,7 +5,7 @@ or ``fashion-mnist-rotated``, which Avalanche consumes as it is), in the default
 optimizer (Adam, its state reset at every experience, as clbench does), batch size, epochs, seeds and method
 settings. clbench runs each cell through :func:`clbench.api.run`; Avalanche runs the strategy of
 ``avalanche.training`` named below. The score is the final average accuracy (mean over the test experiences after
-the last one, in %). docs/datasets.md shows the table of the first six methods and explains their differences.
+the last one, in %). docs/datasets.md shows the tables of all twelve methods and explains their differences.
 
     OMP_NUM_THREADS=1 python perf/avalanche_peer.py [--suite configs/suites/fashion-mnist-split.yaml]
         [--benchmark split|rotated|CLASS_PATH] [--methods derpp si ...] [--seeds 0 1 2]

@@ -13,7 +13,8 @@ Choices (the thesis leaves these open; each is an option where it plausibly chan
 * Combining the top-k outputs (the formulas live in :mod:`clbench.models.gating`). The thesis:
   "the experts output when multiple experts is added and normalized", so the top-k
   probabilities are renormalized to sum to 1. With top-1 that weight is exactly 1 and
-  carries no gradient, and the router would learn from the balance loss only. ``gate="straight_through"`` (default) keeps the thesis's forward value
+  carries no gradient, and the router would learn from the balance loss only.
+  ``gate="straight_through"`` (default) keeps the thesis's forward value
   and passes the task gradient as Switch Transformer's raw-probability gate does
   (``g = normalized + p - p.detach()``); ``"normalized"`` is the literal reading, ``"raw"``
   is Switch Transformer (output scaled by ``p``, so copies of a dense MLP no longer equal it).
