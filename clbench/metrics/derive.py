@@ -9,7 +9,10 @@ its formula in one hop and the two can never disagree:
   null for ``aia``, ``bwt``, ``fwt`` and ``forgetting``;
 * ``<metric>_final``: the mean of the last row of each other metric's matrix;
 * ``global_<metric>``: the last value of the balanced global test set's metric;
-* ``n_eff``: the final stage's route-wise N_eff, averaged over MoE layers;
+* ``n_eff``: the final stage's route-wise N_eff, averaged over MoE layers; ``n_eff_null`` and
+  ``n_eff_excess`` the same of its shuffled-composition null and of the bias-corrected N_eff
+  minus that null (:func:`clbench.metrics.compositions.controlled_compositions`), where the
+  run recorded them (results written before the null was measured hold ``n_eff`` alone);
 * ``<metric>_final`` of a routing metric a plugin declared
   (:func:`clbench.metrics.declared.declare_routing`): its value at the final stage.
 
@@ -30,6 +33,8 @@ from typing import Any, Mapping, Sequence
 
 # Scores a single-stage run reports (null) besides ``acc``, as runs have always written them.
 SINGLE_STAGE_NULLS = ("aia", "bwt", "fwt", "forgetting")
+# N_eff's controls, each the final stage's mean over MoE layers (clbench.metrics.compositions).
+CONTROLLED_N_EFF = ("n_eff_null", "n_eff_excess")
 
 
 def _float(value: Any) -> float:
@@ -78,7 +83,11 @@ def derive_scores(r: Sequence[Sequence[Any]], r_init: Sequence[Any] | None, refe
     for name, values in (global_test or {}).items():
         scores[f"global_{name}"] = _finite(values[-1])
     if compositions:
-        scores["n_eff"] = mean_or_none([layer["n_eff"] for layer in compositions[-1].values()])
+        final = list(compositions[-1].values())
+        scores["n_eff"] = mean_or_none([layer["n_eff"] for layer in final])
+        if final and all("n_eff_excess" in layer for layer in final):
+            for key in CONTROLLED_N_EFF:
+                scores[key] = mean_or_none([layer[key] for layer in final])
     for name, values in (routing or {}).items():
         scores[f"{name}_final"] = _finite(values[-1])
     return scores

@@ -12,7 +12,8 @@ read titles, directions and units through :func:`score`, never from lists of the
   from there (``recorded``), so leaderboard code never imports a metric's class.
   :data:`EVAL_METRICS` is only for entries written before ``metrics`` was recorded: the
   built-in metrics they can hold (a test checks each against its class).
-* ``n_eff`` is a diagnostic of routing: a plain number, not a percentage, with no better side.
+* ``n_eff`` and its controls (:data:`ROUTING_SCORES`) are diagnostics of routing: plain
+  numbers, not percentages, with no better side.
 
 A CL score is in R's unit: a percentage where R's metrics are (accuracy, exact match), a plain
 number where a metric of R recorded that it is not one (the squared error of the MoE-theory
@@ -89,10 +90,18 @@ EVAL_METRICS: dict[str, EvalMetric] = {m.name: m for m in (
 )}
 
 N_EFF = Score("n_eff", "N_eff", "none", "clbench.metrics.compositions:effective_compositions", percent=False)
+# N_eff's controls: the N_eff expected with no association between routes and compositions, and
+# the bias-corrected N_eff minus it (negative: fewer compositions share a route than chance gives)
+ROUTING_SCORES: dict[str, Score] = {s.key: s for s in (
+    N_EFF,
+    Score("n_eff_null", "N_eff null", "none", "clbench.metrics.compositions:controlled_compositions", percent=False),
+    Score("n_eff_excess", "N_eff − null", "none", "clbench.metrics.compositions:controlled_compositions",
+          percent=False),
+)}
 
 # Table columns, in display order; a table shows those some entry of it has.
 TABLE_SCORES = ("acc", "aia", "bwt", "fwt", "forgetting", "gmean_final", "mauc_final", "global_acc", "global_gmean",
-                "global_mauc", "n_eff")
+                "global_mauc", "n_eff", "n_eff_excess")
 # The columns a narrow terminal keeps.
 CORE_SCORES = ("acc", "aia", "bwt", "fwt", "forgetting")
 # The scores a run's terminal report shows (the rest are in result.json).
@@ -121,8 +130,8 @@ def score(key: str, r_names: list[str] | None = None, recorded: Recorded | None 
     is refused: its direction is unknown."""
     if key in CL_SCORES:
         return CL_SCORES[key] if r_percent(r_names, recorded) else replace(CL_SCORES[key], percent=False)
-    if key == N_EFF.key:
-        return N_EFF
+    if key in ROUTING_SCORES:
+        return ROUTING_SCORES[key]
     metric = _metric_of(key)
     info = (recorded or {}).get(metric) if metric is not None else None
     known = EVAL_METRICS.get(metric) if metric is not None else None

@@ -76,6 +76,21 @@ def test_derive_scores_means_over_every_experience():
     assert joint == {"acc": pytest.approx(0.6), "aia": None, "bwt": None, "fwt": None, "forgetting": None}
 
 
+def test_n_eff_controls_are_scored_where_the_run_measured_them():
+    """A run that measured N_eff's null scores it and N_eff minus it, each a mean over layers; a
+    result written before the null (n_eff alone per layer) keeps only n_eff, so it still verifies."""
+    layers = {"a": {"n_eff": 3.0, "n_eff_null": 4.0, "n_eff_excess": -1.5},
+              "b": {"n_eff": 2.0, "n_eff_null": 4.0, "n_eff_excess": None}}
+    r = [[0.9, 0.2], [0.6, 0.7]]
+    scores = derive_scores(r, None, single_stage=False, compositions=[{}, layers])
+    assert scores["n_eff"] == 2.5 and scores["n_eff_null"] == 4.0
+    assert scores["n_eff_excess"] is None  # one layer undefined: the mean over layers is too
+    layers["b"]["n_eff_excess"] = -0.5
+    assert derive_scores(r, None, single_stage=False, compositions=[{}, layers])["n_eff_excess"] == -1.0
+    older = derive_scores(r, None, single_stage=False, compositions=[{}, {"a": {"n_eff": 3.0}}])
+    assert older["n_eff"] == 3.0 and not {"n_eff_null", "n_eff_excess"} & set(older)
+
+
 def test_single_stage_is_read_as_recorded_and_inferred_only_for_older_records():
     from clbench.metrics.scores import SCORE_KEYS
 

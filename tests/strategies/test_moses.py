@@ -152,6 +152,28 @@ def test_pull_loss_on_a_hand_built_case():
     assert match(torch.tensor([[1.0, 0.1], [-0.2, 1.0]]), torch.tensor([[0.0, 5.0], [2.0, 0.0]])).tolist() == [1, 0]
 
 
+def test_without_protect_later_tasks_move_the_weights_an_earlier_task_selected():
+    """protect=False (the paper's reading): masks overlap and nothing is restored, so training
+    later tasks changes some of task 1's selected weights, which protect=True keeps exactly (the
+    test below); the frozen base stays frozen either way."""
+    experiences = trace_stream()
+    model = lm()
+    before = base_state(model)
+    module = build(MoSEs(density=0.3, target_modules=["q_proj", "v_proj"], protect=False), experiences, model,
+                   lr=0.02)
+    layers = mose_layers(model)
+    train(module, experiences[0], steps=4)
+    kept = [{n: getattr(m, f"lora_{n}").detach()[getattr(m, f"mask_{n}")[0]].clone() for n in ("A", "B", "router")}
+            for m in layers]
+    for exp in experiences[1:]:
+        train(module, exp, steps=4)
+    moved = sum(not torch.equal(getattr(m, f"lora_{n}").detach()[getattr(m, f"mask_{n}")[0]], w[n])
+                for m, w in zip(layers, kept) for n in ("A", "B", "router"))
+    assert moved > 0
+    after = base_state(model)
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
 def test_masks_are_per_task_base_is_frozen_and_keys_route_held_out_prompts():
     experiences = trace_stream()
     model = lm()
