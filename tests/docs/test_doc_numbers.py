@@ -17,6 +17,10 @@ from clbench.leaderboard.doc_tables import paired_rows, unit_values
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = "leaderboards/trace-mini-smollm2-short"
 TINY, SMOL = "leaderboards/trace-mini-moe", "leaderboards/trace-mini-smollm2"
+# the tiny board's two prompt forms and its LoRAMoE variants, as its tables label them
+TINY_FORMS = ("trace-mini", "trace-mini (template=shared)")
+LORAMOE4, LORAMOE10 = "loramoe (num_experts=4, top_k=1)", "loramoe (num_experts=10, top_k=5)"
+CONSTRAINED = 'loramoe (balance_delta=0.1, balance_weight=0.1, knowledge_tasks=["ScienceQA"], num_experts=4, top_k=1)'
 
 
 def doc(name: str) -> str:
@@ -47,9 +51,10 @@ def by_order(row, score: str) -> dict[str, float]:
     return unit_values(row, score, "order")
 
 
-def verdicts(boards, directory: str, a: str, b: str, scores: list[str]) -> dict[str, str]:
+def verdicts(boards, directory: str, a: str, b: str, scores: list[str],
+             benchmark: str = "trace-mini") -> dict[str, str]:
     """score title -> "holds 0" / "above 0" / "below 0": what the paired fragment says."""
-    table = boards.table(directory, "trace-mini", "test")
+    table = boards.table(directory, benchmark, "test")
     found = {row.label: row for row in table.rows}
     lines = paired_rows(table, scores, [found[a]], [found[b]])[2:]
     return {line.split(" | ")[1]: line.rstrip(" |").rsplit(" | ", 1)[1] for line in lines}
@@ -207,8 +212,12 @@ def test_moses_routes_and_keys(boards):
     shares = f"{pct(final['standard'], 0)}% and {pct(final['order1'], 0)}%"
     assert f"its keys find the task for {shares} of the prompts" in text
     assert f"{final['standard']:.2f} (standard), {final['order1']:.2f} (order 1)" in text
-    stages = [s["accuracy"] for e in ok(tiny) for s in e["strategy"]["diagnostics"]["task_identification"]]
-    assert set(stages) == {1.0} and "| 1.00 (every order, every stage): by construction |" in text
+    for benchmark in TINY_FORMS:
+        for label in ("moses", "moses (protect=false)"):
+            row = rows(boards, TINY, benchmark)[label]
+            stages = [s["accuracy"] for e in ok(row) for s in e["strategy"]["diagnostics"]["task_identification"]]
+            assert set(stages) == {1.0} and len(stages) == 4 * 8, (benchmark, label)
+    assert "| yes: 1.00 at every stage of every order in both forms (the tasks' content differs) |" in text
 
 
 def test_smollm2_claims(boards):
@@ -227,21 +236,50 @@ def test_smollm2_claims(boards):
     assert "| lower in both orders: no finding (route space) |" in text
     assert min(smol.values(), key=lambda row: row.stats["acc"].mean).label == "moses"
     bwt = smol["moses"].stats["bwt"]
-    assert f"BWT {pct(bwt.mean)} ± {pct(bwt.half)}, at the lowest OP of the nine methods" in text and len(smol) == 9
+    assert f"BWT {pct(bwt.mean)} ± {pct(bwt.half)} (`protect: true`), at the lowest OP of the nine methods" in text
+    assert len(smol) == 9
     assert verdicts(boards, SMOL, "o_lora", "seq_lora", ["bwt", "acc"]) == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
 
 
 def test_tiny_qwen3_claims(boards):
+    """The claims table's tiny-model column and the controls' sentences, in both prompt forms."""
     text = doc("language-models.md")
-    assert verdicts(boards, TINY, "mh_moe", "loramoe", ["bwt", "acc", "n_eff"]) == {
-        "BWT": "holds 0", "OP (TRACE)": "holds 0", "N_eff": "below 0"}
-    tiny = rows(boards, TINY)
-    neff = {label: by_order(tiny[label], "n_eff") for label in ("mh_moe", "loramoe")}
-    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"])
-    assert "| lower in every order: no finding (route space) |" in text
-    assert "| no: a tie (the paired interval holds 0) |" in text
-    assert {pct(v) for v in by_order(tiny["moses"], "bwt").values()} == {"0.0"}
-    assert "BWT 0.0 in every order: by construction" in text
+    scores = ["bwt", "acc", "n_eff", "n_eff_excess"]
+    for benchmark in TINY_FORMS:  # at MH-MoE's route space: N_eff − null, BWT and OP tie
+        found = verdicts(boards, TINY, "mh_moe", LORAMOE10, scores, benchmark)
+        assert found == {"BWT": "holds 0", "OP (TRACE)": "holds 0", "N_eff": "below 0", "N_eff − null": "holds 0"}
+        tiny = rows(boards, TINY, benchmark)
+        neff = {label: by_order(tiny[label], "n_eff") for label in ("mh_moe", LORAMOE10)}
+        assert all(neff["mh_moe"][o] < neff[LORAMOE10][o] for o in neff[LORAMOE10]), benchmark
+    assert ("At MH-MoE's route space LoRAMoE's plug-in N_eff is still higher in every order, "
+            "but N_eff − null ties") in text
+    assert "| no: N_eff − null ties at the route space in both forms (the plug-in N_eff, lower, is partly" in text
+    assert verdicts(boards, TINY, "mh_moe", LORAMOE4, ["bwt", "acc"]) == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
+    shared = verdicts(boards, TINY, "mh_moe", LORAMOE4, ["bwt", "acc"], TINY_FORMS[1])
+    assert shared == {"BWT": "below 0", "OP (TRACE)": "above 0"}  # inside the test set's noise: the doc's ties
+    form = rows(boards, TINY, TINY_FORMS[1])
+    se = {k: mean(e["scores_stderr"][k] for label in ("mh_moe", LORAMOE4) for e in ok(form[label]))
+          for k in ("bwt", "acc")}
+    gaps = {k: form["mh_moe"].stats[k].mean - form[LORAMOE4].stats[k].mean for k in ("bwt", "acc")}
+    assert all(abs(gaps[k]) < 2 * math.sqrt(2) * se[k] for k in gaps)
+    assert (f"a run's BWT has a standard error of about {pct(se['bwt'])} points there, its OP about "
+            f"{pct(se['acc'])}") in text
+    assert f"(−{pct(-gaps['bwt'])} ± " in text
+    assert ("| no: ties with both in both forms (in the shared form it forgets more than K = 4 across orders, "
+            "inside") in text
+    constrained = verdicts(boards, TINY, CONSTRAINED, LORAMOE4, ["bwt", "acc"])
+    assert constrained == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
+    bwt = {label: by_order(rows(boards, TINY)[label], "bwt") for label in (CONSTRAINED, LORAMOE4)}
+    diffs = [bwt[CONSTRAINED][o] - bwt[LORAMOE4][o] for o in bwt[LORAMOE4]]
+    assert f"| no: a tie ({'+' if mean(diffs) >= 0 else '−'}{pct(abs(mean(diffs)))} ± " in text
+    moses_bwt = []
+    for benchmark in TINY_FORMS:
+        assert verdicts(boards, TINY, "moses (protect=false)", "moses", ["bwt"], benchmark) == {"BWT": "below 0"}
+        tiny = rows(boards, TINY, benchmark)
+        assert {pct(v) for v in by_order(tiny["moses"], "bwt").values()} == {"0.0"}
+        stat = tiny["moses (protect=false)"].stats["bwt"]
+        moses_bwt.append(f"{pct(stat.mean)} ± {pct(stat.half)}")
+    assert f"no: `protect: false` forgets (BWT {moses_bwt[0]}; {moses_bwt[1]} in the shared form)" in text
     assert verdicts(boards, TINY, "o_lora", "seq_lora", ["bwt", "acc"]) == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
 
 
@@ -346,17 +384,26 @@ def test_trace_mini_moe_sentences(boards):
     tiny = rows(boards, TINY)
     learned = {label: mean(mean(e["r_matrix"][j][j] - e["r_init"][j] for j in range(len(e["experiences"])))
                            for e in ok(row)) for label, row in tiny.items()}
-    assert ("orders, percent): " + ", ".join(f"{label} {pct(learned[label])}" for label in
-                                             ("mh_moe", "loramoe", "seq_lora", "o_lora", "moses")) + ".") in text
-    others = [round(100 * v) for label, v in learned.items() if label != "moses"]
-    assert f"(15.2 points against {min(others)}-{max(others)})" in text and pct(learned["moses"]) == "15.2"
+    named = {"mh_moe": "mh_moe", LORAMOE4: LORAMOE4, LORAMOE10: LORAMOE10, CONSTRAINED: "loramoe with the constraint",
+             "seq_lora": "seq_lora", "o_lora": "o_lora", "moses": "moses",
+             "moses (protect=false)": "moses (protect=false)"}
+    assert set(named) == set(tiny)
+    listed = ", ".join(f"{name} {pct(learned[label])}" for label, name in named.items())
+    assert f"orders, percent): {listed}." in text
+    others = [round(100 * v) for label, v in learned.items() if not label.startswith("moses")]
+    assert (f"({pct(learned['moses'])} points with `protect: true`, {pct(learned['moses (protect=false)'])}\nwithout, "
+            f"against {min(others)}-{max(others)})").replace("\n", " ") in text
     py150 = mean(task_mean(tiny["moses"], "Py150", lambda e, j: e["r_matrix"][j][j] - e["r_init"][j]))
     assert f"Py150 falls below its untrained score ({pct(py150, 0).replace('-', '−')})" in text
     assert {f"{v:.2f}" for v in by_order(tiny["moses"], "n_eff").values()} == {"10.31"}
     assert "N_eff (10.31, equal for every order)" in text
-    assert verdicts(boards, TINY, "mh_moe", "loramoe", ["bwt"]) == {"BWT": "holds 0"}
-    assert "the paired interval holds 0, and if anything MH-MoE forgets a little more" in text
-    assert tiny["mh_moe"].stats["bwt"].mean < tiny["loramoe"].stats["bwt"].mean
+    for b in (LORAMOE4, LORAMOE10):
+        assert verdicts(boards, TINY, "mh_moe", b, ["bwt"]) == {"BWT": "holds 0"}
+    assert "MH-MoE's BWT is within the noise of LoRAMoE's against both (the paired intervals hold 0)" in text
+    assert verdicts(boards, TINY, "mh_moe", LORAMOE10, ["n_eff_excess"]) == {"N_eff − null": "holds 0"}
+    stat = tiny["moses (protect=false)"].stats["bwt"]
+    assert f"it forgets (BWT −{pct(-stat.mean)} ± {pct(stat.half)}, below `protect: true`'s in every order)" in text
+    assert all(v < 0 for v in by_order(tiny["moses (protect=false)"], "bwt").values())
     stages = [s["accuracy"] for e in ok(tiny["moses"]) for s in e["strategy"]["diagnostics"]["task_identification"]]
     assert set(stages) == {1.0} and len(ok(tiny["moses"])) == 4
     assert "task-identification accuracy 1.00 in all four orders" in text and "(BWT 0.0 in every order)" in text
