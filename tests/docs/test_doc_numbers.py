@@ -255,6 +255,9 @@ def test_tiny_qwen3_claims(boards):
             "but N_eff − null ties") in text
     assert "| no: N_eff − null ties at the route space in both forms (the plug-in N_eff, lower, is partly" in text
     assert verdicts(boards, TINY, "mh_moe", LORAMOE4, ["bwt", "acc"]) == {"BWT": "holds 0", "OP (TRACE)": "holds 0"}
+    tiny = rows(boards, TINY)
+    excess = tiny["mh_moe"].stats["n_eff_excess"].mean - tiny[LORAMOE4].stats["n_eff_excess"].mean
+    assert f"and is {-excess:.0f} below it at 4" in doc("metrics.md")
     shared = verdicts(boards, TINY, "mh_moe", LORAMOE4, ["bwt", "acc"], TINY_FORMS[1])
     assert shared == {"BWT": "below 0", "OP (TRACE)": "above 0"}  # inside the test set's noise: the doc's ties
     form = rows(boards, TINY, TINY_FORMS[1])
