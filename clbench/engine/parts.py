@@ -19,6 +19,7 @@ from clbench.seeding import Seeds
 from clbench.errors import UserError
 
 if TYPE_CHECKING:
+    from clbench.config.schema import RunConfig
     from clbench.data.streams import Experience, StreamSpec
     from clbench.engine.checkpoint import FrozenBase
     from clbench.engine.columns import EvalColumns
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
 class RunParts:
     """What a run is made of (the record is frozen; the objects in it train)."""
 
-    cfg: dict
+    cfg: dict  # the resolved config: what names and hashes the run, and what the plugin builders read
+    config: "RunConfig"  # the same, typed: what the engine reads (parts.config.train.epochs)
     source: str  # where the config came from, for errors
     seeds: Seeds
     spec: "StreamSpec"
@@ -83,6 +85,7 @@ def build_parts(cfg: dict, source: str = "config", *, stream: tuple["StreamSpec"
                 ) -> RunParts:
     """Build ``cfg``'s run, seeded as every run of it is; ``stream``: a described stream's spec
     and experiences (in run order) in place of the benchmark's."""
+    from clbench.config.schema import RunConfig
     from clbench.data.streams import ordered_experiences, spec_of
     from clbench.engine import checkpoint, pretrain
     from clbench.engine.columns import EvalColumns
@@ -91,23 +94,24 @@ def build_parts(cfg: dict, source: str = "config", *, stream: tuple["StreamSpec"
     from clbench.metrics.routing_recording import RoutingRecording
     from clbench.plugins import build
 
-    seeds = Seeds(cfg["seed"])
+    config = RunConfig.model_validate(cfg)  # a resolved config is valid: this only types it
+    seeds = Seeds(config.seed)
     pretraining = pretrain.settings(cfg, source) if stream is None else None  # checked before the stream is built
     seeds.build()
     strategy = build.build_strategy(cfg, source)  # before the stream: it checks its arguments cheaply
     if stream is None:
         scenario = build.build_benchmark(cfg, source)
         spec = spec_of(scenario)
-        experiences = ordered_experiences(scenario, cfg["order"], where=f"{source}: order")
+        experiences = ordered_experiences(scenario, config.order, where=f"{source}: order")
         pretraining = pretrain.carve(pretraining, experiences, seeds.seed)  # held out of every experience
     else:
         spec, experiences = stream
     if spec.scenario_type not in strategy.supports:
-        raise UserError(f"strategy '{cfg['strategy']['class_path']}' does not support "
+        raise UserError(f"strategy '{config.strategy.class_path}' does not support "
                         f"{spec.scenario_type} streams like '{spec.name}'", where=f"{source}: strategy",
                         fix=f"it supports: {', '.join(sorted(strategy.supports))}")
     objective = build.build_objective(cfg, spec, source)
-    given = (f"objective '{cfg['objective']['class_path']}'" if cfg.get("objective")
+    given = (f"objective '{config.objective.class_path}'" if config.objective is not None
              else f"stream '{spec.name}' (objective {spec.objective})")
     build.check_requirements(cfg, type(strategy), type(objective), given, source)
     try:
@@ -120,7 +124,7 @@ def build_parts(cfg: dict, source: str = "config", *, stream: tuple["StreamSpec"
     model = build.build_model(cfg, spec, source, objective)
     objective.attach(model)
     # Reference models are rebuilt the same seeded way; the digest proves they start equal.
-    initial_digest = checkpoint.digest(model.state_dict()) if cfg["metrics"]["reference_models"] else None
+    initial_digest = checkpoint.digest(model.state_dict()) if config.metrics.reference_models else None
     frozen_base = checkpoint.FrozenBase(model)
     columns = EvalColumns(experiences, spec.global_test) if stream is None else None
     scored_as = columns.scored_as if columns is not None else [experiences[-1]]
@@ -131,7 +135,7 @@ def build_parts(cfg: dict, source: str = "config", *, stream: tuple["StreamSpec"
     module.sharding_listeners.append(frozen_base)
     strategy.setup(module.context, experiences, seeds.strategy())
     strategy.adapt_model(module.context, 0)
-    return RunParts(cfg=cfg, source=source, seeds=seeds, spec=spec, experiences=experiences, strategy=strategy,
+    return RunParts(cfg=cfg, config=config, source=source, seeds=seeds, spec=spec, experiences=experiences, strategy=strategy,
                     objective=objective, module=module, optimizer=optimizer, scheduler=scheduler,
                     frozen_base=frozen_base, routing=routing, columns=columns, pretraining=pretraining,
                     initial_digest=initial_digest)

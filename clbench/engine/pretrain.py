@@ -93,7 +93,7 @@ class Pretraining:
         for ``result.json``."""
         start = time.perf_counter()
         self._fit(parts, parts.model, watch)
-        if parts.cfg["metrics"]["reference_models"]:
+        if parts.config.metrics.reference_models:
             self.state = _whole_state(parts.model)
         return {**self.setting, "samples_total": len(self.dataset),
                 "samples": {name: len(idx) for name, idx in zip(self.names, self.held_out)},

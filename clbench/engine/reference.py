@@ -27,7 +27,7 @@ def reference_scores(parts, watch=None) -> list[float]:
         if parts.pretraining is not None:
             parts.pretraining.load_into(parts, model, watch)
         parts.begin_experience(exp, model)
-        trainer, module = fit_plain(parts, model, exp.train, exp.position, parts.cfg["train"]["epochs"],
+        trainer, module = fit_plain(parts, model, exp.train, exp.position, parts.config.train.epochs,
                                     columns=[exp], watch=watch)
         test = [parts.loader(exp.test, trainer, shuffle=False)]
         scores.append(evaluate(trainer, module, test, watch=watch).values.primary[0])

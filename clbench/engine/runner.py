@@ -142,7 +142,7 @@ class ContinualRun:
         callbacks, progress, loggers = self._callbacks(ckpt)
         trainer = make_trainer(self.cfg, self.source, callbacks=callbacks, logger=loggers or False,
                                root=str(self.path) if self.path else None)
-        check_parallel_support(trainer, parts.strategy, parts.model, self.cfg["strategy"]["class_path"], self.source)
+        check_parallel_support(trainer, parts.strategy, parts.model, parts.config.strategy.class_path, self.source)
         self.rank = trainer.global_rank
         sharded = shards_parameters(trainer)
         writes = self.path is not None and trainer.is_global_zero
@@ -235,7 +235,7 @@ class ContinualRun:
         from clbench.results import assemble as results
 
         reference = None
-        if self.cfg["metrics"]["reference_models"]:
+        if self.parts.config.metrics.reference_models:
             from clbench.engine.reference import reference_scores
 
             reference = reference_scores(self.parts, self.watch)
@@ -265,7 +265,7 @@ class ContinualRun:
 
         parts = self.parts
         stages, strategy, context = parts.stages, parts.strategy, parts.module.context
-        epochs = self.cfg["train"]["epochs"]
+        epochs = parts.config.train.epochs
         exp = stages[stage]
         label = exp.name if not strategy.single_stage else "joint"
         parts.seeds.train(stage)
@@ -291,7 +291,7 @@ class ContinualRun:
         t0 = time.perf_counter()
         try:
             epoch_evals = fit_stage(trainer, parts.module, loader, epochs, watch=self.watch,
-                                    val_loaders=eval_loaders if self.cfg["train"]["eval_every_epoch"] else None)
+                                    val_loaders=eval_loaders if parts.config.train.eval_every_epoch else None)
         except NonFiniteLoss as err:
             raise NonFiniteLoss(
                 f"training diverged on experience {stage + 1}/{len(stages)} '{label}': loss became "
