@@ -315,7 +315,7 @@ def test_what_each_method_keeps_of_the_untrained_model(boards):
 
 # -- language-models.md: the short-answer suite ------------------------------------------------
 SHORT_TASKS = ["C-STANCE", "FOMC", "ScienceQA", "NumGLUE-cm"]
-SHORT_METHODS = ["seq_ft", "seq_lora", "loramoe", "mh_moe", "moses"]
+SHORT_METHODS = ["seq_ft", "seq_lora", "loramoe", "mh_moe", "moses", "moses (protect=false)"]
 
 
 def test_each_task_right_after_training_and_at_the_end(boards):
@@ -362,6 +362,24 @@ def test_short_suite_sentences(boards):
     assert "identification accuracy 1.00 after the last stage of every order, and at every stage" in text
     assert {pct(v) for v in by_order(short["moses"], "bwt").values()} == {"0.0"}
     assert "its BWT is 0.0 in every order" in text and "(BWT 0.0 in every order, above both mixtures" in text
+
+
+def test_short_suite_moses_without_protection(boards):
+    """The control of "MoSEs barely forgets" on SmolLM2: protect: false ties with protect: true
+    on BWT, its keys still find every task, and it learned fewer rules (the doc's table)."""
+    text = doc("language-models.md")
+    short = rows(boards, SHORT)
+    found = verdicts(boards, SHORT, "moses (protect=false)", "moses", ["bwt", "acc", "forgetting"])
+    assert found == {"BWT": "holds 0", "OP (TRACE)": "holds 0", "Forgetting": "holds 0"}
+    stat = short["moses (protect=false)"].stats["bwt"]
+    assert f"Without protection MoSEs still barely forgets here (BWT {pct(stat.mean)} ± {pct(stat.half)}" in text
+    assert f"(BWT {pct(stat.mean)} ± {pct(stat.half)} against 0.0)" in text
+    stages = [s["accuracy"] for e in ok(short["moses (protect=false)"])
+              for s in e["strategy"]["diagnostics"]["task_identification"]]
+    assert set(stages) == {1.0} and len(stages) == 16
+    assert ("| `moses (protect=false)` | 16 of 16 (C-STANCE 4/4, FOMC 4/4, ScienceQA 4/4, NumGLUE-cm 4/4) "
+            "| 2 of 16") in text
+    assert "it learned even less (2 of its 16 diagonals clear one answer for every prompt, against 3" in text
 
 
 @pytest.mark.parametrize("a, b, expected, words", [
