@@ -315,7 +315,7 @@ def test_what_each_method_keeps_of_the_untrained_model(boards):
 
 # -- language-models.md: the short-answer suite ------------------------------------------------
 SHORT_TASKS = ["C-STANCE", "FOMC", "ScienceQA", "NumGLUE-cm"]
-SHORT_METHODS = ["seq_ft", "seq_lora", "loramoe", "mh_moe", "moses", "moses (protect=false)"]
+SHORT_METHODS = ["seq_ft", "seq_lora", LORAMOE4, "mh_moe", "moses", "moses (protect=false)"]
 
 
 def test_each_task_right_after_training_and_at_the_end(boards):
@@ -348,14 +348,14 @@ def test_short_suite_sentences(boards):
     short = rows(boards, SHORT)
     se = mean(e["scores_stderr"]["acc"] for row in short.values() for e in ok(row))
     assert f"a run's OP has a test-set standard error of about {pct(se)} points" in text
-    wins = {s: sum(by_order(short["mh_moe"], s)[o] > v for o, v in by_order(short["loramoe"], s).items())
+    wins = {s: sum(by_order(short["mh_moe"], s)[o] > v for o, v in by_order(short[LORAMOE4], s).items())
             for s in ("bwt", "acc")}
     assert f"MH-MoE forgets less in {wins['bwt']} of the 4 orders, and its OP is higher in {wins['acc']} of 4" in text
-    neff = {label: by_order(short[label], "n_eff") for label in ("mh_moe", "loramoe", "moses")}
-    assert all(neff["mh_moe"][o] < neff["loramoe"][o] for o in neff["loramoe"])
+    neff = {label: by_order(short[label], "n_eff") for label in ("mh_moe", LORAMOE4, "moses")}
+    assert all(neff["mh_moe"][o] < neff[LORAMOE4][o] for o in neff[LORAMOE4])
     stat = {label: short[label].stats["n_eff"].mean for label in neff}
-    assert f"(N_eff {stat['mh_moe']:.1f} against {stat['loramoe']:.1f}, lower in every order)" in text
-    assert (f"MoSEs' N_eff ({stat['moses']:.2f})" in text and f"LoRAMoE's ({stat['loramoe']:.2f}," in text
+    assert f"(N_eff {stat['mh_moe']:.1f} against {stat[LORAMOE4]:.1f}, lower in every order)" in text
+    assert (f"MoSEs' N_eff ({stat['moses']:.2f})" in text and f"LoRAMoE's ({stat[LORAMOE4]:.2f}," in text
             and f"MH-MoE's ({stat['mh_moe']:.2f}," in text)
     stages = [s["accuracy"] for e in ok(short["moses"]) for s in e["strategy"]["diagnostics"]["task_identification"]]
     assert set(stages) == {1.0} and "(100% at every stage of every order)" in text
@@ -383,14 +383,14 @@ def test_short_suite_moses_without_protection(boards):
 
 
 @pytest.mark.parametrize("a, b, expected, words", [
-    ("mh_moe", "loramoe", {"BWT": "holds 0", "OP (TRACE)": "holds 0"}, "neither difference is outside the noise"),
+    ("mh_moe", LORAMOE4, {"BWT": "holds 0", "OP (TRACE)": "holds 0"}, "neither difference is outside the noise"),
     ("moses", "mh_moe", {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "so its OP ties both"),
-    ("moses", "loramoe", {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "so its OP ties both"),
+    ("moses", LORAMOE4, {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "so its OP ties both"),
     ("seq_lora", "seq_ft", {"BWT": "below 0", "OP (TRACE)": "above 0"}, "seq_lora and loramoe forget more than it"),
-    ("loramoe", "seq_ft", {"BWT": "below 0", "OP (TRACE)": "above 0"}, "seq_lora and loramoe forget more than it"),
+    (LORAMOE4, "seq_ft", {"BWT": "below 0", "OP (TRACE)": "above 0"}, "seq_lora and loramoe forget more than it"),
     ("mh_moe", "seq_ft", {"BWT": "holds 0", "OP (TRACE)": "above 0"}, "every other method's OP is above its own"),
     ("moses", "seq_ft", {"BWT": "holds 0", "OP (TRACE)": "above 0"}, "every other method's OP is above its own"),
-    ("loramoe", "seq_lora", {"BWT": "holds 0", "OP (TRACE)": "holds 0"}, "BWT: loramoe and mh_moe tie with it"),
+    (LORAMOE4, "seq_lora", {"BWT": "holds 0", "OP (TRACE)": "holds 0"}, "BWT: loramoe and mh_moe tie with it"),
     ("mh_moe", "seq_lora", {"BWT": "holds 0", "OP (TRACE)": "above 0"}, "mh_moe is higher"),
     ("moses", "seq_lora", {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "moses forgets less; OP: loramoe and moses tie"),
 ])
