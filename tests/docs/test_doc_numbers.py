@@ -382,6 +382,25 @@ def test_short_suite_moses_without_protection(boards):
     assert "it learned even less (2 of its 16 diagonals clear one answer for every prompt, against 3" in text
 
 
+def test_short_suite_route_space_control(boards):
+    """MH-MoE against LoRAMoE at its route space on SmolLM2: BWT and OP tie, the plug-in N_eff is
+    lower in every order, and the claims table says N_eff − null is what is missing."""
+    text = doc("language-models.md")
+    short = rows(boards, SHORT)
+    found = verdicts(boards, SHORT, "mh_moe", LORAMOE10, ["bwt", "acc", "n_eff"])
+    assert found == {"BWT": "holds 0", "OP (TRACE)": "holds 0", "N_eff": "below 0"}
+    neff = {label: by_order(short[label], "n_eff") for label in ("mh_moe", LORAMOE10, LORAMOE4)}
+    assert all(neff["mh_moe"][o] < neff[LORAMOE10][o] for o in neff[LORAMOE10])
+    gaps = [mean(neff[b][o] - neff["mh_moe"][o] for o in neff[b]) for b in (LORAMOE10, LORAMOE4)]
+    assert f"here too, by {gaps[0]:.1f} (against {gaps[1]:.1f} below the 4-route LoRAMoE's)" in text
+    ops = [100 * v for v in by_order(short[LORAMOE10], "acc").values()]
+    assert f"its OP runs from {min(ops):.0f} to {max(ops):.0f})" in text
+    assert all("n_eff_excess" not in e["scores"] for e in ok(short["mh_moe"]))
+    assert all(e["scores"]["n_eff_excess"] is not None for e in ok(short[LORAMOE10]))
+    bwt = [by_order(short["mh_moe"], "bwt")[o] - v for o, v in by_order(short[LORAMOE10], "bwt").items()]
+    assert f"and at the route space (+{pct(mean(bwt))} ± " in text
+
+
 @pytest.mark.parametrize("a, b, expected, words", [
     ("mh_moe", LORAMOE4, {"BWT": "holds 0", "OP (TRACE)": "holds 0"}, "neither difference is outside the noise"),
     ("moses", "mh_moe", {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "so its OP ties both"),
