@@ -36,10 +36,15 @@ _PINNED: ContextVar[str | None] = ContextVar("clbench_pinned_precision", default
 
 
 def cpu_bf16_units() -> bool:
-    """Whether this CPU has bf16 matrix units (its flags: :func:`clbench.cpu_kernels.cpu_flags`)."""
+    """Whether this CPU has bf16 matrix units (its flags: :func:`clbench.cpu_kernels.cpu_flags`)
+    that the kernels in effect use: kernels pinned below AVX-512 (``--cpu-kernels avx2``) emulate
+    bf16 matmuls, and a pinned bf16 run of the tiny trace-mini Qwen3 took 2.9 times as long as a
+    native one on an AVX-512 EPYC with bf16 units (``perf/cpu_kernels_pin.py``), so there the
+    default stays fp32."""
     from clbench import cpu_kernels
 
-    return any(flag in cpu_kernels.cpu_flags() for flag in BF16_FLAGS)
+    has_units = any(flag in cpu_kernels.cpu_flags() for flag in BF16_FLAGS)
+    return has_units and cpu_kernels.in_effect().startswith("avx512")
 
 
 @contextmanager

@@ -55,6 +55,7 @@ def test_the_cpu_flags_decide_bf16_units(monkeypatch, tmp_path):
     import builtins
 
     real_open = builtins.open
+    monkeypatch.setattr(cpu_kernels, "in_effect", lambda: "avx512")  # kernels that reach the units
     for flags, expected in (("fpu sse avx2 avx512f", False), ("fpu avx512f avx512_bf16", True),
                             ("fpu amx_tile amx_bf16", True)):
         info = tmp_path / "cpuinfo"
@@ -63,6 +64,9 @@ def test_the_cpu_flags_decide_bf16_units(monkeypatch, tmp_path):
                             lambda path, *a, **k: real_open(info if path == "/proc/cpuinfo" else path, *a, **k))
         cpu_kernels.cpu_flags.cache_clear()
         assert precision.cpu_bf16_units() is expected
+    # kernels pinned to AVX2 emulate bf16 matmuls: the units are there, but not used
+    monkeypatch.setattr(cpu_kernels, "in_effect", lambda: "avx2")
+    assert precision.cpu_bf16_units() is False
     monkeypatch.setattr(builtins, "open", real_open)
     cpu_kernels.cpu_flags.cache_clear()
 
