@@ -135,7 +135,7 @@ def build_parts(cfg: dict, source: str = "config", *, stream: tuple["StreamSpec"
     module.sharding_listeners.append(frozen_base)
     strategy.setup(module.context, experiences, seeds.strategy())
     strategy.adapt_model(module.context, 0)
-    return RunParts(cfg=cfg, config=config, source=source, seeds=seeds, spec=spec, experiences=experiences, strategy=strategy,
-                    objective=objective, module=module, optimizer=optimizer, scheduler=scheduler,
+    return RunParts(cfg=cfg, config=config, source=source, seeds=seeds, spec=spec, experiences=experiences,
+                    strategy=strategy, objective=objective, module=module, optimizer=optimizer, scheduler=scheduler,
                     frozen_base=frozen_base, routing=routing, columns=columns, pretraining=pretraining,
                     initial_digest=initial_digest)

@@ -11,7 +11,8 @@ with (:func:`clbench.metrics.derive.derive_scores`), and refuses a mismatch:
   ``acc``, the mean of that row; its stage-comparing scores are null;
 * ``<metric>_final`` from the last row of ``matrices[<metric>]``;
 * ``global_<metric>`` from the last value of ``global_test[<metric>]``;
-* ``n_eff`` from the final stage of ``route_compositions``;
+* ``n_eff`` from the final stage of ``route_compositions``, and ``n_eff_null`` and ``n_eff_excess``
+  where its layers record them;
 * a declared routing metric's ``<metric>_final`` from the last value of ``routing_metrics[<metric>]``;
 * ``scores_stderr`` (where the entry has it) from ``r_stderr`` (:mod:`clbench.metrics.stderr`).
 
