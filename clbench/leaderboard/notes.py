@@ -139,11 +139,11 @@ ROUTING_NOTE = ("N_eff (MoE methods): the route-wise effective composition numbe
                 "buckets; classifiers: test experience and class) share one route, weighted by the routes' share "
                 "of the test units of the experiences before the last (the old tasks, as the MH-MoE paper measures "
                 "it); 1 means every route carries one composition. A plain number, not a percentage. N_eff falls "
-                "as routes multiply even where routing ignores compositions (fewer units per route), so it compares "
-                "only across equal route spaces; N_eff − null is its control: the bias-corrected N_eff minus the "
-                "value expected with composition labels shuffled among the same units (0: no association; "
-                "negative: routes separate compositions). It removes the few-units bias and chance, not what a larger "
-                "route space can separate, so methods are compared on it at matched route spaces.")
+                "as routes multiply even where routing ignores compositions (fewer units per route). N_eff − null "
+                "is its control: the bias-corrected N_eff minus the value expected with the composition labels "
+                "shuffled among the same units (0: no association; negative: routes separate compositions). It "
+                "removes the few-units bias and chance, not what a finer router can separate, so methods are "
+                "compared on either only at matched route spaces.")
 
 
 def routing_note(table: BenchmarkTable) -> str | None:
