@@ -199,10 +199,11 @@ class Leaderboard:
         each score's mean, sample std over units and 95% interval (``ci95``: half-width; ``low``,
         ``high``: its ends cut at the score's bounds) over task orders, the replication unit
         (fractions; ``from_test_set``: one unit's test-set interval)."""
+        from clbench.leaderboard.manifest import manifest_unranked
         from clbench.leaderboard.table import build_tables
 
         rows = []
-        for table in build_tables(self.entries, source=str(self.path)):
+        for table in build_tables(self.entries, source=str(self.path), unranked=manifest_unranked(self.path)):
             for row in table.rows:
                 stats = {key: {"mean": s.mean, "std": s.std, "n": s.n, "units": s.units, "ci95": s.half, "low": s.low,
                                "high": s.high, "from_test_set": s.from_test_set}
@@ -270,11 +271,12 @@ def compare(folder: str | Path, *, metric: str = "acc", benchmark: str | None = 
     from clbench.errors import UserError
     from clbench.leaderboard.compare import compare as compare_entries
     from clbench.leaderboard.entries import load_entries
-    from clbench.leaderboard.manifest import manifest_hashes
+    from clbench.leaderboard.manifest import manifest_hashes, manifest_unranked
 
     if a is not None and a == b:
         raise UserError(f"--a and --b both name '{a}': a paired test compares two different strategies",
                         where="--b", fix="give two different strategies, or leave --a/--b out for the two best")
     hashes = manifest_hashes(folder)  # with a suite manifest, compare the suite's grid only
     return compare_entries(load_entries(folder, hashes), metric=metric, benchmark=benchmark, a=a, b=b,
-                           sequence=hashes, source=str(folder), planned=plan, gap=gap)
+                           sequence=hashes, source=str(folder), planned=plan, gap=gap,
+                           unranked=manifest_unranked(folder))

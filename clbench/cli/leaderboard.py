@@ -131,6 +131,7 @@ def check_launcher_args(args: argparse.Namespace) -> dict:
 
 def handle_run(args: argparse.Namespace) -> int:
     from clbench.leaderboard.entries import entries_dir, load_entries
+    from clbench.leaderboard.manifest import manifest_unranked
     from clbench.leaderboard.suite import default_suite_path, load_suite
     from clbench.leaderboard.table import build_tables
     from clbench.leaderboard.terminal import console_for_tables, print_tables
@@ -168,7 +169,8 @@ def handle_run(args: argparse.Namespace) -> int:
                       f"--output runs/{suite.name}", highlight=False)
     finished = entries_dir(args.output).is_dir()  # with --no-wait, maybe nothing has finished yet
     if finished:
-        print_tables(build_tables(load_entries(args.output, hashes), hashes, source=args.output), console)
+        print_tables(build_tables(load_entries(args.output, hashes), hashes, source=args.output,
+                                  unranked=manifest_unranked(args.output)), console)
     done = len(outcome.ran) + len(outcome.resumed) + len(outcome.recovered)
     elsewhere = f", {len(outcome.elsewhere)} finished by another process" if outcome.elsewhere else ""
     queued = f", {len(outcome.submitted)} still queued or running" if outcome.submitted else ""

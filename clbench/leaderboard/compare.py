@@ -10,13 +10,14 @@ For one score (``acc`` by default) and each benchmark table (:mod:`~clbench.lead
 * **rank stability**: the methods are ranked within each order, and Kendall's tau-b
   (:func:`~clbench.leaderboard.page_stats.kendall_tau_b`) is computed between every pair of orders over the methods
   present in both, then averaged. 1 means every order ranks the methods identically, 0 means
-  the rankings are unrelated. Joint training counts as a method like any other;
+  the rankings are unrelated. Joint training counts as a method like any other; a row its suite
+  marks ``unranked`` (:mod:`clbench.leaderboard.suite`) is in no ranking, and in no default pair;
 * **intervals and rank groups**, the same as the leaderboard's tables
   (:mod:`clbench.leaderboard.stats`): each method's mean over the task orders (the replication
   unit) with a 95% t interval cut at the score's bounds, its group letters, the test, α and
   critical difference, and every pair's difference, critical difference, paired-t and Holm
   p-values; :func:`comparison_markdown` writes them as Markdown tables to paste into a paper;
-* **paired test** between two methods (``a`` and ``b``; by default the two best by mean):
+* **paired test** between two methods (``a`` and ``b``; by default the two best ranked by mean):
   runs are averaged within each order and paired on orders (on seeds where there is one
   order), and with at least :data:`MIN_PAIRS` pairs the paired t-test
   (``scipy.stats.ttest_rel``) and the Wilcoxon signed-rank test (``scipy.stats.wilcoxon``,
@@ -102,7 +103,8 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
         if not per_order:
             continue
         means = {o: _mean(vs) for o, vs in per_order.items()}
-        per_order_means[row.label] = means
+        if row.unranked is None:  # a row the suite does not rank is in no ranking, per order either
+            per_order_means[row.label] = means
         values = list(means.values())
         pick_worst = min if higher else max
         worst_order = pick_worst(means, key=means.get)
@@ -113,7 +115,7 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
                            "n_runs": sum(len(vs) for vs in per_order.values()),
                            "worst_order": worst_order, "worst": means[worst_order],
                            "best_order": best_order, "best": means[best_order],
-                           "range": max(values) - min(values)})
+                           "range": max(values) - min(values), "unranked": row.unranked})
     groups = table.groups if metric == RANK_BY and table.groups is not None else table_groups(table.rows, higher, metric)
     by_label = {row.label: row for row in table.rows}
     for s in strategies:
@@ -148,10 +150,9 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
                             fix="e.g. --a replay --b naive")
         out["paired_test"] = paired_test(find_row(table, a, "--a"), find_row(table, b, "--b"), metric, higher,
                                          **design)
-    elif len(strategies) >= 2:
+    elif len(best := [s for s in strategies if s["unranked"] is None]) >= 2:
         rows = {r.label: r for r in table.rows}
-        out["paired_test"] = paired_test(rows[strategies[0]["label"]], rows[strategies[1]["label"]], metric, higher,
-                                         **design)
+        out["paired_test"] = paired_test(rows[best[0]["label"]], rows[best[1]["label"]], metric, higher, **design)
     else:
         out["paired_test"] = None
     pt = out["paired_test"]
@@ -163,14 +164,16 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
 
 def compare(entries: list[Entry], *, metric: str = "acc", benchmark: str | None = None, a: str | None = None,
             b: str | None = None, sequence: list[str] | None = None, source: str | None = None,
-            planned: bool = False, gap: float | None = None) -> dict[str, Any]:
+            planned: bool = False, gap: float | None = None,
+            unranked: dict[str, str] | None = None) -> dict[str, Any]:
     """The comparison across task orders, as a JSON-ready dict (see the module notes); with
     ``planned``, each paired test's plan (``gap`` as tables show it: 6.7 for 6.7 points).
 
     ``sequence`` (config hashes in suite order) only orders benchmarks and task orders;
-    ``source`` (the leaderboard directory) only names it in errors.
+    ``source`` (the leaderboard directory) only names it in errors; ``unranked`` as
+    :func:`~clbench.leaderboard.table.build_tables` takes it (rows the suite does not rank).
     """
-    tables = build_tables(entries, sequence, source=source)
+    tables = build_tables(entries, sequence, source=source, unranked=unranked)
     known = sorted({k for e in entries if e.ok for k, v in e.scores.items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if metric not in known:

@@ -33,7 +33,7 @@ from pathlib import Path
 from clbench.errors import UserError, did_you_mean, exit_status
 from clbench.io import write_text
 from clbench.leaderboard.entries import load_entries
-from clbench.leaderboard.manifest import manifest_hashes
+from clbench.leaderboard.manifest import manifest_hashes, manifest_unranked
 from clbench.leaderboard.notes import DIRTY_MARK, readme_notes
 from clbench.leaderboard.markdown import md_text
 from clbench.leaderboard.stats import interval, replication_unit, unit_means
@@ -100,7 +100,8 @@ class Leaderboards:
                             fix="name a folder with entries/, relative to the repository root (--root)")
         if path not in self._tables:
             hashes = manifest_hashes(path)  # as render does: the suite's grid only, in its order
-            self._tables[path] = build_tables(load_entries(path, hashes), hashes, source=directory)
+            self._tables[path] = build_tables(load_entries(path, hashes), hashes, source=directory,
+                                              unranked=manifest_unranked(path))
         tables = {t.label: t for t in self._tables[path]}
         if label not in tables:
             raise UserError(f"no benchmark '{label}' in {directory}", where=where, fix=did_you_mean(label, tables))

@@ -2,7 +2,8 @@
 
 ``clbench leaderboard run`` writes it (:meth:`clbench.leaderboard.suite.Suite.manifest`):
 ``{name, description, source, threads, runs: [{hash, strategy, benchmark, model, order,
-seed}]}``. Render and compare show exactly the runs it lists, in its order, and say which
+seed, unranked?}]}`` (``unranked``: why the suite shows that point's row below the ranking,
+:class:`~clbench.leaderboard.suite_file.StrategyItem`). Render and compare show exactly the runs it lists, in its order, and say which
 other entries they left out and why (:func:`left_out`). A directory without one shows every entry; a ``suite.json`` that is there but unreadable or malformed is refused
 rather than passed over, since passing over it would silently show another set of runs.
 """
@@ -16,6 +17,7 @@ from clbench.errors import UserError
 from clbench.received import read_json
 
 MANIFEST = "suite.json"
+UNRANKED_MAX = 400  # characters: the suite file's own bound on the sentence (StrategyItem.unranked)
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -52,6 +54,10 @@ def read_manifest(root: str | Path) -> dict | None:
         if digest in seen:
             raise _refuse(path, f"runs[{i}]: hash {digest[:12]}... is listed twice")
         seen.add(digest)
+        reason = run.get("unranked")
+        if reason is not None and not (isinstance(reason, str) and reason.strip() and len(reason) <= UNRANKED_MAX
+                                       and "\n" not in reason):
+            raise _refuse(path, f"runs[{i}].unranked must be one non-empty line of at most {UNRANKED_MAX} characters")
     return data
 
 
@@ -59,6 +65,13 @@ def manifest_hashes(root: str | Path) -> list[str] | None:
     """The config hashes ``DIR/suite.json`` lists, in suite order; None without a manifest."""
     manifest = read_manifest(root)
     return [run["hash"] for run in manifest["runs"]] if manifest else None
+
+
+def manifest_unranked(root: str | Path) -> dict[str, str]:
+    """Config hash -> why the suite shows its row below the ranking, for each run ``suite.json``
+    marks ``unranked``; empty without a manifest."""
+    manifest = read_manifest(root)
+    return {run["hash"]: run["unranked"] for run in manifest["runs"] if run.get("unranked")} if manifest else {}
 
 
 def left_out(root: str | Path, shown: int = 3) -> str | None:

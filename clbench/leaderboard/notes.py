@@ -195,10 +195,19 @@ def constant_note(table: BenchmarkTable) -> str | None:
             "untrained network, not a transfer.")
 
 
+def unranked_note(table: BenchmarkTable) -> str | None:
+    """Below a table: each row the suite shows but does not rank, and why (its suite's words)."""
+    rows = [row for row in table.rows if row.unranked]
+    if not rows:
+        return None
+    return "Not ranked (shown below the ranked rows, in no rank group): " + "; ".join(
+        f"{row.label}: {row.unranked.rstrip('.')}" for row in rows) + "."
+
+
 def readme_notes(table: BenchmarkTable) -> tuple[list[str], list[str]]:
     """The notes ``README.md`` writes above a table and below it (each present one)."""
     above = (direction_note(table), trace_note(table), routing_note(table), groups_note(table))
-    below = (groups_text(table), dirty_note(table), gmean_note(table), constant_note(table))
+    below = (unranked_note(table), groups_text(table), dirty_note(table), gmean_note(table), constant_note(table))
     return [n for n in above if n], [n for n in below if n]
 
 

@@ -29,11 +29,12 @@ from pathlib import Path
 from clbench.leaderboard.compare import compare_table
 from clbench.leaderboard.entries import load_entries
 from clbench.leaderboard.figures import BAR_METRIC, groups_figure, order_bar_figure, png_uri
-from clbench.leaderboard.manifest import manifest_hashes, read_manifest
+from clbench.leaderboard.manifest import manifest_hashes, manifest_unranked, read_manifest
 from clbench.leaderboard.markdown import md_code, md_text
 from clbench.leaderboard.notes import (DIRTY_MARK, INDEX, RECALL_MISSING, RECALL_NOTE, bench_meta, constant_note,
                                       direction_note, dirty_note, gmean_note, groups_note, groups_text, meta_line,
-                                      page_notes, readme_notes, routing_note, trace_note)
+                                      page_notes, readme_notes, routing_note, trace_note,
+                                      unranked_note)
 from clbench.leaderboard.cell_text import TEST_SET_MARK, fmt, group_cell, number, runs_cell
 from clbench.leaderboard.schema import Entry, Environment, OkEntry
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, build_tables, made_dirty
@@ -182,7 +183,8 @@ def _table_context(table: BenchmarkTable) -> dict:
         title = table.title(RANK_BY).removesuffix(" ↓").removesuffix(" ↑")
         groups = {"text": groups_text(table), "title": title,
                   "png": png_uri(groups_figure(table.groups, title, table.label, table.percent))}
-    after = [(note, "dirty") for note in [dirty_note(table)] if note]
+    after = [(note, "") for note in [unranked_note(table)] if note]
+    after += [(note, "dirty") for note in [dirty_note(table)] if note]
     after += [(note, "") for note in [gmean_note(table, page=True), constant_note(table)] if note]
     return {"label": table.label, "meta": meta_line(bench_meta(table)), "columns": columns, "rows": rows,
             "notes": [n for n in (direction_note(table), trace_note(table), routing_note(table), groups_note(table))
@@ -365,7 +367,7 @@ def render(root: str | Path) -> tuple[Path, Path]:
     if not entries:
         raise UserError(f"no entries in {root / 'entries'}", where=root_arg,
                         fix="run 'clbench leaderboard run --output DIR' first")
-    tables = build_tables(entries, hashes, source=root_arg)
+    tables = build_tables(entries, hashes, source=root_arg, unranked=manifest_unranked(root))
     info = _provenance(entries, root, manifest)
     readme, index = root / README, root / INDEX
     write_text(readme, render_readme(tables, entries, info, root_arg))

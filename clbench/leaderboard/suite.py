@@ -26,7 +26,11 @@ method for one scenario type; settings chosen per stream), and ``train_args`` la
 carry ``model_args``, laid over every model's ``init_args`` for that strategy's points: a method
 defined on adapters (EWC or GEM on LoRA) beside one that trains the whole model, in one grid. It may carry ``train_args`` too,
 laid over ``base.train`` for its points: full fine-tuning wants a learning rate far below an
-adapter's (TRACE trains the whole model at 1e-5, LoRA at 1e-4). Every mistake is reported
+adapter's (TRACE trains the whole model at 1e-5, LoRA at 1e-4). And it may carry ``unranked``,
+one sentence saying why its rows are shown below the ranking, not in it: a baseline that did not
+function on the stream (full fine-tuning that never learned) would otherwise be a rank every
+comparison is read against. Its runs still run and its scores are shown; the manifest keeps the
+sentence and the tables print it. Every mistake is reported
 before any run starts, as one line naming the suite file and the field
 (``suite.yaml: strategies[2].init_args.mem_size``).
 The pre-flight check also refuses adapters compared at unequal scales α/r
@@ -85,6 +89,7 @@ class RunSpec:
     strategy: str
     order: str
     seed: int
+    unranked: str | None = None  # why the suite shows this point's row below the ranking (StrategyItem)
 
     def label(self) -> str:
         return f"{self.strategy} · {self.benchmark} · {self.model} · order {self.order} · seed {self.seed}"
@@ -116,7 +121,8 @@ class Suite:
         return {"name": self.name, "description": self.description, "source": str(source),
                 "threads": self.threads,
                 "runs": [{"hash": r.hash, "strategy": r.strategy, "benchmark": r.benchmark, "model": r.model,
-                          "order": r.order, "seed": r.seed} for r in self.runs]}
+                          "order": r.order, "seed": r.seed, **({"unranked": r.unranked} if r.unranked else {})}
+                         for r in self.runs]}
 
 
 def default_suite_path() -> Path:
@@ -162,7 +168,7 @@ def load_suite(path: str | Path) -> Suite:
     components: dict[str, list[tuple[str, dict]]] = {}
     for key in ("benchmarks", "models", "strategies"):
         extra = {"benchmarks": ("orders", "strategies", "train_args"),
-                 "strategies": ("model_args", "train_args")}.get(key, ())
+                 "strategies": ("model_args", "train_args", "unranked")}.get(key, ())
         components[key] = [(f"{key}[{i}]", _component(item, f"{source}: {key}[{i}]", _KIND[key], extra))
                            for i, item in enumerate(raw.get(key) or [])]
     shared = list(components["strategies"])
@@ -170,7 +176,7 @@ def load_suite(path: str | Path) -> Suite:
     for b_where, bench in components["benchmarks"]:
         if "strategies" in bench:
             own = [(f"{b_where}.strategies[{j}]", _component(item, f"{source}: {b_where}.strategies[{j}]",
-                                                            "strategies", ("model_args", "train_args")))
+                                                            "strategies", ("model_args", "train_args", "unranked")))
                    for j, item in enumerate(bench.pop("strategies"))]
             per_benchmark[b_where] = own
             components["strategies"] += own
@@ -210,7 +216,8 @@ def load_suite(path: str | Path) -> Suite:
                         seen[digest] = here
                         runs.append(RunSpec(index=len(runs), config=cfg, hash=digest,
                                             benchmark=bench["class_path"], model=model["class_path"],
-                                            strategy=strategy["class_path"], order=order_label(order), seed=seed))
+                                            strategy=strategy["class_path"], order=order_label(order), seed=seed,
+                                            unranked=strat.get("unranked")))
     return Suite(name=raw["name"], description=(raw.get("description") or "").strip(), path=path, runs=runs,
                  components=components, base=base, threads=threads, launcher=launcher,
                  cpu_kernels=raw.get("cpu_kernels") or portable_default(), precision=raw.get("precision", "32-true"))

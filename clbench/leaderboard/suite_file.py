@@ -16,6 +16,7 @@ from clbench.config.load import order_label
 from clbench.config.schema import Count, Named, NonNegative, Order, Section
 from clbench.config.validation import refuse
 from clbench.leaderboard.launch_settings import Launchers
+from clbench.leaderboard.manifest import UNRANKED_MAX
 
 # Run-config fields the grid sets; ``base`` may not set them too.
 GRID_FIELDS = {"seed": "seeds", "benchmark": "benchmarks", "model": "models", "strategy": "strategies",
@@ -56,12 +57,22 @@ Orders = Annotated[list[Order], AfterValidator(_distinct_orders),
                                                    "lists of experience names, {permutation: <seed>})")]
 
 
+def _one_line(reason: str) -> str:
+    if not reason.strip() or "\n" in reason:
+        raise refuse("'unranked' must be one non-empty line",
+                     "say in one sentence why this strategy is shown but not ranked")
+    return reason.strip()
+
+
 class StrategyItem(Named):
     """A strategy of the grid; ``model_args`` laid over every model's ``init_args`` for it,
-    ``train_args`` over ``base.train``."""
+    ``train_args`` over ``base.train``; ``unranked``: why its rows are shown below the ranking
+    instead of in it (a baseline that did not function on this stream), in one sentence that the
+    tables print. It is no run config, so it changes no hash."""
 
     model_args: dict[str, Any] = None  # type: ignore[assignment]
     train_args: dict[str, Any] = None  # type: ignore[assignment]
+    unranked: Annotated[str, AfterValidator(_one_line), Field(max_length=UNRANKED_MAX)] | None = None
 
 
 Strategies = Annotated[list[str | StrategyItem], Field(min_length=1)]

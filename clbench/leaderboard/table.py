@@ -25,7 +25,9 @@ arrow for its direction).
 Each mean carries a 95% interval (:mod:`clbench.leaderboard.stats`: Student's t over the units,
 cut at the score's bounds; one unit: its test set's interval, where the runs recorded
 ``r_stderr``), and the rows of a table are put in rank groups on ``acc``
-(:attr:`BenchmarkTable.groups`): methods sharing a letter are not significantly different.
+(:attr:`BenchmarkTable.groups`): methods sharing a letter are not significantly different. A row
+whose runs the suite marks ``unranked`` (a baseline that did not function there) is shown below
+the ranked rows with its reason, in no rank and no group.
 
 Rows are labelled by their strategy name; where two rows of one table share it (two models,
 two buffer sizes), the config fields that tell them apart are appended.
@@ -121,6 +123,7 @@ class Row:
     entries: list[Entry]
     stats: dict[str, Stat] = field(default_factory=dict)
     rank: int | None = None
+    unranked: str | None = None  # why the suite shows this row below the ranking (suite.json), else None
 
     @property
     def ok(self) -> list[OkEntry]:
@@ -228,8 +231,9 @@ def summarize(runs: dict[tuple, tuple[Any, float | None]], unit: str,
 
 
 def _rank(rows: list[Row], higher: bool = True) -> None:
-    """Competition ranking ("1224") by mean ``acc`` in its direction; ties share a rank."""
-    scored = [r for r in rows if RANK_BY in r.stats]
+    """Competition ranking ("1224") by mean ``acc`` in its direction; ties share a rank. Rows the
+    suite marks unranked take no rank."""
+    scored = [r for r in rows if RANK_BY in r.stats and r.unranked is None]
     ranks = competition_ranks([-r.stats[RANK_BY].mean if higher else r.stats[RANK_BY].mean for r in scored])
     for row, rank in zip(scored, ranks):
         row.rank = rank
@@ -281,13 +285,16 @@ def _directions(entries: list[Entry], label: str, source: str | None) -> dict[st
 
 
 def build_tables(entries: list[Entry], sequence: list[str] | None = None, *,
-                 source: str | None = None) -> list[BenchmarkTable]:
+                 source: str | None = None, unranked: dict[str, str] | None = None) -> list[BenchmarkTable]:
     """Per-benchmark tables over ``entries`` (any mix of suites, statuses, orders and seeds).
 
     ``sequence`` (config hashes, e.g. a suite's grid order) orders benchmarks and task orders as
     the suite lists them; without it benchmarks are alphabetical and orders go default,
     reverse, then the rest. ``source`` (the leaderboard directory) only names it in errors.
+    ``unranked`` (config hash -> reason: :func:`clbench.leaderboard.manifest.manifest_unranked`)
+    puts a row whose runs the suite marks below the ranked rows, with no rank and no rank group.
     """
+    unranked = unranked or {}
     if sequence:
         position = {h: i for i, h in enumerate(sequence)}
         entries = sorted(entries, key=lambda e: (position.get(e.config_hash, len(position)), e.config_hash))
@@ -315,7 +322,9 @@ def build_tables(entries: list[Entry], sequence: list[str] | None = None, *,
         labels = disambiguate([display_name(configs[g]["strategy"]["class_path"]) for g in gkeys],
                                [configs[g] for g in gkeys], "strategy")
         rows = [Row(key=g, label=label, strategy=configs[g]["strategy"]["class_path"],
-                    model=configs[g]["model"]["class_path"], entries=groups[g]) for g, label in zip(gkeys, labels)]
+                    model=configs[g]["model"]["class_path"], entries=groups[g],
+                    unranked=next((unranked[e.config_hash] for e in groups[g] if e.config_hash in unranked), None))
+                for g, label in zip(gkeys, labels)]
         present = {s for e in benches[key] if e.ok for s, v in e.scores.items() if v is not None}
         higher = _directions(benches[key], bench_label, source)
         meta = _meta(benches[key])
@@ -332,7 +341,7 @@ def build_tables(entries: list[Entry], sequence: list[str] | None = None, *,
                     row.stats[score] = stat
         _rank(rows, higher.get(RANK_BY, True))
         groups = table_groups(rows, higher.get(RANK_BY, True)) if RANK_BY in scores else None
-        rows.sort(key=lambda r: (r.rank is None, r.rank or 0, r.label))
+        rows.sort(key=lambda r: (r.unranked is not None, r.rank is None, r.rank or 0, r.label))
         names: list[str] = []
         for e in benches[key]:
             for name in (e.r_metric.names or []) if e.ok else []:
@@ -372,7 +381,7 @@ def constant_scores(entries: list[Entry]) -> list[str]:
 def table_groups(rows: list[Row], higher: bool, score: str = RANK_BY) -> Groups:
     """Rank groups of ``rows`` on ``score`` (:func:`clbench.leaderboard.stats.rank_groups`)."""
     runs = {}
-    for row in rows:
+    for row in (r for r in rows if r.unranked is None):
         runs[row.label] = {(e.order_label, e.seed): (e.scores[score],
                                                      entry_score_stderr(e.document, wilson=True).get(score))
                            for e in row.ok if _finite(e.scores.get(score))}

@@ -3,7 +3,7 @@ table per benchmark, with the notes of :mod:`clbench.leaderboard.notes`."""
 
 from __future__ import annotations
 
-from clbench.leaderboard.notes import gmean_note, groups_note, groups_text
+from clbench.leaderboard.notes import gmean_note, groups_note, groups_text, unranked_note
 from clbench.leaderboard.cell_text import fmt, runs_cell
 from clbench.leaderboard.table import BenchmarkTable
 from clbench.metrics.score_registry import CORE_SCORES
@@ -52,7 +52,7 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
             group = (t.groups.letters.get(row.label) if t.groups else None) or "—"
             table.add_row(str(row.rank or "—"), group, row.label, runs_cell(row), *cells)
         console.print(table)
-        for note in (groups_note(t), groups_text(t)):
+        for note in (groups_note(t), unranked_note(t), groups_text(t)):
             if note:
                 console.print(f"  {note}", style="dim", highlight=False)
         hidden = [t.title(s) for s in t.scores if s not in scores] + (["wall time"] if narrow else [])
