@@ -23,7 +23,8 @@ a column that has no such metric) makes a mean over it undefined (null), as
 happen to be defined would put runs averaged over different experiences side by side in one
 table column. So a final row ``[0.5, null]`` gives null, in the run and when re-scored.
 
-Only NumPy is imported (through ``cl_scores``), so leaderboard code can re-score without torch.
+Only NumPy is imported (through ``cl_scores``) besides the score registry, so leaderboard code can
+re-score without torch.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+from clbench.metrics.score_registry import N_EFF, ROUTING_SCORES
+
 # Scores a single-stage run reports (null) besides ``acc``, as runs have always written them.
 SINGLE_STAGE_NULLS = ("aia", "bwt", "fwt", "forgetting")
-# N_eff's controls, each the final stage's mean over MoE layers (clbench.metrics.compositions).
-CONTROLLED_N_EFF = ("n_eff_null", "n_eff_excess")
+# N_eff's controls, each the final stage's mean over MoE layers (clbench.metrics.compositions): the
+# routing scores the registry names besides N_eff itself.
+CONTROLLED_N_EFF = tuple(key for key in ROUTING_SCORES if key != N_EFF.key)
 
 
 def _float(value: Any) -> float:
@@ -84,8 +88,8 @@ def derive_scores(r: Sequence[Sequence[Any]], r_init: Sequence[Any] | None, refe
         scores[f"global_{name}"] = _finite(values[-1])
     if compositions:
         final = list(compositions[-1].values())
-        scores["n_eff"] = mean_or_none([layer["n_eff"] for layer in final])
-        if final and all("n_eff_excess" in layer for layer in final):
+        scores[N_EFF.key] = mean_or_none([layer[N_EFF.key] for layer in final])
+        if final and all(key in layer for layer in final for key in CONTROLLED_N_EFF):
             for key in CONTROLLED_N_EFF:
                 scores[key] = mean_or_none([layer[key] for layer in final])
     for name, values in (routing or {}).items():
