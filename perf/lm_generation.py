@@ -10,12 +10,19 @@ rounds interleaved (who goes first alternates), on the model the config builds:
   :meth:`~clbench.objectives.causal_lm.CausalLanguageModeling.finish_evaluation` (rows grouped by
   answer cap, sorted by prompt length, ``objective.init_args.generation_batch`` rows a batch).
 
-Both decode greedily with the KV cache, stop a row at EOS or its cap, and are decoded to text
-the same way; both are given the same collated batches. Tokens/s counts the tokens each side
-generated before its row stopped (EOS included). The texts of the two are compared row by row:
-a row that differs is counted (a row's logits round differently beside other rows).
+``--bf16`` adds both again under ``torch.autocast("cpu", torch.bfloat16)``, as a ``bf16-mixed``
+run evaluates (the default of a language model on a CPU with bf16 units,
+:mod:`clbench.engine.precision`): ``per-batch bf16`` and ``pooled bf16``. On a CPU without bf16
+units those matmuls are emulated and slow.
+
+All decode greedily with the KV cache, stop a row at EOS or its cap, and are decoded to text
+the same way; all are given the same collated batches. Tokens/s counts the tokens each
+generated before its row stopped (EOS included). Each text is compared row by row with
+``per-batch``'s (fp32, the old path): a row that differs is counted (a row's logits round
+differently beside other rows, or in bf16).
 
     OMP_NUM_THREADS=1 python perf/lm_generation.py                 # the README's SmolLM2 run: minutes
+    OMP_NUM_THREADS=1 python perf/lm_generation.py --bf16          # and in bf16 (a CPU with bf16 units)
     OMP_NUM_THREADS=1 python perf/lm_generation.py --config configs/examples/trace-mini-seq_ft.yaml
     python perf/lm_generation.py benchmark.init_args.n_test=32 objective.init_args.generation_batch=32
 """
@@ -33,6 +40,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/examples/trace-mini-smollm2.yaml")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bf16", action="store_true", help="also time both under bf16 autocast (bf16-mixed)")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -81,7 +89,15 @@ def main() -> None:
                 count += min(objective.new_tokens(column), n + 1)
         return count
 
+    def in_bf16(fn):
+        def wrapped():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return fn()
+        return wrapped
+
     contenders = {"per-batch": per_batch, "pooled": pooled}
+    if args.bf16:
+        contenders.update({"per-batch bf16": in_bf16(per_batch), "pooled bf16": in_bf16(pooled)})
     cpu = cpu_identity()
     print(f"{args.config}: {prompts} prompts in {len(batches)} loader batches of {size}, "
           f"{len(parts.experiences)} columns; {next(model.parameters()).dtype}; CPU {cpu['model']} ({cpu['isa']}), "
@@ -98,15 +114,19 @@ def main() -> None:
             print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.1f}s" for n in contenders), flush=True)
     tokens = {name: generated(outputs[name]) for name in contenders}
     base = statistics.median(times["per-batch"])
-    differ = sum(a != b for name in outputs["per-batch"]
-                 for a, b in zip(outputs["per-batch"][name], outputs["pooled"][name]))
-    print("\n| contender | seconds a pass (median) | generated tokens | tokens/s | x per-batch |")
-    print("|---|---|---|---|---|")
+
+    def differ(name: str) -> int:
+        return sum(a != b for column in outputs["per-batch"]
+                   for a, b in zip(outputs["per-batch"][column], outputs[name][column]))
+
+    print("\n| contender | seconds a pass (median) | generated tokens | tokens/s | x per-batch "
+          "| rows unlike per-batch |")
+    print("|---|---|---|---|---|---|")
     for name in contenders:
         seconds = statistics.median(times[name])
-        print(f"| {name} | {seconds:.1f} | {tokens[name]} | {tokens[name] / seconds:.1f} | {base / seconds:.2f} |")
-    print(f"\nrows whose text differs between the two: {differ} of {prompts}; pooled batches: "
-          f"{objective._generation_rows}")
+        print(f"| {name} | {seconds:.1f} | {tokens[name]} | {tokens[name] / seconds:.1f} | {base / seconds:.2f} | "
+              f"{differ(name)} of {prompts} |")
+    print(f"\npooled batches: {objective._generation_rows}")
 
 
 if __name__ == "__main__":

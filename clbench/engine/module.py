@@ -266,10 +266,12 @@ class ContinualModule(pl.LightningModule):
         from clbench.strategy import Strategy
 
         # what the objective deferred (pooled generation) is done first, in the strategy's
-        # per-column context where it has one
+        # per-column context where it has one, and in the run's precision: Lightning enters it
+        # around each step only, and this runs after the pass's last step (bf16-mixed: autocast)
         own_context = type(self.strategy).evaluating is not Strategy.evaluating
-        self.objective.finish_evaluation(
-            self.model, (lambda column: self.strategy.evaluating(self.context, column)) if own_context else None)
+        with self.trainer.precision_plugin.forward_context():
+            self.objective.finish_evaluation(
+                self.model, (lambda column: self.strategy.evaluating(self.context, column)) if own_context else None)
         computed, sampling, recalls = [], [], []
         for column, primary in zip(self.eval_metrics, self.primary):
             computed.append({name: float(value) for name, value in column.compute().items()})

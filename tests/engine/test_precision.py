@@ -94,6 +94,29 @@ def test_the_run_trains_in_the_chosen_precision_and_records_it(tmp_path, monkeyp
     assert all(v is not None for row in mixed["r_matrix"] for v in row)
 
 
+@pytest.mark.parametrize("chosen", ["bf16-mixed", "32-true"])
+def test_pooled_generation_runs_in_the_run_s_precision(tmp_path, monkeypatch, chosen):
+    """Generation is deferred to the end of the evaluation pass (pooled), outside Lightning's
+    per-step precision context; it must still compute as the run's steps do: under bf16 autocast
+    in a bf16-mixed run, in fp32 in a 32-true one (the control)."""
+    import torch
+
+    from clbench.engine.runner import run
+    from clbench.objectives.causal_lm import CausalLanguageModeling
+
+    seen = []
+    original = CausalLanguageModeling.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CausalLanguageModeling, "generate", spy)
+    result = run(_lm(trainer={"accelerator": "cpu", "devices": 1, "precision": chosen}), tmp_path / "run")
+    assert result["env"]["precision"] == chosen
+    assert seen and all(enabled == (chosen == "bf16-mixed") for enabled in seen)
+
+
 def test_verify_reruns_an_entry_in_the_precision_it_records(tmp_path, monkeypatch):
     """Whatever this CPU would pick: an entry recording bf16-mixed reruns in bf16-mixed, one made
     before precision was recorded reruns in fp32, the default then."""
