@@ -35,6 +35,7 @@ from typing import Any
 
 from clbench.errors import UserError, did_you_mean
 from clbench.leaderboard.notes import design_text, groups_line, plan_text, power_text, scale_and_unit
+from clbench.leaderboard.markdown import md_text
 from clbench.leaderboard.pairs import MIN_PAIRS, find_row, paired_test, plan, score_value
 from clbench.leaderboard.page_stats import competition_ranks, kendall_tau_b
 from clbench.leaderboard.stats import ALPHA, replication_unit
@@ -236,9 +237,10 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
                           f"{fmt(s['worst'])} ({s['worst_order']})", fmt(s["range"]), ranks)
         console.print(table)
         groups = bench.get("groups") or {}
-        for line in (groups.get("design"), groups.get("text") and f"groups, best first: {groups['text']}"):
-            if line:
-                console.print(line, highlight=False)
+        for line in (groups.get("design"), groups.get("text") and f"groups, best first: {groups['text']}",
+                     unranked_line(bench)):
+            if line:  # plain text (the unranked reason is the suite's words): no rich markup read in it
+                console.print(line, highlight=False, markup=False)
         rs = bench["rank_stability"]
         if rs["kendall_tau_mean"] is not None:
             console.print(f"rank stability: Kendall's tau {rs['kendall_tau_mean']:.3f} (mean over "
@@ -330,4 +332,13 @@ def comparison_markdown(report: dict[str, Any]) -> str:
             lines += [power_text(pt, fmt)[0].upper() + power_text(pt, fmt)[1:] + ".", ""]
         if groups.get("text"):
             lines += [f"Groups, best first: {groups['text']}.", ""]
+        if unranked_line(bench):
+            lines += [md_text(unranked_line(bench)), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def unranked_line(bench: dict) -> str | None:
+    """The rows of a compared table that its suite does not rank, and why (None without any)."""
+    rows = [s for s in bench["strategies"] if s.get("unranked")]
+    return ("Not ranked (in no group, no rank per order, no default pair): "
+            + "; ".join(f"{s['label']}: {s['unranked'].rstrip('.')}" for s in rows) + ".") if rows else None

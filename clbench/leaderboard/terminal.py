@@ -53,8 +53,8 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
             table.add_row(str(row.rank or "—"), group, row.label, runs_cell(row), *cells)
         console.print(table)
         for note in (groups_note(t), unranked_note(t), groups_text(t)):
-            if note:
-                console.print(f"  {note}", style="dim", highlight=False)
+            if note:  # plain text (the unranked reason is the suite's words): no rich markup read in it
+                console.print(f"  {note}", style="dim", highlight=False, markup=False)
         hidden = [t.title(s) for s in t.scores if s not in scores] + (["wall time"] if narrow else [])
         if hidden:
             console.print(f"  (also {', '.join(hidden)}: widen the terminal, or see the rendered README.md)",

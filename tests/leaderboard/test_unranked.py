@@ -126,3 +126,23 @@ def test_committed_entries_are_typed_the_same_with_a_marked_row(tmp_path):
     root = _board(tmp_path, "naive")
     docs = [json.loads(p.read_text()) for p in sorted((root / "entries").glob("*.json"))]
     assert all("unranked" not in json.dumps(d) for d in docs) and len(typed_entries(docs)) == 6
+
+
+def test_a_reason_is_text_in_every_output_never_markup(tmp_path, capsys):
+    """suite.json is received text: rich markup or Markdown in the reason is printed as written."""
+    import clbench
+    from clbench.leaderboard.compare import comparison_markdown, print_comparison
+    from clbench.leaderboard.manifest import manifest_unranked
+    from clbench.leaderboard.render import render
+    from clbench.leaderboard.table import build_tables
+    from clbench.leaderboard.terminal import print_tables
+
+    reason = "[bold red]loud[/] and *starred* | piped"
+    root = _board(tmp_path, "naive", reason)
+    print_tables(build_tables(E.load_entries(root), unranked=manifest_unranked(root)))
+    report = clbench.compare(root)
+    print_comparison(report)
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("[bold red]loud[/]") == 2
+    markdown = comparison_markdown(report) + render(root)[0].read_text()
+    assert "*starred*" not in markdown and markdown.count(r"\*starred\*") == 2
