@@ -5,6 +5,7 @@ entries and the words disagree. Tables of a leaderboard's own cells are fragment
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -182,7 +183,12 @@ def test_thesis_fashion_mnist_prototype_router_claim(boards):
     best = "naive (model.label=Prototype router)"
     assert table.rows[0].label == best and table.rows[0].rank == 1
     assert max(table.rows, key=lambda row: row.stats["bwt"].mean).label == best
-    assert "18 runs from the clean commit d2403b0" in doc("datasets.md") and sum(len(ok(r)) for r in table.rows) == 18
+    assert "Its 18 runs were remade" in doc("datasets.md") and sum(len(ok(r)) for r in table.rows) == 18
+    assert {e["env"]["git_commit"][:7] for r in table.rows for e in ok(r)} == {"8c0c54c"}
+    # "it shares a group with the EMA router only"
+    letters = table.groups.letters
+    assert [label for label in letters if set(letters[label]) & set(letters[best])] == \
+        [best, "naive (model.label=EMA router)"]
 
 
 def test_ewc_seeds_end_alike_on_split(boards):
@@ -575,3 +581,18 @@ def test_moe_theory_table_and_claims(boards):
     assert f"(`G_T` {min(g_off):.2f}-{max(g_off):.2f})" in prose
     f10, f20 = mean(finals[10, True][0]), mean(finals[20, True][0])
     assert f"`F_T` is {f10:.2f} for M = 10 at round 100" in prose and f"(`F_T` {f20:.2f} against {f10:.2f})" in prose
+
+
+def test_the_boards_docs_call_unpinned_are_those_with_unpinned_entries():
+    """docs/leaderboard.md names the boards whose entries do not all rerun exactly on another CPU
+    class (made with unpinned kernels); the entries say which those are."""
+    unpinned = {}
+    for path in sorted((ROOT / "leaderboards").glob("*/entries/*.json")):
+        pin = ((json.loads(path.read_text()).get("env") or {}).get("cpu") or {}).get("pin")
+        if pin is None:
+            board = path.parent.parent.name
+            unpinned[board] = unpinned.get(board, 0) + 1
+    text = doc("leaderboard.md")
+    assert (f"(all but `fashion-mnist`, `trace-mini-smollm2` and the {unpinned['trace-mini-smollm2-short']} oldest "
+            "entries of `trace-mini-smollm2-short`)") in text
+    assert set(unpinned) == {"fashion-mnist", "trace-mini-smollm2", "trace-mini-smollm2-short"}
