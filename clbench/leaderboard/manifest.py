@@ -3,9 +3,11 @@
 ``clbench leaderboard run`` writes it (:meth:`clbench.leaderboard.suite.Suite.manifest`):
 ``{name, description, source, threads, runs: [{hash, strategy, benchmark, model, order,
 seed, unranked?}]}`` (``unranked``: why the suite shows that point's row below the ranking,
-:class:`~clbench.leaderboard.suite_file.StrategyItem`). Render and compare show exactly the runs it lists, in its order, and say which
-other entries they left out and why (:func:`left_out`). A directory without one shows every entry; a ``suite.json`` that is there but unreadable or malformed is refused
-rather than passed over, since passing over it would silently show another set of runs.
+:class:`~clbench.leaderboard.suite_file.StrategyItem`). Render and compare show exactly the
+runs it lists, in its order, and say which other entries they left out and why
+(:func:`left_out`). A directory without one shows every entry; a ``suite.json`` that is there
+but unreadable or malformed is refused rather than passed over, since passing over it would
+silently show another set of runs.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def read_manifest(root: str | Path) -> dict | None:
         seen.add(digest)
         reason = run.get("unranked")
         if reason is not None and not (isinstance(reason, str) and reason.strip() and len(reason) <= UNRANKED_MAX
-                                       and "\n" not in reason):
+                                       and len(reason.splitlines()) == 1):
             raise _refuse(path, f"runs[{i}].unranked must be one non-empty line of at most {UNRANKED_MAX} characters")
     return data
 

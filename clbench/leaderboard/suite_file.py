@@ -58,7 +58,7 @@ Orders = Annotated[list[Order], AfterValidator(_distinct_orders),
 
 
 def _one_line(reason: str) -> str:
-    if not reason.strip() or "\n" in reason:
+    if not reason.strip() or len(reason.splitlines()) != 1:
         raise refuse("'unranked' must be one non-empty line",
                      "say in one sentence why this strategy is shown but not ranked")
     return reason.strip()

@@ -35,7 +35,7 @@ def test_the_sentence_changes_no_hash_and_the_manifest_keeps_it(tmp_path):
     assert all("unranked" not in r for r in plain.manifest()["runs"])  # the other manifests read as before
 
 
-@pytest.mark.parametrize("reason", ["", "   ", "first line\nsecond line", "x" * 401])
+@pytest.mark.parametrize("reason", ["", "   ", "first line\nsecond line", "first line\rsecond line", "x" * 401])
 def test_a_suite_refuses_a_sentence_that_is_not_one_line(tmp_path, reason):
     path = write_suite(tmp_path, _marked(smoke(), reason))
     with pytest.raises(UserError) as err:
@@ -111,7 +111,7 @@ def test_compare_pairs_the_two_best_ranked_rows(tmp_path):
         [None, {"default": 1, "reverse": 1}, {"default": 2, "reverse": 2}]
 
 
-@pytest.mark.parametrize("reason", [7, "", "two\nlines", "x" * 401])
+@pytest.mark.parametrize("reason", [7, "", "two\nlines", "two\rlines", "x" * 401])
 def test_a_received_manifest_with_a_malformed_sentence_is_refused(tmp_path, reason):
     from clbench.leaderboard.manifest import read_manifest
 
