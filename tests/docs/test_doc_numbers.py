@@ -415,6 +415,22 @@ def test_short_suite_route_space_control(boards):
     assert f"and at the route space (+{pct(mean(bwt))} ± " in text
 
 
+def test_short_suite_constraint_control(boards):
+    """LoRAMoE's balancing constraint on SmolLM2: BWT and OP tie with the unconstrained LoRAMoE, N_eff
+    is lower in every order at the same 4 routes."""
+    text = doc("language-models.md")
+    found = verdicts(boards, SHORT, CONSTRAINED, LORAMOE4, ["bwt", "acc", "n_eff"])
+    assert found == {"BWT": "holds 0", "OP (TRACE)": "holds 0", "N_eff": "below 0"}
+    short = rows(boards, SHORT)
+    neff = {label: by_order(short[label], "n_eff") for label in (CONSTRAINED, LORAMOE4)}
+    gaps = [neff[LORAMOE4][o] - neff[CONSTRAINED][o] for o in neff[LORAMOE4]]
+    assert min(gaps) > 0 and f"it lowers N_eff in every order, by about {mean(gaps):.0f}" in text
+    bwt = [by_order(short[CONSTRAINED], "bwt")[o] - v for o, v in by_order(short[LORAMOE4], "bwt").items()]
+    assert f"| no: a tie ({pct(mean(bwt)).replace('-', '−')} ± " in text
+    made = ok(short[CONSTRAINED])
+    assert {e["env"]["git_commit"][:7] for e in made} == {"d0c6c6b"} and len(made) == 4
+
+
 @pytest.mark.parametrize("a, b, expected, words", [
     ("mh_moe", LORAMOE4, {"BWT": "holds 0", "OP (TRACE)": "holds 0"}, "neither difference is outside the noise"),
     ("moses", "mh_moe", {"BWT": "above 0", "OP (TRACE)": "holds 0"}, "so its OP ties both"),
