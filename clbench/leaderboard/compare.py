@@ -201,6 +201,7 @@ def compare(entries: list[Entry], *, metric: str = "acc", benchmark: str | None 
 def print_comparison(report: dict[str, Any], console=None) -> None:
     """The comparison as rich tables, one per benchmark, with the tau and paired-test lines."""
     from rich.table import Table
+    from rich.text import Text
 
     from clbench.leaderboard.terminal import console_for_tables
 
@@ -232,7 +233,7 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
         for s in bench["strategies"]:
             std = f" ± {fmt(s['std'])}" if s["std"] is not None else ""
             ranks = "/".join(str(s.get("rank_by_order", {}).get(o, "—")) for o in orders)
-            table.add_row(s.get("group") or "—", s["label"], *[fmt(s["per_order"].get(o)) for o in orders],
+            table.add_row(s.get("group") or "—", Text(s["label"]), *[fmt(s["per_order"].get(o)) for o in orders],
                           _interval(s, fmt), f"{fmt(s['mean'])}{std}",
                           f"{fmt(s['worst'])} ({s['worst_order']})", fmt(s["range"]), ranks)
         console.print(table)

@@ -25,6 +25,7 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
     """
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     console = console or console_for_tables()
     for t in tables:
@@ -50,7 +51,8 @@ def print_tables(tables: list[BenchmarkTable], console=None) -> None:
                 wall = row.wall_seconds
                 cells.append(f"{wall:.1f}" if wall is not None else "—")
             group = (t.groups.letters.get(row.label) if t.groups else None) or "—"
-            table.add_row(str(row.rank or "—"), group, row.label, runs_cell(row), *cells)
+            # a label is the entries' words (a received folder's): text, never rich markup
+            table.add_row(str(row.rank or "—"), group, Text(row.label), runs_cell(row), *cells)
         console.print(table)
         for note in (groups_note(t), unranked_note(t), groups_text(t)):
             if note:  # plain text (the unranked reason is the suite's words): no rich markup read in it

@@ -146,3 +146,11 @@ def test_a_reason_is_text_in_every_output_never_markup(tmp_path, capsys):
     assert out.count("[bold red]loud[/]") == 2
     markdown = comparison_markdown(report) + render(root)[0].read_text()
     assert "*starred*" not in markdown and markdown.count(r"\*starred\*") == 2
+    # a row's label is the entries' words (a config value of a received folder): text too
+    tables = build_tables(E.load_entries(root), unranked=manifest_unranked(root))
+    tables[0].rows[0].label = report["benchmarks"][0]["strategies"][0]["label"] = "[bold]bold[/] label"
+    print_tables(tables)
+    print_comparison(report)
+    out = " ".join(capsys.readouterr().out.split())
+    # as written in the table, the comparison's table and its not-ranked line (naive is compare's first); never styled
+    assert out.count("[bold]bold[/] label") == 3 and " bold label" not in out
