@@ -333,8 +333,8 @@ def comparison_markdown(report: dict[str, Any]) -> str:
             lines += [power_text(pt, fmt)[0].upper() + power_text(pt, fmt)[1:] + ".", ""]
         if groups.get("text"):
             lines += [f"Groups, best first: {groups['text']}.", ""]
-        if unranked_line(bench):
-            lines += [md_text(unranked_line(bench)), ""]
+        if line := unranked_line(bench):
+            lines += [md_text(line), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -19,7 +19,7 @@ from clbench.errors import UserError
 from clbench.received import read_json
 
 MANIFEST = "suite.json"
-UNRANKED_MAX = 400  # characters: the suite file's own bound on the sentence (StrategyItem.unranked)
+UNRANKED_MAX = 400  # characters: the bound on the sentence, in the suite file and suite.json alike
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -30,6 +30,16 @@ def _fix(path: Path) -> str:
 
 def _refuse(path: Path, what: str) -> UserError:
     return UserError(what, where=str(path), fix=_fix(path))
+
+
+def unranked_problem(reason: object) -> str | None:
+    """What is wrong with an ``unranked`` sentence (the suite file's or a received suite.json's),
+    or None: it must be one non-empty line of at most :data:`UNRANKED_MAX` characters."""
+    if not isinstance(reason, str) or not reason.strip() or len(reason.splitlines()) != 1:
+        return "must be one non-empty line"
+    if len(reason) > UNRANKED_MAX:
+        return f"must be at most {UNRANKED_MAX} characters"
+    return None
 
 
 def read_manifest(root: str | Path) -> dict | None:
@@ -56,10 +66,8 @@ def read_manifest(root: str | Path) -> dict | None:
         if digest in seen:
             raise _refuse(path, f"runs[{i}]: hash {digest[:12]}... is listed twice")
         seen.add(digest)
-        reason = run.get("unranked")
-        if reason is not None and not (isinstance(reason, str) and reason.strip() and len(reason) <= UNRANKED_MAX
-                                       and len(reason.splitlines()) == 1):
-            raise _refuse(path, f"runs[{i}].unranked must be one non-empty line of at most {UNRANKED_MAX} characters")
+        if "unranked" in run and (problem := unranked_problem(run["unranked"])):
+            raise _refuse(path, f"runs[{i}].unranked {problem}")
     return data
 
 

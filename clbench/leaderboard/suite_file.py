@@ -16,7 +16,7 @@ from clbench.config.load import order_label
 from clbench.config.schema import Count, Named, NonNegative, Order, Section
 from clbench.config.validation import refuse
 from clbench.leaderboard.launch_settings import Launchers
-from clbench.leaderboard.manifest import UNRANKED_MAX
+from clbench.leaderboard.manifest import unranked_problem
 
 # Run-config fields the grid sets; ``base`` may not set them too.
 GRID_FIELDS = {"seed": "seeds", "benchmark": "benchmarks", "model": "models", "strategy": "strategies",
@@ -58,9 +58,8 @@ Orders = Annotated[list[Order], AfterValidator(_distinct_orders),
 
 
 def _one_line(reason: str) -> str:
-    if not reason.strip() or len(reason.splitlines()) != 1:
-        raise refuse("'unranked' must be one non-empty line",
-                     "say in one sentence why this strategy is shown but not ranked")
+    if problem := unranked_problem(reason):
+        raise refuse(f"'unranked' {problem}", "say in one sentence why this strategy is shown but not ranked")
     return reason.strip()
 
 
@@ -72,7 +71,7 @@ class StrategyItem(Named):
 
     model_args: dict[str, Any] = None  # type: ignore[assignment]
     train_args: dict[str, Any] = None  # type: ignore[assignment]
-    unranked: Annotated[str, AfterValidator(_one_line), Field(max_length=UNRANKED_MAX)] | None = None
+    unranked: Annotated[str, AfterValidator(_one_line)] | None = None
 
 
 Strategies = Annotated[list[str | StrategyItem], Field(min_length=1)]
