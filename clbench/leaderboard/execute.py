@@ -6,7 +6,8 @@
     DIR/entries/<hash>.json      one finished run each (ok or failed), written atomically
     DIR/runs/<hash>/             a run's working folder while it runs (checkpoint, TensorBoard)
 
-For every grid point, in order:
+For every grid point, task order by task order (every method's run of one order before the
+next order's, :func:`orders_first`, so a grid stopped halfway leaves whole pairs):
 
 * its entry exists (and verifies): skip it; ``retry_failed`` reruns ``failed`` ones;
 * its working folder holds a finished ``result.json`` for the same hash (the process stopped
@@ -110,7 +111,7 @@ def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, 
     outcome = SuiteOutcome(total=len(suite.runs))
     todo: list[RunSpec] = []
     seen: dict[str, str] = {}  # content hash of each entry as first read, to tell another process's writes
-    for spec in suite.runs:
+    for spec in orders_first(suite.runs):
         path = entry_path(output, spec.hash)
         if path.exists():
             entry = read_entry(path)  # refuses tampered or newer entries, with the fix
@@ -129,6 +130,19 @@ def plan_suite(suite: Suite, output: str | Path, *, retry_failed: bool = False, 
     console.print(f"suite [bold]{suite.name}[/]: {len(suite.runs)} runs, {len(outcome.skipped)} already done, "
                   f"{len(todo)} to run → {output}")
     return outcome, todo, seen
+
+
+def orders_first(runs: list[RunSpec]) -> list[RunSpec]:
+    """``runs`` regrouped so that every method's run of one task order and seed precedes the next order's.
+
+    A suite expands method by method; run in that order, a grid stopped halfway (a time limit, the
+    end of a sitting) leaves task orders that only one method has run, and a paired comparison can
+    use none of them. Which grid point runs when changes no result.
+    """
+    group: dict[tuple[str, str, int], int] = {}
+    for spec in runs:
+        group.setdefault((spec.benchmark, spec.order, spec.seed), len(group))
+    return sorted(runs, key=lambda spec: (group[(spec.benchmark, spec.order, spec.seed)], spec.index))
 
 
 def check_clean(output: str | Path) -> None:

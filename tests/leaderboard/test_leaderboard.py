@@ -18,7 +18,7 @@ from clbench.config.load import config_hash, deep_merge, resolve_config
 from clbench.errors import NonFiniteLoss, UserError
 from clbench.leaderboard import entries as E
 from clbench.leaderboard.cell import RUNS_DIR
-from clbench.leaderboard.execute import run_suite
+from clbench.leaderboard.execute import orders_first, run_suite
 from clbench.leaderboard.suite import default_suite_path, load_suite, preflight
 from clbench.leaderboard.table import build_tables
 from helpers import SMOKE, kill_env, run_cli, smoke, write_suite
@@ -364,8 +364,9 @@ def test_force_reruns_everything_and_threads_are_recorded(board, tmp_path, monke
     threads = torch.get_num_threads()
     calls = spy_runner(monkeypatch)
     outcome = run_suite(suite, out, force=True, console=quiet())
-    assert [h for h, resumed in calls] == [r.hash for r in suite.runs] and not any(r for _, r in calls)
-    assert outcome.ran == [r.hash for r in suite.runs] and outcome.skipped == []
+    grid = [r.hash for r in orders_first(suite.runs)]
+    assert [h for h, resumed in calls] == grid and not any(r for _, r in calls)
+    assert outcome.ran == grid and outcome.skipped == []
     for e in (loaded.document for loaded in E.load_entries(out)):
         assert e["execution"]["torch_threads"] == suite.threads == 1
         assert e["r_matrix"] == old[e["config_hash"]]["r_matrix"]
@@ -389,9 +390,24 @@ def test_interrupted_suite_keeps_finished_entries_and_continues(tmp_path, monkey
     monkeypatch.undo()
     calls = spy_runner(monkeypatch)
     outcome = run_suite(suite, out, console=quiet())
-    assert [h for h, _ in calls] == [r.hash for r in suite.runs[1:]]
+    assert [h for h, _ in calls] == [r.hash for r in orders_first(suite.runs)[1:]]
     assert outcome.skipped == [suite.runs[0].hash]
     assert len(E.load_entries(out)) == 4
+
+
+def test_a_grid_runs_order_by_order_so_a_stopped_one_leaves_whole_pairs(tmp_path, monkeypatch):
+    """The suite expands method by method; it runs task order by task order, every method's run of
+    one order before the next order's, so the runs done when it stops pair up."""
+    bench = {"class_path": "digits-domains", "init_args": {"domains": ["rot0", "rot90", "rot180"]}}
+    suite = load_suite(write_suite(tmp_path, {**smoke(), "benchmarks": [bench], "strategies": ["naive", "joint", "ewc"],
+                                              "orders": ["default", "reverse", ["rot90", "rot0", "rot180"]]}))
+    orders = list(dict.fromkeys(r.order for r in suite.runs))
+    assert len(orders) == 3 and [(r.strategy, r.order) for r in suite.runs][:3] == [("naive", o) for o in orders]
+
+    calls = spy_runner(monkeypatch)
+    run_suite(suite, tmp_path / "lb", console=quiet())
+    by_hash = {r.hash: (r.strategy, r.order) for r in suite.runs}
+    assert [by_hash[h] for h, _ in calls] == [(s, o) for o in orders for s in ("naive", "joint", "ewc")]
 
 
 def test_a_killed_suite_resumes_the_interrupted_run_from_its_checkpoint(board, tmp_path, monkeypatch):
