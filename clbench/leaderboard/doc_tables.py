@@ -15,7 +15,10 @@ lists are comma-separated (a comma inside a label's parentheses stays; quote spa
   the README's notes above and below the table (the groups' test; the groups);
 * ``leaderboard-orders``: each row's ``columns=`` scores per task order, seeds averaged;
 * ``leaderboard-paired``: each row of ``a=`` minus each of ``b=`` on each ``columns=`` score per
-  replication unit, the mean difference's 95% interval and whether it holds 0.
+  replication unit, the mean difference's 95% interval and whether it holds 0; ``summary`` gives,
+  in place of the per-unit columns (too many to read past a few orders), the number of units, in
+  how many A is above B, and the gap its paired test detects with 80% power at α = 0.05
+  (:func:`clbench.leaderboard.pairs.paired_test`: the units' spread and the test sets' noise).
 
 Entries are read and tabled as ``render`` does; cells are :mod:`~clbench.leaderboard.table`'s.
 """
@@ -41,7 +44,8 @@ from clbench.leaderboard.cell_text import fmt, group_cell, number, runs_cell
 from clbench.leaderboard.table import BenchmarkTable, Row, Stat, build_tables
 
 OPTIONS = {"leaderboard-table": ("columns", "rows", "notes"), "leaderboard-orders": ("columns", "rows"),
-           "leaderboard-paired": ("columns", "a", "b")}
+           "leaderboard-paired": ("columns", "a", "b", "summary")}
+FLAGS = ("notes", "summary")  # options without a value
 _KIND = "(leaderboard-(?:table|orders|paired))"
 _OPEN, _CLOSE = re.compile(rf"<!-- {_KIND}: (.+?) -->"), re.compile(rf"<!-- /{_KIND} -->")
 _ANY = re.compile(r"\s*<!--\s*/?\s*leaderboard-")  # what looks like a fragment's comment, well formed or not
@@ -172,6 +176,32 @@ def paired_rows(table: BenchmarkTable, scores: list[str], a_rows: list[Row], b_r
     return lines
 
 
+def paired_summary_rows(table: BenchmarkTable, scores: list[str], a_rows: list[Row], b_rows: list[Row]) -> list[str]:
+    """Each ``a`` minus each ``b``: units, in how many A is above B, the mean difference's 95% interval,
+    whether it holds 0, and the gap detected with 80% power at α = 0.05 planned in advance."""
+    from clbench.leaderboard.pairs import paired_test
+
+    unit = replication_unit(set(table.orders))
+    name = "Orders" if unit == "order" else "Seeds"
+    lines = [_line(["A − B", "Score", name, "A above B in", "Mean ± 95% interval", "The interval",
+                    "Detected with 80% power"]), "|:---|:---|---:|---:|---:|:---|---:|"]
+    for a, b, score in ((a, b, s) for a in a_rows for b in b_rows if a is not b for s in scores):
+        meta = table.score(score)
+        ua, ub = unit_values(a, score, unit), unit_values(b, score, unit)
+        diffs = [ua[k] - ub[k] for k in ua if k in ub]
+        if not diffs:  # a score one has not (N_eff of an adapter)
+            continue
+        ci, verdict = interval(diffs), "—"
+        if ci.half is not None:
+            verdict = "holds 0" if ci.low <= 0 <= ci.high else "above 0" if ci.mean > 0 else "below 0"
+        mean = fmt(Stat.of(ci, len(diffs)), score=meta)
+        power = paired_test(a, b, score, unit=unit).get("power")
+        lines.append(_line([md_text(f"{a.label} − {b.label}"), md_text(table.title(score)), str(len(diffs)),
+                            str(sum(d > 0 for d in diffs)), mean if mean.startswith("-") else f"+{mean}", verdict,
+                            number(power["detectable"], meta) if power else "—"]))
+    return lines
+
+
 def render_fragment(fragment: Fragment, boards: Leaderboards, where: str) -> str:
     """What belongs between the fragment's comments: a blank line, the table, a blank line."""
     try:
@@ -181,7 +211,7 @@ def render_fragment(fragment: Fragment, boards: Leaderboards, where: str) -> str
     options: dict[str, list[str]] = {}
     for word in words[2:]:
         key, sep, value = word.partition("=")
-        if key not in OPTIONS[fragment.kind] or key in options or bool(sep) == (key == "notes"):
+        if key not in OPTIONS[fragment.kind] or key in options or bool(sep) == (key in FLAGS):
             raise UserError(f"unknown or repeated option '{word}' of {fragment.kind}", where=where,
                             fix=f"give each of {', '.join(OPTIONS[fragment.kind])} once at most, as key=value")
         options[key] = split_list(value)
@@ -193,7 +223,7 @@ def render_fragment(fragment: Fragment, boards: Leaderboards, where: str) -> str
     rows, labels = {row.label: row for row in table.rows}, [row.label for row in table.rows]
     if fragment.kind == "leaderboard-paired":  # a= and b= in their own order
         a_rows, b_rows = ([rows[n] for n in _known(options[k], labels, "row", table, where)] for k in "ab")
-        lines = paired_rows(table, scores, a_rows, b_rows)
+        lines = (paired_summary_rows if "summary" in options else paired_rows)(table, scores, a_rows, b_rows)
     else:  # rows in the table's order
         wanted = _known(options.get("rows") or labels, labels, "row", table, where)
         chosen = [rows[n] for n in labels if n in wanted]

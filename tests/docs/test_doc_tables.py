@@ -90,6 +90,28 @@ def test_a_paired_fragment_is_each_difference_per_order(tmp_path, boards):
     assert cells[-1] in ("holds 0 |", "above 0 |", "below 0 |")
 
 
+SHORT = "leaderboards/trace-mini-smollm2-short trace-mini"  # 4 orders: enough for a paired test
+
+
+def test_a_summary_fragment_is_the_pair_over_its_orders_and_the_gap_it_can_detect(tmp_path, boards):
+    """``summary``: one line per pair and score in place of a column per order; the gap detected
+    with 80% power includes the test sets' noise, so it is wider than the interval's half-width."""
+    path = _document(tmp_path, f"<!-- leaderboard-paired: {SHORT} a=mh_moe b=seq_lora columns=bwt,acc summary -->\n"
+                                "<!-- /leaderboard-paired -->\n")
+    run([str(path)], check=False, root=ROOT)
+    rows = {row.label: row for row in boards.table(*SHORT.split(), "test").rows}
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("| mh_moe − ")]
+    assert [line.split(" | ")[1] for line in lines] == ["BWT", "OP (TRACE)"]
+    diffs = [e.scores["bwt"] - f.scores["bwt"] for e in rows["mh_moe"].ok for f in rows["seq_lora"].ok
+             if e.order_label == f.order_label]
+    _, _, n, above, mean, verdict, detected = lines[0].rstrip(" |").split(" | ")
+    assert (int(n), int(above)) == (4, sum(d > 0 for d in diffs))
+    centre, half = (float(x) for x in mean.split(" ± "))
+    assert centre == pytest.approx(100 * sum(diffs) / 4, abs=0.051)
+    assert verdict == ("holds 0" if centre - half <= 0 <= centre + half else "above 0" if centre > 0 else "below 0")
+    assert float(detected) > half
+
+
 BAD = [
     ("<!-- leaderboard-table: leaderboards/none trace-mini -->\n<!-- /leaderboard-table -->\n",
      "no leaderboard directory 'leaderboards/none'"),
@@ -101,6 +123,8 @@ BAD = [
     (f"<!-- leaderboard-table: {GROW} rows=naive -->\n<!-- /leaderboard-table -->\n", "no row 'naive'"),
     (f"<!-- leaderboard-table: {GROW} colums=acc -->\n<!-- /leaderboard-table -->\n", "unknown or repeated option"),
     (f"<!-- leaderboard-paired: {GROW} a=seq_ft -->\n<!-- /leaderboard-paired -->\n", "a=, b="),
+    (f"<!-- leaderboard-paired: {GROW} a=seq_ft b=seq_lora summary=yes -->\n<!-- /leaderboard-paired -->\n",
+     "unknown or repeated option"),
     (f"<!-- leaderboard-table: {GROW} -->\nno end\n", "leaderboard-table is not closed"),
     ("<!-- /leaderboard-orders -->\n", "closes no fragment"),
     (f"<!-- leaderboard-table: {GROW} -->\n<!-- leaderboard-table: {GROW} -->\n", "opened at line 5 is not closed"),
