@@ -26,7 +26,9 @@ One concept per module:
 * :mod:`~clbench.leaderboard.render`: ``README.md`` and a self-contained ``index.html``;
   :mod:`~clbench.leaderboard.markdown`: text from files written into Markdown literally.
 * :mod:`~clbench.leaderboard.doc_tables`: the leaderboard tables quoted in ``docs/*.md``,
-  written from the committed entries (``--check`` says where a document differs).
+  written from the committed entries (``--check`` says where a document differs);
+  :mod:`~clbench.leaderboard.learned`: which tasks each method learned (R's diagonal against
+  the untrained score and a floor), read before any forgetting is.
 * :mod:`~clbench.leaderboard.verify`: rerun entries from their recorded configs and compare
   their numbers with the committed ones.
 * :mod:`~clbench.leaderboard.trust`: what a received folder's entries may make verify run

@@ -18,7 +18,11 @@ lists are comma-separated (a comma inside a label's parentheses stays; quote spa
   replication unit, the mean difference's 95% interval and whether it holds 0; ``summary`` gives,
   in place of the per-unit columns (too many to read past a few orders), the number of units, in
   how many A is above B, and the gap its paired test detects with 80% power at α = 0.05
-  (:func:`clbench.leaderboard.pairs.paired_test`: the units' spread and the test sets' noise).
+  (:func:`clbench.leaderboard.pairs.paired_test`: the units' spread and the test sets' noise);
+* ``leaderboard-learned``: per task, each row's R diagonal (mean over its runs, the lowest in
+  brackets) and its score after the last task, under a first line for ``floor=task:value,...``
+  (as tables show R: points for a percentage); ``counts`` gives instead in how many (order, task)
+  pairs the diagonal clears the untrained score and the floor (:mod:`~clbench.leaderboard.learned`).
 
 Entries are read and tabled as ``render`` does; cells are :mod:`~clbench.leaderboard.table`'s.
 """
@@ -41,15 +45,18 @@ from clbench.leaderboard.notes import DIRTY_MARK, readme_notes
 from clbench.leaderboard.markdown import md_text
 from clbench.leaderboard.stats import interval, replication_unit, unit_means
 from clbench.leaderboard.cell_text import fmt, group_cell, number, runs_cell
+from clbench.leaderboard.learned import learned, task_names
 from clbench.leaderboard.table import BenchmarkTable, Row, Stat, build_tables
+from clbench.metrics.score_registry import RANK_BY
 
 OPTIONS = {"leaderboard-table": ("columns", "rows", "notes"), "leaderboard-orders": ("columns", "rows"),
-           "leaderboard-paired": ("columns", "a", "b", "summary")}
-FLAGS = ("notes", "summary")  # options without a value
-_KIND = "(leaderboard-(?:table|orders|paired))"
+           "leaderboard-paired": ("columns", "a", "b", "summary"), "leaderboard-learned": ("rows", "floor", "counts")}
+FLAGS = ("notes", "summary", "counts")  # options without a value
+_KIND = "(leaderboard-(?:table|orders|paired|learned))"
 _OPEN, _CLOSE = re.compile(rf"<!-- {_KIND}: (.+?) -->"), re.compile(rf"<!-- /{_KIND} -->")
 _ANY = re.compile(r"\s*<!--\s*/?\s*leaderboard-")  # what looks like a fragment's comment, well formed or not
-_USAGE = "<!-- leaderboard-table|orders|paired: DIR LABEL option... --> ... <!-- /leaderboard-table|orders|paired -->"
+_USAGE = ("<!-- leaderboard-table|orders|paired|learned: DIR LABEL option... --> ... "
+          "<!-- /leaderboard-table|orders|paired|learned -->")
 
 
 @dataclass
@@ -202,6 +209,53 @@ def paired_summary_rows(table: BenchmarkTable, scores: list[str], a_rows: list[R
     return lines
 
 
+def _floor(values: list[str], tasks: list[str], percent: bool, table: BenchmarkTable, where: str) -> dict[str, float]:
+    """``floor=C-STANCE:37,...`` as fractions of R per task; every task once, as a number."""
+    out: dict[str, float] = {}
+    for item in values:
+        task, _, value = item.rpartition(":")
+        try:
+            out[_known([task], tasks, "task", table, where)[0]] = float(value) / (100 if percent else 1)
+        except ValueError:
+            raise UserError(f"floor '{item}' is no task:number", where=where,
+                            fix="write floor=TASK:VALUE,... as tables show R (37 for 37%)") from None
+    if missing := [t for t in tasks if t not in out]:
+        raise UserError(f"floor gives no value for {', '.join(missing)}", where=where, fix="give every task one")
+    return out
+
+
+def learned_rows(table: BenchmarkTable, rows: list[Row], floor: dict[str, float] | None, counts: bool) -> list[str]:
+    """Each row's diagonal and final score per task, or (``counts``) how often its diagonal clears the
+    untrained score and the floor (:mod:`clbench.leaderboard.learned`)."""
+    tasks, meta = task_names(table), table.score(RANK_BY)
+    records = {row.label: learned(row, floor) for row in rows}
+    if counts:
+        heads = ["Strategy", "Above the untrained score"] + (["Above the floor"] if floor else [])
+        lines = [_line(heads), "|:---|" + ":---|" * (len(heads) - 1)]
+        for row in rows:
+            rec = records[row.label]
+            cells = []
+            for attr in ("above_untrained",) + (("above_floor",) if floor else ()):
+                per = [(t, getattr(rec[t], attr), len(rec[t].diagonal)) for t in tasks if t in rec]
+                cells.append("—" if not per or any(k is None for _, k, _ in per) else
+                             f"{sum(k for _, k, _ in per)} of {sum(n for *_, n in per)} ("
+                             + ", ".join(f"{md_text(t)} {k}/{n}" for t, k, n in per) + ")")
+            lines.append(_line([md_text(row.label)] + cells))
+        return lines
+    lines = [_line(["Strategy", "Row"] + [md_text(t) for t in tasks]), "|:---|:---|" + "---:|" * len(tasks)]
+    if floor:
+        lines.append(_line(["(any)", "floor"] + [number(floor[t], meta, 0) for t in tasks]))
+    for row in rows:
+        rec = records[row.label]
+        seen = [rec.get(t) for t in tasks]
+        lines.append(_line([md_text(row.label), "learned"] + [
+            f"{number(sum(r.diagonal) / len(r.diagonal), meta, 0)} ({number(min(r.diagonal), meta, 0)})"
+            if r and r.diagonal else "—" for r in seen]))
+        lines.append(_line([md_text(row.label), "after the last task"] + [
+            number(sum(r.final) / len(r.final), meta, 0) if r and r.final else "—" for r in seen]))
+    return lines
+
+
 def render_fragment(fragment: Fragment, boards: Leaderboards, where: str) -> str:
     """What belongs between the fragment's comments: a blank line, the table, a blank line."""
     try:
@@ -221,7 +275,12 @@ def render_fragment(fragment: Fragment, boards: Leaderboards, where: str) -> str
     table = boards.table(words[0], words[1], where)
     scores = _known(options.get("columns") or list(table.scores), table.scores, "score", table, where)
     rows, labels = {row.label: row for row in table.rows}, [row.label for row in table.rows]
-    if fragment.kind == "leaderboard-paired":  # a= and b= in their own order
+    if fragment.kind == "leaderboard-learned":
+        wanted = _known(options.get("rows") or labels, labels, "row", table, where)
+        floor = _floor(options["floor"], task_names(table), table.score(RANK_BY).percent, table, where) \
+            if "floor" in options else None
+        lines = learned_rows(table, [rows[n] for n in labels if n in wanted], floor, "counts" in options)
+    elif fragment.kind == "leaderboard-paired":  # a= and b= in their own order
         a_rows, b_rows = ([rows[n] for n in _known(options[k], labels, "row", table, where)] for k in "ab")
         lines = (paired_summary_rows if "summary" in options else paired_rows)(table, scores, a_rows, b_rows)
     else:  # rows in the table's order

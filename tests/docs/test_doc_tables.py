@@ -10,6 +10,7 @@ import pytest
 from clbench.leaderboard import doc_tables
 from clbench.leaderboard.doc_tables import find_fragments, main, regenerate, run, split_list
 from clbench.leaderboard.cell_text import fmt
+from clbench.leaderboard.markdown import md_text
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
@@ -112,6 +113,38 @@ def test_a_summary_fragment_is_the_pair_over_its_orders_and_the_gap_it_can_detec
     assert float(detected) > half
 
 
+def _counts(tmp_path, floor: str) -> dict[str, list[str]]:
+    path = _document(tmp_path, f"<!-- leaderboard-learned: {SHORT} floor={floor} counts -->\n<!-- /leaderboard-learned -->\n")
+    run([str(path)], check=False, root=ROOT)
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("| ")][1:]
+    return {line.split(" | ")[0][2:]: line.rstrip(" |").split(" | ")[1:] for line in lines}
+
+
+def test_a_learned_fragment_counts_the_diagonals_that_clear_the_untrained_score_and_the_floor(tmp_path, boards):
+    """With a floor at the untrained score (0 here) a diagonal clears the floor at least wherever it
+    clears the untrained score; with a floor at 100% none does; the counts are out of every run's tasks."""
+    rows = {md_text(row.label): row for row in boards.table(*SHORT.split(), "test").rows}
+    at_zero = _counts(tmp_path, "C-STANCE:0,FOMC:0,ScienceQA:0,NumGLUE-cm:0")
+    at_top = _counts(tmp_path, "C-STANCE:100,FOMC:100,ScienceQA:100,NumGLUE-cm:100")
+    assert set(at_zero) == set(rows) and any(not u.startswith("16 of 16") for u, _ in at_zero.values())
+    for label, (untrained, floor) in at_zero.items():
+        total = 4 * len(rows[label].ok)
+        assert untrained.split(" (")[0].endswith(f"of {total}") and floor.split(" (")[0].endswith(f"of {total}")
+        assert int(floor.split(" of ")[0]) >= int(untrained.split(" of ")[0])
+        assert at_top[label][1].startswith(f"0 of {total} (C-STANCE 0/4, FOMC 0/4")
+
+
+def test_a_learned_fragment_shows_each_tasks_diagonal_and_final_score(tmp_path, boards):
+    path = _document(tmp_path, f"<!-- leaderboard-learned: {SHORT} rows=seq_lora -->\n<!-- /leaderboard-learned -->\n")
+    run([str(path)], check=False, root=ROOT)
+    [learned, final] = [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("| seq_lora")]
+    row = next(row for row in boards.table(*SHORT.split(), "test").rows if row.label == "seq_lora")
+    diagonal = [e.r_matrix[e.experiences.index("FOMC")][e.experiences.index("FOMC")] for e in row.ok]
+    last = [e.r_matrix[-1][e.experiences.index("FOMC")] for e in row.ok]
+    assert learned.split(" | ")[3] == f"{100 * sum(diagonal) / 4:.0f} ({100 * min(diagonal):.0f})"
+    assert final.split(" | ")[3] == f"{100 * sum(last) / 4:.0f}"
+
+
 BAD = [
     ("<!-- leaderboard-table: leaderboards/none trace-mini -->\n<!-- /leaderboard-table -->\n",
      "no leaderboard directory 'leaderboards/none'"),
@@ -125,6 +158,10 @@ BAD = [
     (f"<!-- leaderboard-paired: {GROW} a=seq_ft -->\n<!-- /leaderboard-paired -->\n", "a=, b="),
     (f"<!-- leaderboard-paired: {GROW} a=seq_ft b=seq_lora summary=yes -->\n<!-- /leaderboard-paired -->\n",
      "unknown or repeated option"),
+    (f"<!-- leaderboard-learned: {SHORT} floor=C-STANCE:37 -->\n<!-- /leaderboard-learned -->\n",
+     "floor gives no value for FOMC, ScienceQA, NumGLUE-cm"),
+    (f"<!-- leaderboard-learned: {SHORT} floor=C-STANCE:x -->\n<!-- /leaderboard-learned -->\n", "no task:number"),
+    (f"<!-- leaderboard-learned: {SHORT} floor=FOMX:3 -->\n<!-- /leaderboard-learned -->\n", "no task 'FOMX'"),
     (f"<!-- leaderboard-table: {GROW} -->\nno end\n", "leaderboard-table is not closed"),
     ("<!-- /leaderboard-orders -->\n", "closes no fragment"),
     (f"<!-- leaderboard-table: {GROW} -->\n<!-- leaderboard-table: {GROW} -->\n", "opened at line 5 is not closed"),
