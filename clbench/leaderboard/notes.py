@@ -316,16 +316,24 @@ def _hours(value: float | None) -> str:
 
 def plan_text(plan: dict, fmt) -> str:
     """:func:`clbench.leaderboard.pairs.plan` in one paragraph: the orders the gap needs for 80%
-    power, planned and at the table's Holm level, and what they cost here and on one GPU."""
+    power, planned and at the table's Holm level, the power the orders run reached, and what
+    more cost here and on one GPU."""
     if plan.get("note"):
         return f"plan: {plan['note']}"
-    needed = plan["orders_needed"]
+    needed, possible = plan["orders_needed"], plan.get("orders_possible")
+
+    def orders(n: int | None) -> str:
+        beyond = n is not None and possible is not None and n > possible
+        more = f" (more than the {possible} orders the stream's tasks have)" if beyond else ""
+        return needed_text(n, "order") + more
+
     gap = f"the observed gap {fmt(plan['gap'])}" if plan["gap_observed"] else f"a gap of {fmt(plan['gap'])}"
     text = (f"plan ({plan['a']} vs {plan['b']}, {plan['power']:.0%} power): {gap}, with a spread of "
-            f"{fmt(plan['sd_orders'])} across orders, needs {needed_text(needed['planned'], 'order')} at "
+            f"{fmt(plan['sd_orders'])} across orders, needs {orders(needed['planned'])} at "
             f"α = {plan['levels']['planned']:.2g} for one comparison planned in advance, "
-            f"{needed_text(needed['holm'], 'order')} at the table's Holm level α/m = {plan['levels']['holm']:.2g}; "
-            f"{plan['orders_run']} were run")
+            f"{orders(needed['holm'])} at the table's Holm level α/m = {plan['levels']['holm']:.2g}; "
+            f"{plan['orders_run']} were run, which detect it with {plan['power_reached']['planned']:.0%} power "
+            f"({plan['power_reached']['holm']:.0%} at Holm's level)")
     for key, where in (("cost_here", "here"), ("cost_gpu", "on one GPU")):
         cost = plan.get(key)
         if cost is None:

@@ -8,8 +8,8 @@ signed-rank test with the gap the table's test detects with 80% power
 
 :func:`plan` answers the question a reviewer asks of a tie: how many orders would separate this
 gap (the observed one, or one given, such as a paper's) with 80% power, at α = 0.05 for one
-comparison planned in advance and at the table's Holm level, and what they cost in machine
-time. The cost of one more order is the mean, over the orders run, of both methods' recorded
+comparison planned in advance and at the table's Holm level, what they cost in machine
+time, and the power the orders run reached for that gap. The cost of one more order is the mean, over the orders run, of both methods' recorded
 wall time in that order (all its seeds), on the machines that made the entries: CPU entries
 give the hours here, entries made on a GPU the hours on one GPU. Where no entry was made on a
 GPU the plan says so rather than guess a speed-up: a GPU's speed on these runs is measured by
@@ -153,8 +153,11 @@ def plan(table: BenchmarkTable, metric: str, a: str, b: str, *, pairs_in_table: 
     (see the module notes). ``gap``: the difference to plan for (default: the observed one)."""
     row_a, row_b = find_row(table, a, "--a"), find_row(table, b, "--b")
     units, ua, ub = _paired_units(row_a, row_b, metric, "order")
+    tasks = {len(e.experiences) for e in row_a.ok + row_b.ok if getattr(e, "experiences", None)}
     out: dict[str, Any] = {"a": row_a.label, "b": row_b.label, "metric": metric, "unit": "order",
-                           "orders_run": len(units)}
+                           "orders_run": len(units),
+                           # T tasks have T! orders: a plan past them cannot be met by orders alone
+                           "orders_possible": math.factorial(tasks.pop()) if len(tasks) == 1 else None}
     if len(units) < 2:
         out["note"] = f"{len(units)} paired order(s): the spread across orders needs two at least"
         return out
@@ -166,7 +169,8 @@ def plan(table: BenchmarkTable, metric: str, a: str, b: str, *, pairs_in_table: 
                 "sd_orders": math.sqrt(noise.v_units), "sd_test": math.sqrt(noise.v_test),
                 "levels": {"planned": ALPHA, "holm": holm},
                 "orders_needed": {"planned": noise.units_needed(planned, ALPHA),
-                                  "holm": noise.units_needed(planned, holm)}})
+                                  "holm": noise.units_needed(planned, holm)},
+                "power_reached": {"planned": noise.power(planned, ALPHA), "holm": noise.power(planned, holm)}})
     for where, gpu in (("here", False), ("gpu", True)):
         seconds, machines = _order_cost([row_a, row_b], gpu)
         out[f"cost_{where}"] = None if seconds is None else {

@@ -210,9 +210,26 @@ class PairNoise:
         return math.inf if part == 0 or n < 2 else (part + self.v_test) ** 2 / (part * part / (n - 1))
 
     def detectable(self, level: float, n: int | None = None) -> float:
-        """The gap detected with :data:`POWER` at two-sided ``level``: ``(t_{1−level/2} + t_{power}) · se``."""
+        """The gap detected with :data:`POWER` at two-sided ``level``: ``(t_{1−level/2} + t_{power}) · se``,
+        the usual approximation, a little optimistic at few units (:meth:`power` gives 75%, not 80%,
+        at 7 units without test-set noise) and exact as they grow."""
         df = self.df(n)
         return (_t(1 - level / 2, df) + _t(POWER, df)) * self.se(n)
+
+    def power(self, gap: float, level: float, n: int | None = None) -> float:
+        """The power to detect ``gap`` at two-sided ``level`` with ``n`` units: the chance that the
+        paired t statistic, noncentral by ``gap / se`` on the Welch–Satterthwaite degrees of
+        freedom, falls beyond the critical value on either side (:meth:`detectable` inverts the
+        usual shifted-t approximation of the same, so the two agree to a few points)."""
+        from scipy.special import nctdtr, ndtr
+
+        df, se = self.df(n), self.se(n)
+        if se == 0:
+            return 1.0 if gap else level
+        nc, crit = abs(gap) / se, _t(1 - level / 2, df)
+        if math.isinf(df):
+            return float(ndtr(nc - crit) + ndtr(-nc - crit))
+        return float(1 - nctdtr(df, nc, crit) + nctdtr(df, nc, -crit))
 
     def units_needed(self, gap: float, level: float) -> int | None:
         """The fewest units whose test separates ``gap`` with :data:`POWER`; None where no number

@@ -114,7 +114,8 @@ def test_a_summary_fragment_is_the_pair_over_its_orders_and_the_gap_it_can_detec
 
 
 def _counts(tmp_path, floor: str) -> dict[str, list[str]]:
-    path = _document(tmp_path, f"<!-- leaderboard-learned: {SHORT} floor={floor} counts -->\n<!-- /leaderboard-learned -->\n")
+    path = _document(tmp_path, f"<!-- leaderboard-learned: {SHORT} floor={floor} counts -->\n"
+                                "<!-- /leaderboard-learned -->\n")
     run([str(path)], check=False, root=ROOT)
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("| ")][1:]
     return {line.split(" | ")[0][2:]: line.rstrip(" |").split(" | ")[1:] for line in lines}

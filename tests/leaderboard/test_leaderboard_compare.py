@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 from itertools import combinations
 from pathlib import Path
@@ -228,7 +230,8 @@ def test_a_plan_gives_the_orders_a_gap_needs_and_what_they_cost_where_the_entrie
     """The orders are PairNoise's answer for the observed gap at α = 0.05 and at the table's Holm
     level; an order costs both methods' recorded wall time in it, averaged over the orders run;
     a larger planned gap needs fewer orders; a GPU's cost comes only from entries made on one."""
-    from clbench.leaderboard.stats import PairNoise
+    from clbench.leaderboard.notes import plan_text
+    from clbench.leaderboard.stats import POWER, PairNoise
 
     diffs = [a - b for a, b in zip(PLAN_ACC["replay"], PLAN_ACC["naive"])]
     noise = PairNoise.of(diffs, 0.0)
@@ -237,6 +240,10 @@ def test_a_plan_gives_the_orders_a_gap_needs_and_what_they_cost_where_the_entrie
     needed = noise.units_needed(sum(diffs) / 4, 0.05)
     assert plan["orders_needed"]["planned"] == needed > 4 and plan["orders_run"] == 4
     assert plan["orders_needed"]["holm"] == noise.units_needed(sum(diffs) / 4, plan["levels"]["holm"]) >= needed
+    assert plan["power_reached"]["holm"] <= plan["power_reached"]["planned"] < POWER  # 4 orders: short of the plan
+    tasks = len(_plan_entries({"replay": 1.0, "naive": 1.0})[0].experiences)
+    assert plan["orders_possible"] == math.factorial(tasks) < needed  # more orders than the stream has
+    assert f"(more than the {math.factorial(tasks)} orders the stream's tasks have)" in plan_text(plan, str)
     cost = plan["cost_here"]
     assert cost["hours_per_order"] == pytest.approx(0.5) and cost["machines"] == ["Test CPU, 2 torch threads"]
     assert cost["hours"]["planned"] == pytest.approx(needed * 0.5)
@@ -245,6 +252,7 @@ def test_a_plan_gives_the_orders_a_gap_needs_and_what_they_cost_where_the_entrie
     wider = compare(_plan_entries({"replay": 600.0, "naive": 1200.0}), a="replay", b="naive", planned=True,
                     gap=20.0)["benchmarks"][0]["plan"]
     assert wider["gap"] == pytest.approx(0.20) and wider["orders_needed"]["planned"] < needed
+    assert wider["power_reached"]["planned"] > plan["power_reached"]["planned"]
     mixed = compare(_plan_entries({"replay": 600.0, "naive": 1200.0}, gpu_orders=(2, 3)), a="replay", b="naive",
                     planned=True)["benchmarks"][0]["plan"]
     assert mixed["cost_gpu"]["hours_per_order"] == pytest.approx(0.05) and mixed["cost_gpu"]["machines"] == ["Test GPU"]

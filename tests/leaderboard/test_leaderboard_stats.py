@@ -17,7 +17,7 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import compare, comparison_markdown
 from clbench.leaderboard.notes import groups_note
 from clbench.leaderboard.page_stats import competition_ranks, kendall_tau_b, levene_mean_centred
-from clbench.leaderboard.stats import ALPHA, PairNoise, interval, letters, rank_groups
+from clbench.leaderboard.stats import ALPHA, POWER, PairNoise, interval, letters, rank_groups
 from clbench.leaderboard.cell_text import fmt
 from clbench.leaderboard.table import build_tables
 from clbench.metrics.stderr import entry_score_stderr, wilson_stderr
@@ -141,6 +141,11 @@ def test_power_units_needed_separate_the_gap_with_80_percent_power_by_simulation
         stat = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(n))
         power = float(np.mean(np.abs(stat) > t.ppf(1 - level / 2, n - 1)))
         assert low <= power <= high
+        assert noise.power(0.05, level, n) == pytest.approx(power, abs=0.03)  # the power reached, as simulated
+    # detectable's shifted-t approximation is a little optimistic at few units: 75% power, not 80%, at 7
+    assert 0.7 < noise.power(noise.detectable(level, 7), level, 7) < POWER
+    assert noise.power(noise.detectable(level, 60), level, 60) == pytest.approx(POWER, abs=0.01)
+    assert noise.power(0.0, level, 7) == pytest.approx(level)  # no gap: the false positives' rate
     assert PairNoise(0.03 ** 2, 0.01 ** 2, 3).units_needed(0.03, level) is None  # the test set alone hides 3 points
     assert PairNoise(0.03 ** 2, 0.01 ** 2, 3).units_needed(0.2, level) < needed  # control: a large gap needs few
 
