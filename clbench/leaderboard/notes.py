@@ -24,9 +24,12 @@ def bench_meta(table: BenchmarkTable) -> dict:
     bench = first.benchmark
     seeds = sorted({e.seed for e in entries})
     models = sorted({row.model for row in table.rows})
+    # an order given as a list of names has a hashed label (custom:0c1bc2eb): the meta line spells it
+    spelled = {e.order_label: [str(name) for name in e.order] for e in entries
+               if e.order_label.startswith("custom:") and isinstance(e.order, list)}
     return {"scenario_type": bench.scenario_type, "num_classes": bench.num_classes,
-            "experiences": list(first.experiences) if first.ok else [], "orders": table.orders, "seeds": seeds,
-            "models": models, "init_args": bench.init_args, "r_names": table.r_names,
+            "experiences": list(first.experiences) if first.ok else [], "orders": table.orders, "spelled": spelled,
+            "seeds": seeds, "models": models, "init_args": bench.init_args, "r_names": table.r_names,
             "r_higher": table.r_higher, "scorings": sorted({s for e in ok if (s := scoring(e.objective))}),
             "synthetic": bool(ok) and all(e.benchmark.synthetic for e in ok)}
 
@@ -45,7 +48,9 @@ def meta_line(meta: dict) -> str:
         parts.append(f"{len(meta['experiences'])} experiences ({', '.join(meta['experiences'])})")
     if meta["num_classes"]:
         parts.append(f"{meta['num_classes']} classes")
-    parts.append(f"orders: {', '.join(meta['orders'])}")
+    spelled = meta.get("spelled") or {}
+    parts.append("orders: " + ", ".join(f"{o} ({' > '.join(spelled[o])})" if o in spelled else o
+                                        for o in meta["orders"]))
     parts.append(f"seeds: {', '.join(map(str, meta['seeds']))}")
     parts.append(f"model: {', '.join(meta['models'])}")
     if meta["r_names"] and meta["r_names"] != ["acc"]:

@@ -432,6 +432,21 @@ def test_header_says_which_scoring_made_a_text_benchmarks_numbers():
     assert "scoring" not in meta_line({**meta, "scorings": []})
 
 
+def test_an_order_given_as_names_is_spelled_out_under_its_hashed_label(tmp_path):
+    """A suite's order written as a list of experience names is labelled custom:<hash> in entries and
+    tables; the README's line above each table spells it out, so a reader knows which order it was."""
+    from clbench.config.load import order_label
+    from helpers import smoke, write_suite
+
+    suite = load_suite(write_suite(tmp_path, smoke(strategies=["naive"], orders=["default", ["rot90", "rot0"]])))
+    out = tmp_path / "lb"
+    run_suite(suite, out, console=Console(file=io.StringIO()))
+    assert main(["leaderboard", "render", str(out)]) == 0
+    label = order_label(["rot90", "rot0"])
+    line = next(line for line in (out / "README.md").read_text(encoding="utf-8").splitlines() if "orders: " in line)
+    assert f"orders: default, {label} (rot90 > rot0) ·" in line  # the named order is not spelled
+
+
 def test_acc_is_labelled_op_on_trace_streams():
     """On a text stream whose tasks have metrics of their own, R's final mean is TRACE's OP (a mean
     over each task's own metric), not an accuracy, and the tables say so and how it was scored."""
