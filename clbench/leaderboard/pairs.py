@@ -8,12 +8,12 @@ signed-rank test with the gap the table's test detects with 80% power
 
 :func:`plan` answers the question a reviewer asks of a tie: how many orders would separate this
 gap (the observed one, or one given, such as a paper's) with 80% power, at α = 0.05 for one
-comparison planned in advance and at the table's Holm level, what they cost in machine
-time, and the power the orders run reached for that gap. The cost of one more order is the mean, over the orders run, of both methods' recorded
-wall time in that order (all its seeds), on the machines that made the entries: CPU entries
-give the hours here, entries made on a GPU the hours on one GPU. Where no entry was made on a
-GPU the plan says so rather than guess a speed-up: a GPU's speed on these runs is measured by
-running the suite there.
+comparison planned in advance and at the table's Holm level, what they cost in machine time,
+and the power the orders run reached for that gap. The cost of one more order is the mean, over
+the orders run, of both methods' recorded wall time in that order (all its seeds), on the
+machines that made the entries: CPU entries give the hours here, entries made on a GPU the
+hours on one GPU. Where no entry was made on a GPU the plan says so rather than guess a
+speed-up: a GPU's speed on these runs is measured by running the suite there.
 """
 
 from __future__ import annotations

@@ -45,10 +45,12 @@ letters are a few lines here.
 
 **Critical difference and power.** A pair's critical difference is the gap its test separates
 at Holm's strictest level α/m (m pairs): above it a pair is always separated, below it Holm
-may still separate it. The smallest difference detected with 80% power is
-``(t_{1−α/2m, df} + t_{0.80, df}) · se`` (the usual t approximation of a paired test's power),
-and for a pair that ties, the units needed to separate its observed gap with 80% power solve
-the same equation for n, with the observed spread; where the test set's noise alone hides the
+may still separate it. The smallest difference detected with 80% power at α/m is the gap the
+paired test rejects with probability 0.80 under the noncentral t distribution
+(:meth:`PairNoise.detectable`; not the shortcut ``(t_{1−α/2m, df} + t_{0.80, df}) · se``, which
+overstates the power at few orders), and for a pair that ties, the units needed to separate
+its observed gap with 80% power are the fewest n whose detectable gap reaches it, with the
+observed spread; where the test set's noise alone hides the
 gap, no number of orders will (a larger test set would). ``docs/leaderboard.md`` shows the
 groups of the Rotated Fashion-MNIST table.
 """
