@@ -19,7 +19,8 @@ One concept per module:
   :mod:`~clbench.leaderboard.slurm`: the grid over local worker processes or SLURM jobs.
 * :mod:`~clbench.leaderboard.table`: aggregate entries into per-benchmark tables
   (mean and 95% interval over task orders, rank);
-  :mod:`~clbench.leaderboard.stats`: the replication unit, intervals, rank groups and power;
+  :mod:`~clbench.leaderboard.stats`: the replication unit, intervals and rank groups;
+  :mod:`~clbench.leaderboard.power`: one pair's noise, the gap it detects and its power;
   :mod:`~clbench.leaderboard.cell_text`: how a table's cells are written, in every view.
 * :mod:`~clbench.leaderboard.compare`: the same strategies across task orders (worst order,
   range, Kendall's tau between per-order rankings, a paired test).

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 
-from clbench.leaderboard.stats import ALPHA, MAX_UNITS, POWER, TEST_LONG, Groups, letter_marks, mark_order
+from clbench.leaderboard.power import MAX_UNITS, POWER
+from clbench.leaderboard.stats import ALPHA, TEST_LONG, Groups, letter_marks, mark_order
 from clbench.leaderboard.table import RANK_BY, BenchmarkTable, scoring, unseen_scores
 from clbench.metrics.score_registry import shown
 

@@ -22,7 +22,8 @@ import math
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.stats import ALPHA, POWER, PairNoise, unit_means
+from clbench.leaderboard.power import POWER, PairNoise
+from clbench.leaderboard.stats import ALPHA, unit_means
 from clbench.leaderboard.table import BenchmarkTable, Row
 from clbench.metrics.stderr import entry_score_stderr
 from clbench.leaderboard.schema import Entry

@@ -231,7 +231,7 @@ def test_a_plan_gives_the_orders_a_gap_needs_and_what_they_cost_where_the_entrie
     level; an order costs both methods' recorded wall time in it, averaged over the orders run;
     a larger planned gap needs fewer orders; a GPU's cost comes only from entries made on one."""
     from clbench.leaderboard.notes import plan_text
-    from clbench.leaderboard.stats import POWER, PairNoise
+    from clbench.leaderboard.power import POWER, PairNoise
 
     diffs = [a - b for a, b in zip(PLAN_ACC["replay"], PLAN_ACC["naive"])]
     noise = PairNoise.of(diffs, 0.0)

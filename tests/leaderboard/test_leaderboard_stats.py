@@ -17,7 +17,8 @@ from clbench.leaderboard import entries as E
 from clbench.leaderboard.compare import compare, comparison_markdown
 from clbench.leaderboard.notes import groups_note
 from clbench.leaderboard.page_stats import competition_ranks, kendall_tau_b, levene_mean_centred
-from clbench.leaderboard.stats import ALPHA, POWER, PairNoise, interval, letters, rank_groups
+from clbench.leaderboard.power import POWER, PairNoise
+from clbench.leaderboard.stats import ALPHA, interval, letters, rank_groups
 from clbench.leaderboard.cell_text import fmt
 from clbench.leaderboard.table import build_tables
 from clbench.metrics.stderr import entry_score_stderr, wilson_stderr
