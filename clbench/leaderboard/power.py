@@ -36,7 +36,6 @@ def t_sf(x: float, df: float) -> float:
     return float(ndtr(-x) if math.isinf(df) else stdtr(df, -x))
 
 
-
 @dataclass(frozen=True)
 class PairNoise:
     """What a pair's test knows of its noise: the per-unit differences' variance ``v_units`` over
