@@ -230,6 +230,7 @@ def test_a_plan_gives_the_orders_a_gap_needs_and_what_they_cost_where_the_entrie
     """The orders are PairNoise's answer for the observed gap at α = 0.05 and at the table's Holm
     level; an order costs both methods' recorded wall time in it, averaged over the orders run;
     a larger planned gap needs fewer orders; a GPU's cost comes only from entries made on one."""
+    from clbench.leaderboard.compare import comparison_markdown
     from clbench.leaderboard.notes import plan_text
     from clbench.leaderboard.power import POWER, PairNoise
 
@@ -244,6 +245,8 @@ def test_a_plan_gives_the_orders_a_gap_needs_and_what_they_cost_where_the_entrie
     tasks = len(_plan_entries({"replay": 1.0, "naive": 1.0})[0].experiences)
     assert plan["orders_possible"] == math.factorial(tasks) < needed  # more orders than the stream has
     assert f"(more than the {math.factorial(tasks)} orders the stream's tasks have)" in plan_text(plan, str)
+    pasted = comparison_markdown(cpu_only)  # the plan goes into the Markdown to paste too
+    assert "Plan (replay vs naive, 80% power)" in pasted and "were run, which detect it with" in pasted
     cost = plan["cost_here"]
     assert cost["hours_per_order"] == pytest.approx(0.5) and cost["machines"] == ["Test CPU, 2 torch threads"]
     assert cost["hours"]["planned"] == pytest.approx(needed * 0.5)
