@@ -18,6 +18,7 @@ from clbench.leaderboard.markdown import md_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = "leaderboards/trace-mini-smollm2-short"
+ORDERS = "leaderboards/trace-mini-smollm2-orders"  # MH-MoE against LoRAMoE at the route space, every order
 TINY, SMOL = "leaderboards/trace-mini-moe", "leaderboards/trace-mini-smollm2"
 # the tiny board's two prompt forms and its LoRAMoE variants, as its tables label them
 TINY_FORMS = ("trace-mini", "trace-mini (template=shared)")
@@ -420,6 +421,37 @@ def test_short_suite_route_space_control(boards):
     assert all(e["scores"]["n_eff_excess"] is not None for e in ok(short[LORAMOE10]) + remade)
     bwt = [by_order(short["mh_moe"], "bwt")[o] - v for o, v in by_order(short[LORAMOE10], "bwt").items()]
     assert f"and at the route space (+{pct(mean(bwt))} ± " in text
+
+
+def test_every_order_suite_power(boards):
+    """The every-order suite's sentences: the orders run, the power they reached for the MH-MoE
+    paper's gaps, the spread across orders and the test sets' floor, what all 24 orders would
+    detect, and in how many orders N_eff − null is lower."""
+    from clbench.leaderboard.pairs import plan
+    from clbench.leaderboard.power import PairNoise
+
+    text = doc("language-models.md")
+    table = boards.table(ORDERS, "trace-mini", "test")
+    found = {row.label: row for row in table.rows}
+    bwt, acc = (plan(table, m, "mh_moe", "loramoe", gap=g) for m, g in (("bwt", 0.067), ("acc", 0.089)))
+    n = bwt["orders_run"]
+    assert bwt["orders_possible"] == 24 and len(table.orders) == n
+    assert f"**Results so far: {n} of the 24 orders**" in text
+    assert f"these orders detect it with {bwt['power_reached']['planned']:.0%} power, and all 24 would not" in text
+    assert bwt["orders_needed"]["planned"] is None
+    assert f"The pair's BWT difference spreads {pct(bwt['sd_orders'])} points from order to order" in text
+    alone, both = (PairNoise(bwt["sd_orders"] ** 2, v, 24).detectable(0.05) for v in (0.0, bwt["sd_test"] ** 2))
+    assert f"would detect only gaps above {pct(alone, 0)} points with 80% power ({pct(both, 0)} with it)" in text
+    assert PairNoise(bwt["sd_orders"] ** 2, bwt["sd_test"] ** 2, 24).power(0.067, 0.05) < 0.8
+    assert alone > 0.067 and f"test-set standard error of about {pct(bwt['sd_test'])} points" in text
+    assert f"the paper's 8.9-point gap: {acc['power_reached']['planned']:.0%} power; 80% would take " \
+           f"{acc['orders_needed']['planned']} orders" in text and acc["orders_needed"]["planned"] > 24
+    excess = {label: by_order(found[label], "n_eff_excess") for label in ("mh_moe", "loramoe")}
+    lower = sum(v < excess["loramoe"][o] for o, v in excess["mh_moe"].items())
+    assert f"N_eff − null is lower for MH-MoE in {lower} of the {n} orders" in text
+    tie = mean(by_order(found["mh_moe"], "bwt")[o] - v for o, v in by_order(found["loramoe"], "bwt").items())
+    assert f"(+6.3 ± 58.1; over {n} orders {'+' if tie >= 0 else ''}{pct(tie)} ± " in text
+    assert f"{bwt['power_reached']['planned']:.0%} power for the paper's gap)" in text
 
 
 def test_short_suite_constraint_control(boards):
