@@ -449,6 +449,7 @@ def test_every_order_suite_power(boards):
     excess = {label: by_order(found[label], "n_eff_excess") for label in ("mh_moe", "loramoe")}
     lower = sum(v < excess["loramoe"][o] for o, v in excess["mh_moe"].items())
     assert f"N_eff − null is lower for MH-MoE in {lower} of the {n} orders" in text
+    assert lower == n and f"and in all {n} of {n} orders of the every-order suite" in text  # the claims table
     tie = mean(by_order(found["mh_moe"], "bwt")[o] - v for o, v in by_order(found["loramoe"], "bwt").items())
     assert f"(+6.3 ± 58.1; over {n} orders {'+' if tie >= 0 else ''}{pct(tie)} ± " in text
     assert f"{bwt['power_reached']['planned']:.0%} power for the paper's gap)" in text
