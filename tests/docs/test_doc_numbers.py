@@ -437,7 +437,7 @@ def test_every_order_suite_power(boards):
     n = bwt["orders_run"]
     assert bwt["orders_possible"] == 24 and len(table.orders) == n
     assert f"**Results so far: {n} of the 24 orders**" in text
-    assert f"these orders detect it with {bwt['power_reached']['planned']:.0%} power, and all 24 would not" in text
+    assert f"these orders detect it with {bwt['power_reached']['planned']:.0%} power, and not even all 24 would" in text
     assert bwt["orders_needed"]["planned"] is None
     assert f"The pair's BWT difference spreads {pct(bwt['sd_orders'])} points from order to order" in text
     alone, both = (PairNoise(bwt["sd_orders"] ** 2, v, 24).detectable(0.05) for v in (0.0, bwt["sd_test"] ** 2))
