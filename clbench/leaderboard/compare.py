@@ -330,9 +330,11 @@ def comparison_markdown(report: dict[str, Any]) -> str:
             lines.append("")
         pt = bench.get("paired_test")
         if pt and pt.get("power"):
-            lines += [power_text(pt, fmt)[0].upper() + power_text(pt, fmt)[1:] + ".", ""]
+            text = power_text(pt, fmt)
+            lines += [text[0].upper() + text[1:] + ".", ""]
         if bench.get("plan"):  # it names the pair's labels, which a received folder chose
-            lines += [md_text(plan_text(bench["plan"], fmt)[0].upper() + plan_text(bench["plan"], fmt)[1:]), ""]
+            text = plan_text(bench["plan"], fmt)
+            lines += [md_text(text[0].upper() + text[1:]), ""]
         if groups.get("text"):
             lines += [f"Groups, best first: {groups['text']}.", ""]
         if line := unranked_line(bench):

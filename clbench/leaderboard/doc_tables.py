@@ -173,14 +173,20 @@ def paired_rows(table: BenchmarkTable, scores: list[str], a_rows: list[Row], b_r
                    + ["Mean ± 95% interval", "The interval"]), "|:---|:---|" + "---:|" * (len(keys) + 1) + ":---|"]
     for a, b, score, diffs in pairs:
         meta = table.score(score)
-        ci, verdict = interval(list(diffs.values())), "—"
-        if ci.half is not None:
-            verdict = "holds 0" if ci.low <= 0 <= ci.high else "above 0" if ci.mean > 0 else "below 0"
+        ci = interval(list(diffs.values()))
         stat = Stat.of(ci, len(diffs))
         cells = [number(diffs[k], meta) if k in diffs else "—" for k in keys] + [fmt(stat, score=meta)]
         signed = [c if c.startswith(("-", "—")) else f"+{c}" for c in cells]  # a difference shows its sign
-        lines.append(_line([md_text(f"{a.label} − {b.label}"), md_text(table.title(score))] + signed + [verdict]))
+        lines.append(_line([md_text(f"{a.label} − {b.label}"), md_text(table.title(score))] + signed
+                           + [_verdict(ci)]))
     return lines
+
+
+def _verdict(ci) -> str:
+    """Whether a difference's 95% interval holds 0, or lies above or below it ("—": one unit, no interval)."""
+    if ci.half is None:
+        return "—"
+    return "holds 0" if ci.low <= 0 <= ci.high else "above 0" if ci.mean > 0 else "below 0"
 
 
 def paired_summary_rows(table: BenchmarkTable, scores: list[str], a_rows: list[Row], b_rows: list[Row]) -> list[str]:
@@ -194,18 +200,16 @@ def paired_summary_rows(table: BenchmarkTable, scores: list[str], a_rows: list[R
                     "Detected with 80% power"]), "|:---|:---|---:|---:|---:|:---|---:|"]
     for a, b, score in ((a, b, s) for a in a_rows for b in b_rows if a is not b for s in scores):
         meta = table.score(score)
-        ua, ub = unit_values(a, score, unit), unit_values(b, score, unit)
-        diffs = [ua[k] - ub[k] for k in ua if k in ub]
+        pt = paired_test(a, b, score, unit=unit)  # its units are the per-unit means the other fragments pair
+        diffs = [pair["a"] - pair["b"] for pair in pt["pairs"]]
         if not diffs:  # a score one has not (N_eff of an adapter)
             continue
-        ci, verdict = interval(diffs), "—"
-        if ci.half is not None:
-            verdict = "holds 0" if ci.low <= 0 <= ci.high else "above 0" if ci.mean > 0 else "below 0"
+        ci = interval(diffs)
         mean = fmt(Stat.of(ci, len(diffs)), score=meta)
-        power = paired_test(a, b, score, unit=unit).get("power")
+        power = pt.get("power")
         lines.append(_line([md_text(f"{a.label} − {b.label}"), md_text(table.title(score)), str(len(diffs)),
-                            str(sum(d > 0 for d in diffs)), mean if mean.startswith("-") else f"+{mean}", verdict,
-                            number(power["detectable"], meta) if power else "—"]))
+                            str(sum(d > 0 for d in diffs)), mean if mean.startswith("-") else f"+{mean}",
+                            _verdict(ci), number(power["detectable"], meta) if power else "—"]))
     return lines
 
 
