@@ -29,10 +29,15 @@ Under data parallelism every rank evaluates as many batches (:class:`clbench.dat
 a rank whose evaluation shard ran out runs :class:`clbench.data.datasets.Padding` batches, which update
 nothing. Under ``trainer.strategy: fsdp`` (where every forward is a collective) the model is
 sharded in :meth:`configure_model` (:mod:`clbench.engine.sharding`).
+
+Between Lightning calls the module stays where it trains while the run holds it (:meth:`resident`):
+Lightning's ``Strategy.teardown`` would otherwise copy the weights and the optimizer state to host
+memory after every ``fit`` and evaluation pass, and the next call would copy them back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -102,6 +107,31 @@ class ContinualModule(pl.LightningModule):
         # ``after_sharding({id(old parameter): new parameter})``): e.g. the runner's frozen-base record.
         self.sharding_listeners: list[Any] = []
         self._scratch: dict[int, Any] = {}  # per column: metrics that padding batches update
+        self._resident = False  # inside resident(): Lightning's teardown leaves the module on its device
+
+    # -- where the module lives between Lightning calls ----------------------------------
+    @contextlib.contextmanager
+    def resident(self):
+        """Keep the module on its device between ``fit`` and evaluation calls, for a whole run.
+
+        Lightning's ``Strategy.teardown`` ends every ``fit`` and ``validate`` by moving the module
+        (and the optimizer state) to host memory, and the next call moves it back: on a GPU, two
+        copies of the weights per evaluation pass and of the weights and AdamW moments per stage,
+        most of the time between a run's stages (``perf/gpu_report.py``, part ``teardown``).
+        Inside this context :meth:`cpu` leaves the module where it is, and it moves to the host
+        once, when the context ends, where a run has always left it. On a CPU nothing moves either way.
+        """
+        self._resident = True
+        try:
+            yield self
+        finally:
+            self._resident = False
+            self.cpu()
+
+    def cpu(self) -> "ContinualModule":
+        if self._resident:
+            return self  # Lightning's teardown after a fit or a pass: see resident()
+        return super().cpu()
 
     def forward(self, inputs: Any) -> Any:
         return self.objective.forward(self.model, inputs)
@@ -192,6 +222,13 @@ class ContinualModule(pl.LightningModule):
         self._loss_sum = torch.zeros((), device=self.device)
         self._aux_sums = {}
         self._steps = 0
+
+    def on_train_end(self) -> None:
+        # The stage's optimizer is done (every fit builds a fresh one): its state is dropped here,
+        # before Lightning's teardown would copy it to host memory.
+        trainer = attached_trainer(self)
+        for optimizer in trainer.optimizers if trainer is not None else ():
+            optimizer.state.clear()
 
     def on_train_epoch_end(self) -> None:
         if not self._steps:

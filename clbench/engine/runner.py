@@ -121,7 +121,7 @@ class ContinualRun:
         from clbench.engine.parts import build_parts
         from clbench.plugins.build import preflight
         from clbench.engine.trainer import (check_parallel_support, check_reserved, make_trainer, quiet_lightning,
-                                     shards_parameters, start_process_group, trainer_args)
+                                            shards_parameters, trainer_args)
 
         clock = time.perf_counter()
         import lightning.pytorch  # noqa: F401  (imports are not the run's time)
@@ -137,8 +137,6 @@ class ContinualRun:
         quiet_lightning()
         trainer_args(self.cfg, self.source)
         self.parts = parts = build_parts(self.cfg, self.source)
-        stages = parts.stages
-
         callbacks, progress, loggers = self._callbacks(ckpt)
         trainer = make_trainer(self.cfg, self.source, callbacks=callbacks, logger=loggers or False,
                                root=str(self.path) if self.path else None)
@@ -150,27 +148,39 @@ class ContinualRun:
             remove_leftovers(self.path, resuming=ckpt is not None)  # the logger writes nothing before the first metric
         eval_loaders = [parts.loader(data, trainer, shuffle=False) for data in parts.columns.sets]
 
-        state = self._first_state(trainer, ckpt, eval_loaders, progress)
-        wall_before = state.wall_seconds
-        start_process_group(trainer, parts.module)  # resumed: no evaluation above made it
         try:
-            for stage in range(state.stage, len(stages)):
-                self.watch.check()
-                self._train_stage(trainer, stage, eval_loaders, state, progress)
-                check_json(parts.strategy, f"{self.source}: strategy")  # what result.json holds, from the first stage
-                state.wall_seconds = wall_before + time.perf_counter() - start
-                if writes and stage == len(stages) - 1:
-                    parts.objective.save_outputs(self.path)  # e.g. the final stage's generations
-                if writes or (sharded and self.path is not None):  # sharded: gathered by every rank
-                    from clbench.engine.saved import save_after
-
-                    save_after(self.path, parts, stage, len(stages), write=writes)  # the weights others load
-                    self._save_checkpoint(trainer, state, write=writes)
+            with parts.module.resident():  # on its device from the first pass to the last stage
+                state, wall_before = self._loop(trainer, eval_loaders, ckpt, progress, start=start,
+                                                writes=writes, sharded=sharded)
         finally:
             if progress is not None:
                 progress.close()
         return self._finish(trainer, state, loggers, writes, started=start - wall_before,
                             import_seconds=import_seconds)
+
+    def _loop(self, trainer, eval_loaders: list, ckpt: dict | None, progress, *, start: float, writes: bool,
+              sharded: bool) -> tuple[RunState, float]:
+        """The scores before training, then every stage trained, evaluated and saved. Returns the
+        state and the wall time an interrupted run had spent before this process (0 when fresh)."""
+        from clbench.engine.trainer import start_process_group
+
+        parts, stages = self.parts, self.parts.stages
+        state = self._first_state(trainer, ckpt, eval_loaders, progress)
+        wall_before = state.wall_seconds
+        start_process_group(trainer, parts.module)  # resumed: no evaluation above made it
+        for stage in range(state.stage, len(stages)):
+            self.watch.check()
+            self._train_stage(trainer, stage, eval_loaders, state, progress)
+            check_json(parts.strategy, f"{self.source}: strategy")  # what result.json holds, from the first stage
+            state.wall_seconds = wall_before + time.perf_counter() - start
+            if writes and stage == len(stages) - 1:
+                parts.objective.save_outputs(self.path)  # e.g. the final stage's generations
+            if writes or (sharded and self.path is not None):  # sharded: gathered by every rank
+                from clbench.engine.saved import save_after
+
+                save_after(self.path, parts, stage, len(stages), write=writes)  # the weights others load
+                self._save_checkpoint(trainer, state, write=writes)
+        return state, wall_before
 
     def _callbacks(self, ckpt: dict | None) -> tuple[list, object, list]:
         """The Trainer's callbacks (progress, routing, the tests' crash points, the learning-rate

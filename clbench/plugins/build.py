@@ -232,7 +232,38 @@ def optimizer_factory(cfg: dict, source: str) -> Callable:
                         fix="check the values under train.optimizer.init_args") from None
     except Exception:  # noqa: BLE001 - an optimizer that needs real parameters: its own call reports it
         pass
-    return lambda params: target(params, **args)
+    return lambda params: build_optimizer(target, args, params)
+
+
+def build_optimizer(target, args: dict, params) -> Any:
+    """``target(params, **args)``, with torch's fused step where :func:`fuses_on_cuda` says so."""
+    params = list(params)
+    if fuses_on_cuda(target, args, params):
+        return target(params, **args, fused=True)
+    return target(params, **args)
+
+
+def fuses_on_cuda(target, args: dict, params: list) -> bool:
+    """Whether to build ``target`` with ``fused=True``: it has torch's fused kernel, every
+    parameter it gets is a floating-point CUDA tensor, and the config chose none of ``fused``,
+    ``foreach`` and ``differentiable`` itself.
+
+    On CUDA, torch's Adam, AdamW and SGD default to the multi-tensor (``foreach``) step, several
+    kernel launches per parameter group and step; the fused kernel updates each tensor list in
+    one (torch's optimizer documentation orders their speed fused > foreach > for-loop). It rounds the last bits
+    differently, so only CUDA gets it: on a CPU, where committed entries are made, torch's
+    default step is kept. Our choice, measured by ``perf/gpu_report.py`` (part ``lm_train``).
+    """
+    if any(key in args for key in ("fused", "foreach", "differentiable")):
+        return False
+    try:
+        if "fused" not in inspect.signature(target).parameters:
+            return False
+    except (TypeError, ValueError):
+        return False
+    groups = [p["params"] if isinstance(p, dict) else p for p in params]  # tensors or parameter groups
+    tensors = [t for g in groups for t in ([g] if hasattr(g, "is_cuda") else g)]
+    return bool(tensors) and all(t.is_cuda and t.is_floating_point() for t in tensors)
 
 
 # Learning-rate schedules stepped every optimizer step, over one experience's steps.

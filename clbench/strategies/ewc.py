@@ -284,7 +284,7 @@ class EWC(Strategy):
         model = ctx.model
         chunk = estimation_chunk(model, self.fisher_batch_size)
         home = next(model.parameters()).device
-        device = ctx.device  # where training runs (Lightning moves the model back to CPU after fit)
+        device = ctx.device  # where training runs (a module outside a run is back on the CPU after fit)
         model.to(device)
         try:
             fisher = diagonal_fisher(model, dataset, batch_size=chunk, device=device, objective=ctx.objective)

@@ -167,7 +167,7 @@ class MAS(Strategy):
         model = ctx.model
         chunk = estimation_chunk(model, self.importance_batch_size)
         home = next(model.parameters()).device
-        model.to(ctx.device)  # where training runs (Lightning moves the model back to CPU after fit)
+        model.to(ctx.device)  # where training runs (a module outside a run is back on the CPU after fit)
         try:
             importance = output_importance(model, dataset, batch_size=chunk, device=ctx.device,
                                            objective=ctx.objective)
