@@ -34,7 +34,8 @@ from itertools import combinations
 from typing import Any
 
 from clbench.errors import UserError, did_you_mean
-from clbench.leaderboard.notes import design_text, groups_line, plan_text, power_text, scale_and_unit
+from clbench.leaderboard.notes import (design_text, groups_line, orders_legend, plan_text, power_text,
+                                      scale_and_unit, spelled_orders)
 from clbench.leaderboard.markdown import md_text
 from clbench.leaderboard.pairs import MIN_PAIRS, find_row, paired_test, plan, score_value
 from clbench.leaderboard.page_stats import competition_ranks, kendall_tau_b
@@ -138,7 +139,7 @@ def compare_table(table: BenchmarkTable, metric: str, a: str | None = None, b: s
     scale, unit = scale_and_unit(meta.percent)
     out: dict[str, Any] = {"benchmark": table.label, "higher_is_better": higher, "percent": meta.percent,
                            "directed": meta.direction != "none",
-                           "orders": orders,
+                           "orders": orders, "spelled_orders": spelled_orders(table),
                            "strategies": strategies, "rank_stability": rank_stability(per_order_means, orders),
                            "groups": {**groups.as_dict(), "design": design_text(groups, title, scale, unit),
                                       "text": groups_line(groups, scale)}}
@@ -238,7 +239,8 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
                           f"{fmt(s['worst'])} ({s['worst_order']})", fmt(s["range"]), ranks)
         console.print(table)
         groups = bench.get("groups") or {}
-        for line in (groups.get("design"), groups.get("text") and f"groups, best first: {groups['text']}",
+        legend = orders_legend(bench.get("spelled_orders") or {})
+        for line in (legend and f"orders: {legend}", groups.get("design"), groups.get("text") and f"groups, best first: {groups['text']}",
                      unranked_line(bench)):
             if line:  # plain text (the unranked reason is the suite's words): no rich markup read in it
                 console.print(line, highlight=False, markup=False)
@@ -319,6 +321,8 @@ def comparison_markdown(report: dict[str, Any]) -> str:
                          + " | ".join(fmt(s["per_order"].get(o)) for o in orders)
                          + f" | {fmt(s['worst'])} ({cell(s['worst_order'])}) |")
         lines.append("")
+        if legend := orders_legend(bench.get("spelled_orders") or {}):
+            lines += [md_text(f"Orders: {legend}."), ""]
         if groups.get("pairs"):
             lines += ["| A | B | A − B | Critical difference | Detectable (80% power) | p (paired t) | p (Holm) "
                       "| Significant |", "|:---|:---|---:|---:|---:|---:|---:|:---:|"]

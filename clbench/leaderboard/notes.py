@@ -25,14 +25,22 @@ def bench_meta(table: BenchmarkTable) -> dict:
     bench = first.benchmark
     seeds = sorted({e.seed for e in entries})
     models = sorted({row.model for row in table.rows})
-    # an order given as a list of names has a hashed label (custom:0c1bc2eb): the meta line spells it
-    spelled = {e.order_label: [str(name) for name in e.order] for e in entries
-               if e.order_label.startswith("custom:") and isinstance(e.order, list)}
     return {"scenario_type": bench.scenario_type, "num_classes": bench.num_classes,
-            "experiences": list(first.experiences) if first.ok else [], "orders": table.orders, "spelled": spelled,
+            "experiences": list(first.experiences) if first.ok else [], "orders": table.orders, "spelled": spelled_orders(table),
             "seeds": seeds, "models": models, "init_args": bench.init_args, "r_names": table.r_names,
             "r_higher": table.r_higher, "scorings": sorted({s for e in ok if (s := scoring(e.objective))}),
             "synthetic": bool(ok) and all(e.benchmark.synthetic for e in ok)}
+
+
+def spelled_orders(table: BenchmarkTable) -> dict[str, list[str]]:
+    """Each order given as a list of names, by its hashed label (``custom:0c1bc2eb``): its names in order."""
+    return {e.order_label: [str(name) for name in e.order] for row in table.rows for e in row.entries
+            if e.order_label.startswith("custom:") and isinstance(e.order, list)}
+
+
+def orders_legend(spelled: dict[str, list[str]]) -> str | None:
+    """``custom:0c1bc2eb = C-STANCE > FOMC > ...; ...``: what each hashed order label stands for (None without one)."""
+    return "; ".join(f"{label} = {' > '.join(names)}" for label, names in spelled.items()) or None
 
 
 SCORING_NOTES = {"trace": "TRACE's own evaluation scripts; papers' numbers compare only on TRACE's own data",

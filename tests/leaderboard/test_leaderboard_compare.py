@@ -266,3 +266,22 @@ def test_gap_without_plan_is_one_line(capsys):
     assert main(["compare", "leaderboard", "--gap", "3"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "clbench: error: --gap: --gap is the difference a plan is made for (add --plan)"
+
+
+def test_an_order_given_as_names_is_spelled_out_beside_its_hashed_label(tmp_path, capsys):
+    listed = ["b", "a"]
+    accs = {"replay": (0.8, 0.7), "naive": (0.6, 0.5)}
+    entries = typed_entries([fake_entry(s, order, 0, acc) for s in accs
+                             for order, acc in zip(("default", listed), accs[s])])
+    label = order_label(listed)
+    assert label.startswith("custom:")
+    report = compare(entries)
+    (bench,) = report["benchmarks"]
+    assert bench["orders"] == ["default", label] and bench["spelled_orders"] == {label: listed}
+    root = tmp_path / "lb"
+    for entry in entries:
+        E.write_entry(root, entry.document)
+    assert main(["compare", str(root)]) == 0
+    assert f"orders: {label} = b > a" in capsys.readouterr().out
+    assert main(["compare", str(root), "--markdown", "-"]) == 0
+    assert f"Orders: {label} = b > a." in capsys.readouterr().out
