@@ -307,7 +307,7 @@ def deep_model(tmp_path_factory):
     """A random 30-layer Llama (the depth of SmolLM2-135M) of width 16, saved and loaded like a
     downloaded checkpoint."""
     from clbench.models.lm.fixtures import write_tiny_model
-    from clbench.models.lm.causal_lm import EMBEDDED_TOKENIZERS
+    from clbench.models.lm.loading import EMBEDDED_TOKENIZERS
 
     return write_tiny_model(tmp_path_factory.mktemp("lm") / "llama-30", EMBEDDED_TOKENIZERS["trace-mini"](), "llama",
                             layers=30, hidden=16, heads=2, intermediate=16, max_positions=256)

@@ -17,9 +17,8 @@ engine, strategies (peft adapters included) and checkpoints see the plain model 
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import torch
 from pydantic import Field
@@ -27,8 +26,8 @@ from torch import nn
 from typing_extensions import TypedDict
 
 from clbench.errors import UserError, did_you_mean
-from clbench.quiet import no_progress_bars
 from clbench.config.validation import ArgumentError, mapping_argument
+from clbench.models.lm.loading import flash_guard, from_disk, load_tokenizer, locate
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # DType's names
@@ -47,8 +46,6 @@ class LoRASettings(TypedDict, total=False):
     dropout: Annotated[float, Field(ge=0, lt=1)]
     target_modules: Annotated[list[str], Field(min_length=1)]
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 class CausalLM(nn.Module):
@@ -153,11 +150,11 @@ def hf_causal_lm(path: Location | None = None, architecture: str | None = None, 
         from clbench.models.lm import gguf
 
         path, packaged = gguf.resolve(path, gguf_file)
-        location = _locate(path, "path")
-        tok = _load_tokenizer(tokenizer if tokenizer is not None else path,
+        location = locate(path, "path")
+        tok = load_tokenizer(tokenizer if tokenizer is not None else path,
                               "tokenizer" if tokenizer is not None else "path")
-        cfg = _from_disk(lambda: _pretrained_config(location, overrides), path, "path")
-        hf = _from_disk(lambda: AutoModelForCausalLM.from_pretrained(
+        cfg = from_disk(lambda: _pretrained_config(location, overrides), path, "path")
+        hf = from_disk(lambda: AutoModelForCausalLM.from_pretrained(
             location, config=cfg, dtype=torch_dtype, attn_implementation=attn_implementation,
             local_files_only=True), path, "path")
         if len(tok) > hf.get_input_embeddings().weight.shape[0]:
@@ -171,9 +168,9 @@ def hf_causal_lm(path: Location | None = None, architecture: str | None = None, 
         hf.train()
     else:
         _check_architecture(architecture)
-        tok = _load_tokenizer(tokenizer, "tokenizer")
+        tok = load_tokenizer(tokenizer, "tokenizer")
         cfg = _random_config(architecture, overrides, tok)
-        hf = _flash_guard(lambda: AutoModelForCausalLM.from_config(
+        hf = flash_guard(lambda: AutoModelForCausalLM.from_config(
             cfg, dtype=torch_dtype, attn_implementation=attn_implementation))
         source = {"architecture": architecture, "config": overrides}
     _align_special_tokens(hf, tok)
@@ -204,39 +201,6 @@ def _check_attention(name: Attention, dtype: DType) -> None:
                                 "bfloat16")
 
 
-def _flash_guard(build: Callable[[], Any]) -> Any:
-    """transformers' own flash-attn check (e.g. a version it refuses) as a one-line error."""
-    try:
-        return build()
-    except ImportError as err:
-        raise ArgumentError("model", "attn_implementation", str(err).splitlines()[0],
-                            fix="use attn_implementation: sdpa") from None
-
-
-# --- finding things on disk ------------------------------------------------------------------
-
-def _download_fix(name: str, field: str, folder: str | None = None) -> str:
-    target = folder or f"models/{name.rstrip('/').split('/')[-1]}"
-    repo = name if folder is None else "<org>/<model>"
-    return (f"clbench downloads nothing; download it first with `hf download {repo} --local-dir {target}` "
-            f"or `huggingface-cli download`, then set {field} to that local folder")
-
-
-def _locate(name: str, field: str) -> str:
-    """A local folder (absolute) or a hub id to look up in the local cache only."""
-    if name in EMBEDDED_TOKENIZERS and field == "tokenizer":
-        return str(EMBEDDED_TOKENIZERS[name]())
-    local = Path(name).expanduser()
-    if local.is_dir():
-        return str(local.resolve())
-    if local.exists():
-        raise ArgumentError("model", field, f"{name} is a file, not a model folder",
-                            fix="give the folder that holds config.json")
-    if _HUB_ID.match(name) and not name.startswith("."):
-        return name  # a hub id: _from_disk turns a cache miss into the download hint
-    raise ArgumentError("model", field, f"folder {name} does not exist", fix=_download_fix(name, field, folder=name))
-
-
 LORA_KEYS = tuple(LoRASettings.__annotations__)
 
 
@@ -254,51 +218,6 @@ def _inject_lora(hf: nn.Module, spec: LoRASettings) -> None:
     except ValueError as err:
         raise ArgumentError("model", "lora.target_modules", f"LoRA cannot be injected: {str(err).splitlines()[0]}",
                             fix="name modules the model has (e.g. q_proj, v_proj)") from None
-
-
-def _trace_mini_tokenizer() -> Path:
-    from importlib.resources import files
-
-    return Path(str(files("clbench.benchmarks") / "assets" / "trace-mini-tokenizer"))
-
-
-#: Tokenizers shipped with clbench, by name (``tokenizer: trace-mini``).
-EMBEDDED_TOKENIZERS: dict[str, Callable[[], Path]] = {"trace-mini": _trace_mini_tokenizer}
-
-
-def _from_disk(load: Callable[[], Any], name: str, field: str) -> Any:
-    """Run a ``local_files_only`` load; a missing, incomplete or truncated model is a one-line UserError."""
-    from safetensors import SafetensorError
-
-    try:
-        with no_progress_bars():
-            return _flash_guard(load)
-    except (OSError, ValueError, SafetensorError) as err:
-        if Path(name).expanduser().is_dir():
-            detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ArgumentError("model", field, f"cannot load from {name}: {detail}",
-                                fix="the folder must hold config.json and the weights (*.safetensors), "
-                                    "as save_pretrained or `hf download` writes them") from None
-        raise ArgumentError("model", field, f"'{name}' is not a local folder and not in the local Hugging Face cache",
-                            fix=_download_fix(name, field)) from None
-
-
-def _load_tokenizer(name: str, field: str) -> Any:
-    from transformers import AutoTokenizer
-
-    location = _locate(name, field)
-    if Path(location).is_dir() and not any((Path(location) / f).is_file() for f in _TOKENIZER_FILES):
-        raise ArgumentError("model", field, f"{name} holds no tokenizer ({', '.join(_TOKENIZER_FILES)})",
-                            fix="point tokenizer at the folder the tokenizer was saved to")
-    tok = _from_disk(lambda: AutoTokenizer.from_pretrained(location, local_files_only=True), name, field)
-    if tok.pad_token is None:
-        # Batches need a pad id; padded positions are masked (attention_mask, labels -100), so
-        # reusing eos changes nothing the model sees, as is usual for base LMs without one.
-        if tok.eos_token is None:
-            raise ArgumentError("model", field, f"the tokenizer in {name} has neither a pad nor an eos token",
-                                fix="use a tokenizer with an eos token")
-        tok.pad_token = tok.eos_token
-    return tok
 
 
 # --- configurations --------------------------------------------------------------------------
