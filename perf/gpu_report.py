@@ -483,8 +483,8 @@ def part_teardown(ctx: Context) -> list[Record]:
         Record("teardown", "moves per stage, resident / Lightning's default", moves["resident"], "s",
                moves["default"], f"Lightning's teardown (weights {gb:.2f} GB to the CPU, and back)",
                moves["resident"] / moves["default"] if moves["default"] else None,
-               note=f"the default's stages, then the resident's, in one process; a resident stage here (fit + validate, "
-                    f"{p['steps']} steps) takes {format_value(stage_s)} s"),
+               note=f"the default's stages, then the resident's, in one process; a resident stage here "
+                    f"(fit + validate, {p['steps']} steps) takes {format_value(stage_s)} s"),
     ]
 
 

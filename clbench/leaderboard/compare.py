@@ -240,8 +240,8 @@ def print_comparison(report: dict[str, Any], console=None) -> None:
         console.print(table)
         groups = bench.get("groups") or {}
         legend = orders_legend(bench.get("spelled_orders") or {})
-        for line in (legend and f"orders: {legend}", groups.get("design"), groups.get("text") and f"groups, best first: {groups['text']}",
-                     unranked_line(bench)):
+        for line in (legend and f"orders: {legend}", groups.get("design"),
+                     groups.get("text") and f"groups, best first: {groups['text']}", unranked_line(bench)):
             if line:  # plain text (the unranked reason is the suite's words): no rich markup read in it
                 console.print(line, highlight=False, markup=False)
         rs = bench["rank_stability"]

@@ -26,7 +26,8 @@ def bench_meta(table: BenchmarkTable) -> dict:
     seeds = sorted({e.seed for e in entries})
     models = sorted({row.model for row in table.rows})
     return {"scenario_type": bench.scenario_type, "num_classes": bench.num_classes,
-            "experiences": list(first.experiences) if first.ok else [], "orders": table.orders, "spelled": spelled_orders(table),
+            "experiences": list(first.experiences) if first.ok else [], "orders": table.orders,
+            "spelled": spelled_orders(table),
             "seeds": seeds, "models": models, "init_args": bench.init_args, "r_names": table.r_names,
             "r_higher": table.r_higher, "scorings": sorted({s for e in ok if (s := scoring(e.objective))}),
             "synthetic": bool(ok) and all(e.benchmark.synthetic for e in ok)}
