@@ -107,7 +107,7 @@ class StrategyContext:
     rebuild_optimizer: Callable[[], None]
     #: Position (in run order) of the experience being trained; 0 before the first.
     experience: int = 0
-    #: The device training runs on (Lightning may move the model back to CPU after ``fit``).
+    #: Where training runs (a run keeps the model there; outside a run, Lightning moves it to the CPU after fit).
     device: torch.device = torch.device("cpu")
     #: This process's global rank and the number of processes (data parallelism).
     rank: int = 0
