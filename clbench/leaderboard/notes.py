@@ -40,7 +40,7 @@ def spelled_orders(table: BenchmarkTable) -> dict[str, list[str]]:
 
 
 def orders_legend(spelled: dict[str, list[str]]) -> str | None:
-    """``custom:0c1bc2eb = C-STANCE > FOMC > ...; ...``: what each hashed order label stands for (None without one)."""
+    """What each hashed order label stands for (``custom:0c1bc2eb = C-STANCE > FOMC > ...; ...``); None without one."""
     return "; ".join(f"{label} = {' > '.join(names)}" for label, names in spelled.items()) or None
 
 

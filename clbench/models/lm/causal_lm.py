@@ -47,7 +47,6 @@ class LoRASettings(TypedDict, total=False):
     target_modules: Annotated[list[str], Field(min_length=1)]
 
 
-
 class CausalLM(nn.Module):
     """A transformers causal LM (``.hf``) with its tokenizer (``.tokenizer``).
 
@@ -152,7 +151,7 @@ def hf_causal_lm(path: Location | None = None, architecture: str | None = None, 
         path, packaged = gguf.resolve(path, gguf_file)
         location = locate(path, "path")
         tok = load_tokenizer(tokenizer if tokenizer is not None else path,
-                              "tokenizer" if tokenizer is not None else "path")
+                             "tokenizer" if tokenizer is not None else "path")
         cfg = from_disk(lambda: _pretrained_config(location, overrides), path, "path")
         hf = from_disk(lambda: AutoModelForCausalLM.from_pretrained(
             location, config=cfg, dtype=torch_dtype, attn_implementation=attn_implementation,
