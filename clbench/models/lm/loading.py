@@ -29,6 +29,7 @@ def flash_guard(build: Callable[[], Any]) -> Any:
 
 
 def download_fix(name: str, field: str, folder: str | None = None) -> str:
+    """How to fetch a missing model ourselves: the ``hf download`` line, and where to point ``field``."""
     target = folder or f"models/{name.rstrip('/').split('/')[-1]}"
     repo = name if folder is None else "<org>/<model>"
     return (f"clbench downloads nothing; download it first with `hf download {repo} --local-dir {target}` "
@@ -48,6 +49,7 @@ def locate(name: str, field: str) -> str:
     if _HUB_ID.match(name) and not name.startswith("."):
         return name  # a hub id: from_disk turns a cache miss into the download hint
     raise ArgumentError("model", field, f"folder {name} does not exist", fix=download_fix(name, field, folder=name))
+
 
 def _trace_mini_tokenizer() -> Path:
     from importlib.resources import files
@@ -77,6 +79,7 @@ def from_disk(load: Callable[[], Any], name: str, field: str) -> Any:
 
 
 def load_tokenizer(name: str, field: str) -> Any:
+    """The tokenizer at ``name`` (a folder, a cached hub id or an embedded name), with a pad token."""
     from transformers import AutoTokenizer
 
     location = locate(name, field)
