@@ -193,6 +193,8 @@ def _complete(cfg: dict, source: str) -> None:
                       cfg["train"].get("scheduler")):
         if component is not None:
             component["init_args"] = component.get("init_args") or {}
+    if cfg["train"].get("group_by_length") is False:  # off, as when left out: the same config, the same hash
+        del cfg["train"]["group_by_length"]
     _check_names(cfg, source)
 
 

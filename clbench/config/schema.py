@@ -116,6 +116,8 @@ class Train(Section):
     eval_every_epoch: bool = False
     num_workers: NonNegative = 0
     deterministic: bool = True
+    # optional, off when left out: batches of near-equal lengths (clbench.data.datasets.run_loader)
+    group_by_length: bool = None  # type: ignore[assignment]
 
 
 class Pretrain(Section):

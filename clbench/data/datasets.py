@@ -279,7 +279,7 @@ class _AvalancheView(Dataset):
 
 
 def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, batch_size: int | None = None,
-               world_size: int = 1, rank: int = 0, **kw):
+               world_size: int = 1, rank: int = 0, lengths: list[int] | None = None, **kw):
     """The loader a run uses for ``dataset`` (training when ``shuffle``), from the config's ``train:``.
 
     Under data parallelism each rank reads its own shard, sharded here rather than by Lightning
@@ -291,17 +291,18 @@ def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, ba
     yields unshuffled, but without its refusal of an empty shard: a test set smaller than W
     leaves some ranks none), never padded with samples, so no test sample is counted twice when
     the per-rank metric states are summed; every shard's loader is lengthened to the same number
-    of batches with batches that count nothing (:class:`LockstepLoader`).
+    of batches with batches that count nothing (:class:`LockstepLoader`). ``lengths`` (each
+    sample's, ``train.group_by_length``): training batches of near-equal lengths
+    (:func:`training_order`).
     """
     train = cfg["train"]
     bs = batch_size or (train["batch_size"] if shuffle else train["eval_batch_size"])
     lockstep = world_size > 1 and not shuffle and "sampler" not in kw
-    if world_size > 1 and "sampler" not in kw:
-        if shuffle:
-            order = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed if seed is not None else 0))
-            kw["sampler"] = ShardedSampler(order, world_size, rank)
-        else:
-            kw["sampler"] = range(rank, len(dataset), world_size)
+    if shuffle and "sampler" not in kw and (world_size > 1 or lengths is not None):
+        order = training_order(dataset, bs * world_size, seed, lengths)
+        kw["sampler"] = ShardedSampler(order, world_size, rank) if world_size > 1 else order
+    elif world_size > 1 and "sampler" not in kw:
+        kw["sampler"] = range(rank, len(dataset), world_size)
     pin = torch.cuda.is_available() and cfg["trainer"].get("accelerator") != "cpu"
     # Evaluation loaders do not keep workers alive: with one loader per test experience,
     # persistent workers would hold T x num_workers processes between evaluations.
@@ -314,3 +315,18 @@ def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, ba
     batches = -(-(-(-len(dataset) // world_size)) // bs)  # of the largest shard: ceil(ceil(n / w) / b)
     return LockstepLoader(loader, batches, lambda: next(iter(make_loader(subset(dataset, [0]), 1, shuffle=False,
                                                                          collate_fn=collate))))
+
+
+def training_order(dataset, batch_size: int, seed: int | None, lengths: list[int] | None = None) -> Sampler:
+    """The order one process trains on ``dataset`` in, batch after batch of ``batch_size``: a seeded
+    shuffle, or with ``lengths``, transformers' ``LengthGroupedSampler`` (shuffled, then each run
+    of 4 to 50 batches sorted by length, longest first, so a batch pads little; the longest
+    batch comes first, so a batch too large for the memory fails at the first step)."""
+    generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+    if lengths is None:
+        return RandomSampler(dataset, generator=generator)
+    if len(lengths) != len(dataset):
+        raise ValueError(f"{len(lengths)} lengths for {len(dataset)} samples")
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    return LengthGroupedSampler(batch_size, lengths=lengths, generator=generator)

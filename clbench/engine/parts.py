@@ -68,6 +68,11 @@ class RunParts:
         from clbench.data.datasets import run_loader
 
         kw.setdefault("collate_fn", self.objective.collate(train=shuffle))
+        if shuffle and self.config.train.group_by_length and "sampler" not in kw:
+            kw["lengths"] = self.objective.lengths(dataset)
+            if kw["lengths"] is None:
+                raise UserError(f"objective {type(self.objective).__name__} gives its samples no length",
+                                where=f"{self.source}: train.group_by_length", fix="remove it")
         return run_loader(self.cfg, dataset, shuffle=shuffle, seed=seed, batch_size=batch_size,
                           world_size=trainer.world_size, rank=trainer.global_rank, **kw)
 

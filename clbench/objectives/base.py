@@ -55,6 +55,11 @@ class Objective:
         """The ``collate_fn`` of training (``train``) or test loaders (None: PyTorch's default)."""
         return None
 
+    def lengths(self, dataset: Any) -> list[int] | None:
+        """Each training sample's length, what ``train.group_by_length`` groups batches by; None:
+        this objective's samples have none (the setting is refused)."""
+        return None
+
     def attach(self, model: nn.Module) -> None:
         """Once the model is built (and for every reference model): what the objective needs of
         it, such as a language model's tokenizer."""

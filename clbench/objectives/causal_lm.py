@@ -169,6 +169,13 @@ class CausalLanguageModeling(Objective):
         return TextCollator(self.tokenizer, self.max_length, train, max_new_tokens=longest, forced=routed and not train,
                             chat_template=self.chat_template)
 
+    def lengths(self, dataset) -> list[int]:
+        """Each training row's tokens as the training collator builds it (prompt cut to fit, answer, EOS)."""
+        collate, n = self.collate(train=True), len(dataset)
+        return [length for start in range(0, n, 256)
+                for length in collate([dataset[i] for i in range(start, min(start + 256, n))])["attention_mask"]
+                .sum(1).tolist()]
+
     # -- training -------------------------------------------------------------------------
     def _count(self, split: str, batch: dict) -> None:
         """Add a batch's truncation count without reading it back from the device (no sync)."""

@@ -91,6 +91,7 @@ def preflight(cfg: dict, source: str, *, here: bool = True) -> None:
     check_init_args(strategy, cfg["strategy"]["init_args"], f"{source}: {argument_path('strategy')}")
     if objective is not None:
         check_requirements(cfg, strategy, objective, what, source)
+        check_lengths(cfg, objective, what, source)
     optimizer_factory(cfg, source)
     scheduler_factory(cfg, source)
 
@@ -126,6 +127,16 @@ def check_requirements(cfg: dict, strategy: type, objective: type, what: str, so
         raise UserError(f"strategy '{name}' requires {REQUIREMENTS[missing[0]]}, which {what} does not give",
                         where=f"{source}: strategy.class_path",
                         fix=f"use another strategy, or a benchmark/objective that gives {missing[0]}")
+
+
+def check_lengths(cfg: dict, objective: type, what: str, source: str) -> None:
+    """Refuse ``train.group_by_length`` where the objective gives its samples no length
+    (:meth:`clbench.objectives.base.Objective.lengths`); checked again once the stream is built."""
+    from clbench.objectives.base import Objective
+
+    if cfg["train"].get("group_by_length") and objective.lengths is Objective.lengths:
+        raise UserError(f"{what} gives its samples no length to group batches by",
+                        where=f"{source}: train.group_by_length", fix="remove it")
 
 
 def build_benchmark(cfg: dict, source: str):

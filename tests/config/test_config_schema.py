@@ -44,7 +44,7 @@ TINY = yaml.safe_dump({k: v for k, v in tiny_config().items() if k != "train"}, 
      "cfg.yaml: train.batch_size: expected int, got str '64' (give train.batch_size a value of type int in [1, 2147483647])"),
     ("train:\n  epoch: 3\n",
      "cfg.yaml: train.epoch: unknown key 'epoch' (did you mean 'epochs'? valid: batch_size, deterministic, epochs, "
-     "eval_batch_size, eval_every_epoch, num_workers, optimizer, scheduler)"),
+     "eval_batch_size, eval_every_epoch, group_by_length, num_workers, optimizer, scheduler)"),
     ("metrics:\n  reference_models: yes\n",
      "cfg.yaml: metrics.reference_models: expected bool, got str 'yes' "
      "(set metrics.reference_models to true or false)"),
