@@ -319,9 +319,10 @@ def run_loader(cfg: dict, dataset, *, shuffle: bool, seed: int | None = None, ba
 
 def training_order(dataset, batch_size: int, seed: int | None, lengths: list[int] | None = None) -> Sampler:
     """The order one process trains on ``dataset`` in, batch after batch of ``batch_size``: a seeded
-    shuffle, or with ``lengths``, transformers' ``LengthGroupedSampler`` (shuffled, then each run
-    of 4 to 50 batches sorted by length, longest first, so a batch pads little; the longest
-    batch comes first, so a batch too large for the memory fails at the first step)."""
+    shuffle, or with ``lengths``, transformers' ``LengthGroupedSampler`` (shuffled, cut into runs of
+    a quarter of the batches, at least 1 and at most 50, each run sorted by length, longest
+    first, so a batch pads little; the longest batch comes first, so a batch too large for the
+    memory fails at the first step)."""
     generator = torch.Generator().manual_seed(seed if seed is not None else 0)
     if lengths is None:
         return RandomSampler(dataset, generator=generator)

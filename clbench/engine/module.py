@@ -299,6 +299,7 @@ class ContinualModule(pl.LightningModule):
         """The pass's values per column (:class:`~clbench.engine.state.ColumnValues`: the
         R entries, their sampling errors, every metric) and each column's per-class recalls; the
         metrics are reset for the next pass. Every process calls it (the states are synced)."""
+        from clbench.engine.precision import casts_kept
         from clbench.engine.state import ColumnValues
         from clbench.strategy import Strategy
 
@@ -306,7 +307,7 @@ class ContinualModule(pl.LightningModule):
         # per-column context where it has one, and in the run's precision: Lightning enters it
         # around each step only, and this runs after the pass's last step (bf16-mixed: autocast)
         own_context = type(self.strategy).evaluating is not Strategy.evaluating
-        with self.trainer.precision_plugin.forward_context():
+        with self.trainer.precision_plugin.forward_context(), casts_kept(self.model):
             self.objective.finish_evaluation(
                 self.model, (lambda column: self.strategy.evaluating(self.context, column)) if own_context else None)
         computed, sampling, recalls = [], [], []

@@ -15,7 +15,8 @@ Why autocast and not a frozen bf16 base with fp32 adapters: autocast is correct 
 method the harness has, full fine-tuning and replay included (their weights stay fp32, so an
 update smaller than bf16's resolution is not lost), and it is Lightning's own path, so the
 reference models and pre-training stages get it too. A bf16 base would save the per-step cast
-of the frozen weights, which ``perf/cpu_bf16.py`` measures, but only for adapter methods.
+of the frozen weights, which ``perf/cpu_bf16.py`` measures, but only for adapter methods. In a
+pooled decode the casts are kept instead (:func:`casts_kept`): each weight is cast once a pass.
 
 Only language-model runs (an objective that ``provides`` ``language_model``) get the bf16
 default (our choice): their matmuls are large enough for the units to pay; the vision suites'
@@ -91,3 +92,32 @@ def default_precision(cfg: dict, source: str) -> str | None:
     if objective is None or "language_model" not in objective.provides:
         return None
     return BF16_MIXED
+
+
+@contextmanager
+def casts_kept(model) -> Iterator[None]:
+    """Inside CPU autocast: each frozen weight cast to bf16 once for the span, not at every op.
+
+    Autocast keeps the bf16 copy of a weight for the rest of its region only when the weight is
+    a leaf that requires grad (torch's rule for its cast cache). An adapter method's frozen base
+    therefore is cast again at every decoding step, and on a CPU the cast moves as many bytes as
+    the bf16 matmul reads. A pooled decode (:mod:`clbench.objectives.generation_pool`) runs in
+    one region, so the frozen floating-point parameters are marked as requiring grad for its
+    span, under ``no_grad`` (no graph is built), and unmarked after. The cast is the same, so
+    are the tokens; the copies (half the weights' bytes) live until the region ends. Measured by
+    ``perf/autocast_casts.py``. Outside CPU autocast (fp32 runs, every committed leaderboard)
+    nothing changes. CUDA autocast follows the same rule, but is not measured here, so it is left alone."""
+    import torch
+
+    if not torch.is_autocast_enabled("cpu"):
+        yield
+        return
+    frozen = [p for p in model.parameters() if p.is_floating_point() and not p.requires_grad]
+    try:
+        with torch.no_grad():
+            for p in frozen:
+                p.requires_grad_(True)
+            yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)

@@ -117,6 +117,63 @@ def test_pooled_generation_runs_in_the_run_s_precision(tmp_path, monkeypatch, ch
     assert seen and all(enabled == (chosen == "bf16-mixed") for enabled in seen)
 
 
+def _casts_and_tokens(model, ids, keep: bool):
+    """Greedy tokens under bf16 autocast, and how many dtype casts ran (profiler's aten::_to_copy)."""
+    import contextlib
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16), \
+            (precision.casts_kept(model) if keep else contextlib.nullcontext()):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                                 min_new_tokens=6, do_sample=False)
+    return out, sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+
+
+def test_a_decode_under_autocast_casts_each_frozen_weight_once_with_the_same_tokens():
+    import torch
+
+    from clbench.models.lm.causal_lm import hf_causal_lm
+
+    torch.manual_seed(0)
+    model = hf_causal_lm(architecture="qwen3", tokenizer="trace-mini", config=TINY).eval().requires_grad_(False)
+    ids = torch.randint(3, 200, (4, 10))
+    (per_op, casts), (kept, kept_casts) = (_casts_and_tokens(model, ids, keep) for keep in (False, True))
+    assert torch.equal(per_op, kept)  # the same cast, so the same tokens
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert casts - kept_casts >= 5 * linears  # 7 forwards: each Linear's weight cast once, not 7 times
+    assert not any(p.requires_grad for p in model.parameters())  # frozen again after the span
+    with precision.casts_kept(model):  # outside autocast: nothing is marked
+        assert not any(p.requires_grad for p in model.parameters())
+    with pytest.raises(RuntimeError), torch.autocast("cpu", torch.bfloat16), precision.casts_kept(model):
+        assert all(p.requires_grad for p in model.parameters())
+        raise RuntimeError
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("chosen", ["bf16-mixed", "32-true"])
+def test_a_bf16_mixed_run_decodes_with_its_frozen_base_cast_once(tmp_path, monkeypatch, chosen):
+    """In a bf16-mixed LoRA run the pooled decode sees every weight marked (so autocast keeps
+    its casts), and training still sees the base frozen; in fp32 (the control) nothing is marked."""
+    from clbench.engine.runner import run
+    from clbench.objectives.causal_lm import CausalLanguageModeling
+
+    marked = []
+    original = CausalLanguageModeling.generate
+
+    def spy(self, model, *args, **kwargs):
+        marked.append(all(p.requires_grad for p in model.parameters() if p.is_floating_point()))
+        return original(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(CausalLanguageModeling, "generate", spy)
+    result = run(_lm(strategy={"class_path": "seq_lora"},
+                     trainer={"accelerator": "cpu", "devices": 1, "precision": chosen}), tmp_path / "run")
+    assert marked and all(m == (chosen == "bf16-mixed") for m in marked)
+    assert 0 < result["model"]["params_trainable"] < result["model"]["params_total"] / 10
+
+
 def test_verify_reruns_an_entry_in_the_precision_it_records(tmp_path, monkeypatch):
     """Whatever this CPU would pick: an entry recording bf16-mixed reruns in bf16-mixed, one made
     before precision was recorded reruns in fp32, the default then."""
