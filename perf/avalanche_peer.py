@@ -15,8 +15,7 @@ Settings, from ``--suite`` (default configs/suites/fashion-mnist-split.yaml, the
 suite's first item with that class_path: the class-IL split before the task-IL one) and its ``init_args``; the first
 model; training = ``base.train``, with the benchmark's ``train_args`` and then the method's own laid over it; the
 method's ``init_args`` from the benchmark's own ``strategies`` list where it has one (the values the validation search
-chose), else the suite's (the first item of that name: the earlier fashion-mnist suite's separate-penalty EWC). A
-method the suite does not list (derpp, er_ace, icarl, gdumb, si and mas, in the earlier suite) runs with the clbench
+chose), else the suite's (the first item of that name). A method the suite does not list runs with the clbench
 strategy's defaults.
 ``--args METHOD:KEY=VALUE,...`` lays values (numbers, else YAML) over either. The complete arguments, defaults
 filled in from the clbench strategy's signature, go to both sides and are printed above the table.

@@ -1,6 +1,6 @@
 """Leaderboard render speed: this checkout's renderer against a baseline revision's.
 
-    python perf/render_speed.py                                    # leaderboards/fashion-mnist, base HEAD
+    python perf/render_speed.py                                    # leaderboards/fashion-mnist-split, base HEAD
     python perf/render_speed.py --board leaderboards/thesis --rounds 5 --base-rev HEAD~3
     python perf/render_speed.py --base /path/to/an/older/checkout  # a baseline checkout you made
 
@@ -90,7 +90,7 @@ def _run(code: Path | None, board: Path, scratch: Path, core: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--board", default="leaderboards/fashion-mnist", help="a leaderboard folder (copied)")
+    parser.add_argument("--board", default="leaderboards/fashion-mnist-split", help="a leaderboard folder (copied)")
     parser.add_argument("--base-rev", default="HEAD", help="git revision of the baseline renderer (default HEAD)")
     parser.add_argument("--base", help="a checkout of the baseline instead of a worktree of --base-rev")
     parser.add_argument("--rounds", type=int, default=3, help="renders of each, alternating (best is printed)")

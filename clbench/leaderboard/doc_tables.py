@@ -2,7 +2,7 @@
 
 A document quotes a leaderboard between two HTML comments, each on a line of its own::
 
-    <!-- leaderboard-table: leaderboards/fashion-mnist fashion-mnist-rotated columns=acc,bwt rows=joint,naive -->
+    <!-- leaderboard-table: leaderboards/fashion-mnist-rotated fashion-mnist-rotated columns=acc,bwt rows=joint,naive -->
     <!-- /leaderboard-table -->
 
 ``python -m clbench.leaderboard.doc_tables [--check] FILE...`` writes what lies between them
