@@ -331,6 +331,27 @@ def test_which_tasks_clear_the_untrained_score(boards):
         assert f"| {md_text(label)} | {sum(above)} of {runs * len(SHORT_TASKS)} ({parts}) |" in text, label
 
 
+def test_o_lora_and_replay_sentences(boards):
+    """The short suite's O-LoRA and replay paragraphs, counted from their entries."""
+    text = doc("language-models.md")
+    short = rows(boards, SHORT)
+    lora, ortho, replay = (by_order(short[m], s) for m, s in (("seq_lora", "bwt"), ("o_lora", "bwt"), ("replay", "acc")))
+    assert f"ahead in {sum(ortho[o] > lora[o] for o in lora)} of the 4 orders" in text
+    assert f"(OP {pct(by_order(short['o_lora'], 'acc')['standard'])})" in text
+    assert all(replay[o] > v for o, v in by_order(short["seq_lora"], "acc").items())  # "ahead of seq_lora in every order"
+    runs = ok(short["replay"])
+    fomc = [(e["r_matrix"][j][j], e["r_matrix"][-1][j]) for e in runs for j in [e["experiences"].index("FOMC")]]
+    assert f"(FOMC, {round(100 * mean(d for d, _ in fomc))} on average right after its stage, ends at " \
+           f"{round(100 * mean(f for _, f in fomc))})" in text
+    evals = [e["compute"]["eval_seconds"] for m in ("o_lora", "replay") for e in ok(short[m])]
+    assert f"{min(evals):.0f}-{max(evals):.0f} s of each run" in text
+    every = [e["compute"] for row in short.values() for e in ok(row)]
+    hours = sum(c["wall_seconds"] for c in every) / 3600
+    train = sum(c["train_seconds"] for c in every) / 3600
+    assert f"record {hours:.1f} hours of run time, about {hours / 2:.1f} with two side by side" in text
+    assert f"training alone is {train:.1f} hours ({train / 2:.1f} with two side by side)" in text
+
+
 def test_short_suite_sentences(boards):
     text = doc("language-models.md")
     short = rows(boards, SHORT)
