@@ -35,7 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--prompt", type=int, default=48, help="prompt tokens")
-    parser.add_argument("--steps", type=int, default=8, help="decoding steps profiled")
+    parser.add_argument("--steps", type=int, default=8, help="decoding steps timed, then as many profiled")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     args = parser.parse_args()
 
@@ -91,6 +91,7 @@ def profile_steps(model, rows: int, prompt: int, steps: int) -> tuple[float, dic
     shares = {g: sum(t for k, t in own.items() if k in names) / total for g, names in GROUPS.items()}
     shares["other"] = 1 - sum(shares.values())
     return wall, shares
+
 
 if __name__ == "__main__":
     main()
