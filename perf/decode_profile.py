@@ -41,14 +41,13 @@ def main() -> None:
 
     import torch
 
-    from clbench.cpu_kernels import cpu_flags
+    from clbench.cpu_kernels import in_effect
     from clbench.models.lm.causal_lm import hf_causal_lm
 
     torch.set_num_threads(1)
     model = hf_causal_lm(path=args.model).eval().requires_grad_(False)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    isa = "AVX-512" if "avx512f" in cpu_flags() else "AVX2" if "avx2" in cpu_flags() else "no AVX2"
-    print(f"{args.model}, float32, one thread, {isa}; {args.prompt}-token prompts, {args.steps} steps profiled; "
+    print(f"{args.model}, float32, one thread, {in_effect()} kernels; {args.prompt}-token prompts, {args.steps} steps profiled; "
           f"weights {weight_bytes / 1e6:.0f} MB\n")
     print("| rows | ms/step | ms/token | products | cache | attention | other | weights' MB / products' s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
