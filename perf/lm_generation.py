@@ -13,7 +13,8 @@ rounds interleaved (who goes first alternates), on the model the config builds:
 ``--bf16`` adds both again under ``torch.autocast("cpu", torch.bfloat16)``, as a ``bf16-mixed``
 run evaluates (the default of a language model on a CPU with bf16 units,
 :mod:`clbench.engine.precision`): ``per-batch bf16`` and ``pooled bf16``. On a CPU without bf16
-units those matmuls are emulated and slow.
+units those matmuls are emulated and slow. ``--static`` adds ``pooled static``: the pooled pass
+decoding with ``kv_cache: static`` (:mod:`clbench.objectives.kv_cache`; eager on a CPU).
 
 All decode greedily with the KV cache, stop a row at EOS or its cap, and are decoded to text
 the same way; all are given the same collated batches. Tokens/s counts the tokens each
@@ -23,6 +24,7 @@ differently beside other rows, or in bf16).
 
     OMP_NUM_THREADS=1 python perf/lm_generation.py                 # the README's SmolLM2 run: minutes
     OMP_NUM_THREADS=1 python perf/lm_generation.py --bf16          # and in bf16 (a CPU with bf16 units)
+    OMP_NUM_THREADS=1 python perf/lm_generation.py --static        # and pooled with the static KV cache
     OMP_NUM_THREADS=1 python perf/lm_generation.py --config configs/examples/trace-mini-seq_ft.yaml
     python perf/lm_generation.py benchmark.init_args.n_test=32 objective.init_args.generation_batch=32
 """
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="also time both under bf16 autocast (bf16-mixed)")
+    parser.add_argument("--static", action="store_true", help="also time the pooled pass with kv_cache: static")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -95,9 +98,18 @@ def main() -> None:
                 return fn()
         return wrapped
 
+    def static_cache():
+        objective.kv_cache, kept = "static", objective.kv_cache
+        try:
+            return pooled()
+        finally:
+            objective.kv_cache = kept
+
     contenders = {"per-batch": per_batch, "pooled": pooled}
     if args.bf16:
         contenders.update({"per-batch bf16": in_bf16(per_batch), "pooled bf16": in_bf16(pooled)})
+    if args.static:
+        contenders["pooled static"] = static_cache
     cpu = cpu_identity()
     print(f"{args.config}: {prompts} prompts in {len(batches)} loader batches of {size}, "
           f"{len(parts.experiences)} columns; {next(model.parameters()).dtype}; CPU {cpu['model']} ({cpu['isa']}), "

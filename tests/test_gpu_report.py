@@ -78,6 +78,11 @@ def test_cpu_mode_measures_everything_and_the_two_reports_agree(tmp_path):
             "step time vit_moe (image) / dense", "step time vit_moe (token) / dense",
             "full TRACE grid on one GPU (estimate)"} <= names
     assert {f"run {m}" for m in gpu_report.GRID} <= names
+    # the static cache's pass is counted against the dynamic one's texts, and the grid estimate reads its rate
+    static = next(r for r in records if r["name"] == "greedy generation tokens/s, static cache")
+    assert "eager on the CPU" in static["note"] and "the dynamic cache's: " in static["note"], static
+    assert all("(greedy generation tokens/s, static cache)'s rate" in r["note"]
+               for r in records if r["name"].startswith("run "))
 
     table = rows((tmp_path / "gpu_report.md").read_text())
     assert len(table) == len(records)

@@ -72,6 +72,7 @@ from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
 from clbench.models.sharded import is_sharded
 from clbench.objectives.base import Objective
+from clbench.objectives.kv_cache import KVCache, static_cache
 from clbench.objectives.text_batches import IGNORE, TextCollator, answer_window, prompt_and_answer
 from clbench.config.validation import ArgumentError
 
@@ -105,7 +106,11 @@ class CausalLanguageModeling(Objective):
     ``pool_generation: false`` decodes each loader batch as it comes instead, as sharded
     parameters always do: greedy tokens then do not depend on how a pass was pooled (under
     bf16 the rounding of other rows can flip a near tie), e.g. to compare a DDP run with a
-    sharded one.
+    sharded one. ``kv_cache: static`` decodes with transformers' static cache, whose decoding
+    step transformers compiles on a GPU (:mod:`~clbench.objectives.kv_cache`); off by default:
+    its tokens may differ from the dynamic cache's at a near tie, and the committed
+    leaderboards were made with the dynamic one. Sharded parameters decode with the dynamic
+    cache.
     """
 
     model_args: ClassVar[tuple[str, ...]] = ()
@@ -115,7 +120,8 @@ class CausalLanguageModeling(Objective):
                  max_length: Annotated[int, Field(ge=2)] = 512,
                  max_new_tokens: Tokens | dict[str, Tokens] = 32, chat_template: bool = False,
                  answer_logits_only: bool = False, generation_batch: Annotated[int, Field(ge=1)] = 64,
-                 pool_generation: bool = True):
+                 pool_generation: bool = True, kv_cache: KVCache = "dynamic"):
+        self.kv_cache = kv_cache
         self.chat_template = chat_template
         self.generation_batch = generation_batch
         self.pool_generation = pool_generation
@@ -241,12 +247,15 @@ class CausalLanguageModeling(Objective):
         stripped; ``raw``: decoded as TRACE's inference does (no clean-up of tokenization
         spaces, nothing stripped); ``cache``: a KV cache holding the first positions'
         keys and values (a shared prefix). With sharded parameters every rank keeps decoding
-        (``synced_gpus``) until all are done."""
+        (``synced_gpus``) until all are done, with the dynamic cache."""
         tok = self.tokenizer
+        sharded = is_sharded(model)
+        if self.kv_cache == "static" and not sharded:
+            cache = static_cache(model, input_ids.shape[1] + max_new_tokens, filled=cache)
         cached = {} if cache is None else {"cache": cache}
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                              do_sample=False, use_cache=True, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id, synced_gpus=is_sharded(model), **cached)
+                             eos_token_id=tok.eos_token_id, synced_gpus=sharded, **cached)
         if raw:
             return tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True,
                                     clean_up_tokenization_spaces=False)

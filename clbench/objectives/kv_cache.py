@@ -1,0 +1,46 @@
+"""The KV cache greedy evaluation decodes with: transformers' dynamic one, or its static one.
+
+The dynamic cache (the default) grows by one position a step and attention reads exactly the
+positions filled so far. The static cache is allocated once per batch at its final length and
+written in place; attention reads the whole allocation under a mask. Its use is on a GPU: a
+decoding step of fixed shapes is what ``torch.compile`` turns into CUDA graphs, and transformers'
+``generate`` compiles the step by itself there when it is handed a static cache (on a CPU it
+runs the static cache eagerly, about as fast as the dynamic one). A compiled graph serves one
+shape, so the length is rounded up to a multiple of :data:`STATIC_STEP`: batches of near-equal
+prompts then share a graph instead of each compiling its own.
+
+Attending over the allocation under a mask is not the dynamic cache's computation: on a GPU its
+reductions may round differently, and a near tie between two tokens may flip. Which cache a run
+uses is therefore a setting of the objective (``kv_cache``), recorded with the run, and
+``perf/gpu_report.py`` counts the rows whose text differs from the dynamic cache's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+#: Positions a static cache's length is rounded up to a multiple of (our choice: a pass's batch
+#: widths then fall on a handful of lengths, a few positions more per row than needed).
+STATIC_STEP = 64
+
+KVCache = Literal["dynamic", "static"]
+
+
+def static_length(positions: int) -> int:
+    """The allocated length of a static cache that must hold ``positions``."""
+    return max(1, math.ceil(positions / STATIC_STEP)) * STATIC_STEP
+
+
+def static_cache(model: Any, positions: int, filled: Any = None) -> Any:
+    """transformers' ``StaticCache`` for ``model`` holding at least ``positions`` (rounded up by
+    :func:`static_length`); ``filled``, a dynamic cache of the first positions (a shared
+    prefix, :func:`~clbench.objectives.generation_pool.shared_prefix_cache`), is written into
+    it, so decoding starts after them as it would from ``filled`` itself."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=getattr(model, "hf", model).config, max_cache_len=static_length(positions))
+    if filled is not None:
+        for layer, source in zip(cache.layers, filled.layers, strict=True):
+            layer.update(source.keys, source.values)
+    return cache
