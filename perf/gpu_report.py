@@ -59,7 +59,9 @@ round and their median reported; on CUDA the clock is read after a synchronise:
 - ``vit``: timm ViT-S/16 at 224 px, bf16 autocast (fp32 weights, as ``precision: bf16-mixed``):
   a training step of the dense ViT against ``vit_moe`` (8 experts, top-1, MoE in the last 4
   blocks, experts of the dense MLP's width: equal active parameters) at image and at token
-  level. Goal moe/dense <= 1.25; MFU with 6N + attention per token.
+  level, each with the experts looped over (``dispatch: loop``, the default) and in one
+  grouped product per matrix (``dispatch: grouped``). Goal moe/dense <= 1.25; MFU with 6N +
+  attention per token.
 - ``trace_grid``: ``clbench.engine.runner.run`` over three trace-mini tasks for seq_ft, seq_lora,
   o_lora, loramoe, mh_moe, moses with the 0.6B architecture (TRACE's training settings,
   ``precision: bf16-mixed``): wall time per run split into train, generation (evaluation),
@@ -529,9 +531,10 @@ def part_vit(ctx: Context) -> list[Record]:
     size = ({"name": v["name"]} if v["name"] else
             {"patch_size": v["patch"], "embed_dim": v["embed"], "depth": v["depth"], "num_heads": v["num_heads"]})
     torch.manual_seed(0)
-    models = {"dense": vit_moe(1000, shape, label="ViT", **size),
-              "moe image": vit_moe(1000, shape, num_experts=8, top_k=1, level="image", **size),
-              "moe token": vit_moe(1000, shape, num_experts=8, top_k=1, level="token", **size)}
+    models = {"dense": vit_moe(1000, shape, label="ViT", **size)}
+    for level, dispatch in (("image", "loop"), ("token", "loop"), ("image", "grouped"), ("token", "grouped")):
+        name = f"moe {level}" + (" grouped" if dispatch == "grouped" else "")
+        models[name] = vit_moe(1000, shape, num_experts=8, top_k=1, level=level, dispatch=dispatch, **size)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(v["batch"], *shape, generator=gen).to(ctx.device)
     y = torch.randint(0, 1000, (v["batch"],), generator=gen).to(ctx.device)
@@ -558,12 +561,17 @@ def part_vit(ctx: Context) -> list[Record]:
     where = (f"batch {v['batch']} x {v['img']} px ({tokens} tokens), bf16 autocast, "
              f"AdamW; MoE in blocks {models['moe image'].moe_blocks}")
     records = []
-    for level in ("image", "token"):
-        ratio, per_round = median_ratio(rounds, f"moe {level}", "dense")
-        records.append(Record("vit", f"step time vit_moe ({level}) / dense", median_time(rounds, f"moe {level}")
-                              / v["steps"], "s/step", median_time(rounds, "dense") / v["steps"], "dense ViT", ratio,
-                              per_round, "ratio <= 1.25", peak_memory_mib=peaks.get(f"moe {level}"),
-                              note=f"8 experts, top-1, {level}-level routing, equal active parameters; {where}"
+    for name in models:
+        if name == "dense":
+            continue
+        level, grouped = name.split()[1], name.endswith("grouped")
+        how = "dispatch: grouped (one grouped product per matrix)" if grouped else "dispatch: loop (over experts)"
+        ratio, per_round = median_ratio(rounds, name, "dense")
+        step, dense_step = (median_time(rounds, k) / v["steps"] for k in (name, "dense"))
+        records.append(Record("vit", f"step time vit_moe ({level}{', grouped' if grouped else ''}) / dense",
+                              step, "s/step", dense_step, "dense ViT", ratio, per_round, "ratio <= 1.25",
+                              peak_memory_mib=peaks.get(name),
+                              note=f"8 experts, top-1, {level}-level routing, equal active parameters, {how}; {where}"
                                    + (f"; {note}" if note else "")).judge())
     for name in models:
         rate = images_s[name] * tokens

@@ -14,6 +14,7 @@ Printed per round: both step times and the ratio moe / dense; then the median ra
     OMP_NUM_THREADS=1 python perf/moe_vit_speed.py                   # CPU, ViT-Tiny-sized block
     python perf/moe_vit_speed.py --level token --rounds 9
     python perf/moe_vit_speed.py --device cuda --dim 384 --batch-size 128
+    python perf/moe_vit_speed.py --device cuda --dim 384 --batch-size 128 --bf16 --dispatch grouped
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import time
 import torch
 
 
-def step_time(layer, x, steps: int, device: str) -> float:
+def step_time(layer, x, steps: int, device: str, bf16: bool = False) -> float:
     if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(steps):
-        layer(x).pow(2).sum().backward()
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+            loss = layer(x).float().pow(2).sum()
+        loss.backward()
     if device == "cuda":
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / steps
@@ -51,22 +54,26 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dispatch", choices=["loop", "grouped"], default="loop",
+                        help="the MoE layer's dispatch (grouped runs in bf16 only: with --bf16)")
+    parser.add_argument("--bf16", action="store_true", help="both layers under bf16 autocast")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
     hidden = int(args.dim * args.mlp_ratio)
     dense = Mlp(args.dim, hidden).to(args.device)
     moe = MoEMLP.from_dense(dense, copy_weights=False, num_experts=args.experts, top_k=1,
-                            level=args.level).to(args.device)
+                            level=args.level, dispatch=args.dispatch).to(args.device)
     x = torch.randn(args.batch_size, args.tokens, args.dim, device=args.device)
     for layer in (dense, moe):
-        step_time(layer, x, 1, args.device)  # warm-up
-    print(f"dim={args.dim} hidden={hidden} experts={args.experts} level={args.level} "
+        step_time(layer, x, 1, args.device, args.bf16)  # warm-up
+    print(f"dim={args.dim} hidden={hidden} experts={args.experts} level={args.level} dispatch={args.dispatch} "
+          f"{'bf16 autocast ' if args.bf16 else ''}"
           f"batch={args.batch_size}x{args.tokens} device={args.device} threads={torch.get_num_threads()}")
     ratios = []
     for r in range(args.rounds):
         order = (dense, moe) if r % 2 == 0 else (moe, dense)
-        times = {id(layer): step_time(layer, x, args.steps, args.device) for layer in order}
+        times = {id(layer): step_time(layer, x, args.steps, args.device, args.bf16) for layer in order}
         ratio = times[id(moe)] / times[id(dense)]
         ratios.append(ratio)
         print(f"round {r}: dense {1e3 * times[id(dense)]:.2f} ms  moe {1e3 * times[id(moe)]:.2f} ms  "

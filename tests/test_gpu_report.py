@@ -76,6 +76,7 @@ def test_cpu_mode_measures_everything_and_the_two_reports_agree(tmp_path):
         assert {f"train tokens/s {kind}", f"MFU {kind}"} <= names
     assert {"step time mh_moe / loramoe", "greedy generation tokens/s", "model/optimizer moves per stage",
             "step time vit_moe (image) / dense", "step time vit_moe (token) / dense",
+            "step time vit_moe (image, grouped) / dense", "step time vit_moe (token, grouped) / dense",
             "full TRACE grid on one GPU (estimate)"} <= names
     assert {f"run {m}" for m in gpu_report.GRID} <= names
     # the static cache's pass is counted against the dynamic one's texts, and the grid estimate reads its rate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -232,3 +233,74 @@ def test_sorted_dispatch_compiles_with_torch_compile():
     compiled = torch.compile(layer, backend="aot_eager")(x)
     (compiled_grad,) = torch.autograd.grad(compiled.sum(), x)
     assert torch.allclose(compiled, eager, atol=1e-5) and torch.allclose(compiled_grad, grad, atol=1e-5)
+
+
+def test_a_grouped_product_per_matrix_computes_what_the_loop_over_experts_computes():
+    """The grouped path on units sorted by expert, one expert getting none, learning-rate
+    multipliers on: the loop's outputs and gradients, up to where the bias is added (float32,
+    which the CPU's grouped product takes eagerly)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    bank = MoEMLP(16, 24, num_experts=4, expert_lr_mult=[1, 0.5, 0.1, 1]).experts
+    experts = torch.tensor([0, 0, 2, 2, 2, 3])  # expert 1 gets nothing
+    x = torch.randn(6, 5, 16)
+    results = []
+    for grouped in (False, True):
+        bank.zero_grad()
+        inputs = x.clone().requires_grad_(True)
+        weights = bank.effective()
+        if grouped:
+            out = bank.run_grouped(inputs, experts, weights, nn.Identity())
+        else:
+            out = torch.cat([bank.run(e, inputs[experts == e], weights, nn.Identity()) for e in range(4)
+                             if (experts == e).any()])
+        out.pow(2).sum().backward()
+        results.append([out, inputs.grad] + [p.grad.clone() for p in bank.parameters()])
+    for loop, grouped in zip(*results):
+        torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-6)
+    assert results[1][3].abs().sum() > 0 and results[1][3][1].eq(0).all()  # b1's gradient: none for expert 1
+
+
+@pytest.mark.parametrize("level,top_k", [("image", 1), ("token", 2)])
+def test_grouped_dispatch_runs_in_bf16_and_the_loop_in_float32(level, top_k):
+    """Under bf16 autocast the grouped layer computes what the looping one does, to bf16's
+    rounding, shared experts included; in float32 it runs the loop itself (the same numbers)."""
+    torch.manual_seed(0)
+    loop = MoEMLP(16, 24, num_experts=5, top_k=top_k, num_shared=1, level=level)
+    grouped = MoEMLP(16, 24, num_experts=5, top_k=top_k, num_shared=1, level=level, dispatch="grouped")
+    grouped.load_state_dict(loop.state_dict())
+    x = torch.randn(3, 7, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with mock.patch.object(grouped.experts, "run_grouped", wraps=grouped.experts.run_grouped) as spy:
+            y_grouped = grouped(x)
+        y_loop = loop(x)
+    assert spy.call_count == 1 and y_grouped.dtype == y_loop.dtype == x.dtype
+    torch.testing.assert_close(y_grouped, y_loop, rtol=0.05, atol=0.02)
+    with mock.patch.object(grouped.experts, "run_grouped") as spy:
+        assert torch.equal(grouped(x), loop(x)) and not spy.called
+
+
+def test_grouped_dispatch_is_one_graph_without_a_host_sync():
+    """``fullgraph=True`` refuses a graph break, which reading the slices' sizes on the host
+    (``.tolist()``, the loop's dispatch) is: the grouped dispatch compiles whole (in bf16)."""
+    torch.manual_seed(0)
+    layer = MoEMLP(16, 24, num_experts=4, top_k=2, level="token", dispatch="grouped").bfloat16()
+    x = torch.randn(5, 7, 16, dtype=torch.bfloat16, requires_grad=True)
+    eager = layer(x)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager)
+    looping = MoEMLP(16, 24, num_experts=4, top_k=2, level="token").bfloat16()
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="(?i)graph break|tolist|data-dependent|Unsupported"):
+        torch.compile(looping, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_vit_moe_passes_dispatch_to_its_layers_and_the_prototype_router_refuses_it():
+    from clbench.config.validation import ArgumentError
+
+    assert _tiny(num_experts=3, moe_blocks=[3], dispatch="grouped").blocks[3].mlp.dispatch == "grouped"
+    assert _tiny(num_experts=3, moe_blocks=[3]).blocks[3].mlp.dispatch == "loop"
+    with pytest.raises(ArgumentError, match="dispatch"):
+        _tiny(router="prototype", moe_blocks=[3], dispatch="grouped")

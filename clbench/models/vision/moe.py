@@ -26,11 +26,24 @@ Choices, each an option:
   lists the routed experts' multipliers, ``shared_lr_mult`` the shared ones'.
 
 Dispatch: the (unit, expert) pairs are sorted by expert (``argsort``), the units gathered
-with one ``index_select``, each expert runs two matrix products on its contiguous slice, and
-the gated outputs are scattered back with one ``index_add_``: a loop over experts, none over
-samples. Works under bf16 autocast (outputs are accumulated in the input's dtype) and under
-``torch.compile`` (the per-expert slices have data-dependent sizes, so the graph breaks there;
-tested with the ``aot_eager`` backend).
+with one ``index_select``, the experts run on their contiguous slices, and the gated outputs
+are scattered back with one ``index_add_``. How the experts run is ``dispatch``:
+
+* ``"loop"`` (default): each expert's two matrix products on its slice, a loop over experts
+  (none over samples). The slices' sizes are read on the host, which waits for the GPU once a
+  layer, and each expert launches its own small products. Works under ``torch.compile`` (the
+  data-dependent slices break the graph there; tested with the ``aot_eager`` backend).
+* ``"grouped"``: every expert at once, one ``torch.nn.functional.grouped_mm`` per matrix, the
+  slices' bounds kept on the device: no host sync, two launches a layer whatever the number of
+  experts, and a graph ``torch.compile`` captures whole. torch's grouped product takes
+  bfloat16 or float16 (:data:`GROUPED_DTYPES`), the dtypes a GPU trains a ViT in
+  (``bf16-mixed``); a layer computing in float32 runs the loop. Under autocast the inputs are
+  cast to its dtype first, as it casts a linear layer's; the bias is added after the product
+  rather than inside it, so the result rounds differently from ``"loop"`` (tested to float
+  rounding). It is the candidate for the GPU step-time target (``perf/gpu_report.py`` times
+  both); the committed entries were made with ``"loop"``.
+
+Both work under bf16 autocast (outputs are accumulated in the input's dtype).
 """
 
 from __future__ import annotations
@@ -43,6 +56,16 @@ from torch import Tensor, nn
 
 from clbench.models import routing_channel as routing
 from clbench.models.vision.routers import make_router
+
+
+#: The dtypes torch's grouped product takes (its GPU kernels, and ``torch.compile`` anywhere).
+GROUPED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def computing_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a linear layer computes ``x`` in: autocast's where it is on, else ``x``'s."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 def _mults(value: float | Sequence[float] | None, count: int, name: str) -> list[float]:
@@ -105,6 +128,22 @@ class ExpertBank(nn.Module):
         w1, b1, w2, b2 = weights
         return drop(F.linear(drop(self.act(F.linear(x, w1[e], b1[e]))), w2[e], b2[e]))
 
+    def run_grouped(self, x: Tensor, experts: Tensor, weights: tuple[Tensor, ...], drop: nn.Module) -> Tensor:
+        """Every expert on its units of ``x`` ``(U, T, D)``, whose units are sorted by their
+        expert ``experts`` ``(U,)``: one grouped product per matrix, the groups' bounds computed
+        on the device."""
+        w1, b1, w2, b2 = weights
+        units, tokens, dim = x.shape
+        counts = torch.zeros(self.count, dtype=torch.long, device=x.device).index_add_(0, experts,
+                                                                                        torch.ones_like(experts))
+        ends = (counts.cumsum(0) * tokens).to(torch.int32)
+        rows = experts.repeat_interleave(tokens)  # each row's expert, for its bias
+        dtype = computing_dtype(x)
+        hidden = F.grouped_mm(x.reshape(-1, dim).to(dtype), w1.to(dtype).transpose(-2, -1), offs=ends)
+        hidden = drop(self.act(hidden + b1.to(dtype)[rows]))
+        out = F.grouped_mm(hidden, w2.to(dtype).transpose(-2, -1), offs=ends) + b2.to(dtype)[rows]
+        return drop(out).reshape(units, tokens, -1)
+
 
 class MoEMLP(nn.Module):
     """Drop-in replacement of a ViT block's MLP: routed experts, optional shared experts."""
@@ -115,7 +154,7 @@ class MoEMLP(nn.Module):
                  num_shared: int = 0, level: str = "image", pool: str = "mean", router: str = "switch",
                  router_args: dict | None = None, act: nn.Module | None = None, drop: float = 0.0,
                  shared_combine: str = "mean", expert_lr_mult: float | Sequence[float] | None = None,
-                 shared_lr_mult: float | Sequence[float] | None = None):
+                 shared_lr_mult: float | Sequence[float] | None = None, dispatch: str = "loop"):
         super().__init__()
         if num_experts < 0 or num_shared < 0 or num_experts + num_shared == 0:
             raise ValueError("an MoE layer needs at least one expert")
@@ -125,9 +164,12 @@ class MoEMLP(nn.Module):
             raise ValueError(f"pool must be 'mean' or 'cls', got {pool!r}")
         if shared_combine not in ("mean", "sum"):
             raise ValueError(f"shared_combine must be 'mean' or 'sum', got {shared_combine!r}")
+        if dispatch not in ("loop", "grouped"):
+            raise ValueError(f"dispatch must be 'loop' or 'grouped', got {dispatch!r}")
         act = act if act is not None else nn.GELU()
         self.dim, self.hidden, self.num_experts, self.top_k = dim, hidden, num_experts, top_k
         self.num_shared, self.level, self.pool, self.shared_combine = num_shared, level, pool, shared_combine
+        self.dispatch = dispatch
         # a layer with shared experts only (the thesis's ensemble) routes nothing
         self.records_routing = num_experts > 0
         self.experts = ExpertBank(num_experts, dim, hidden, act, expert_lr_mult) if num_experts else None
@@ -163,11 +205,15 @@ class MoEMLP(nn.Module):
             flat = experts.reshape(-1)
             order = torch.argsort(flat, stable=True)
             unit_of = order // self.top_k
-            sizes = torch.bincount(flat, minlength=self.num_experts).tolist()
-            chunks = units.index_select(0, unit_of).split(sizes)
+            gathered = units.index_select(0, unit_of)
             weights = self.experts.effective()
-            ys = [self.experts.run(e, chunk, weights, self.drop) for e, chunk in enumerate(chunks) if sizes[e]]
-            y = torch.cat(ys) if len(ys) > 1 else ys[0]
+            if self.dispatch == "grouped" and computing_dtype(x) in GROUPED_DTYPES:
+                y = self.experts.run_grouped(gathered, flat[order], weights, self.drop)
+            else:
+                sizes = torch.bincount(flat, minlength=self.num_experts).tolist()
+                ys = [self.experts.run(e, chunk, weights, self.drop)
+                      for e, chunk in enumerate(gathered.split(sizes)) if sizes[e]]
+                y = torch.cat(ys) if len(ys) > 1 else ys[0]
             g = gates.reshape(-1)[order].to(y.dtype)[:, None, None]
             routed = out.reshape(units.shape)
             routed.index_add_(0, unit_of, (y * g).to(out.dtype))

@@ -41,7 +41,8 @@ Choices:
 * ``expert_mlp_ratio``: the experts' MLP ratio; the dense ``mlp_ratio`` (equal active
   parameters, the thesis's small models) by default, ``mlp_ratio / num_experts`` for equal
   total parameters (its mini models, "MoE MLPs = 1/4"). Model transfer needs the dense ratio.
-* ``level``, ``top_k``, shared experts, learning-rate multipliers and the routers' options:
+* ``level``, ``top_k``, shared experts, learning-rate multipliers, ``dispatch`` (the experts
+  looped over, the default, or ``grouped`` in one product per matrix) and the routers' options:
   see :mod:`clbench.models.vision.moe` and :mod:`clbench.models.vision.routers`.
 """
 
@@ -122,7 +123,8 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
             shared_lr_mult: Multiplier | list[Multiplier] | None = None,
             shared_combine: Literal["mean", "sum"] = "mean", weights_path: str = "",
             expert_init: Literal["random", "copy"] = "random",
-            drop_path_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0) -> nn.Module:
+            drop_path_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0,
+            dispatch: Literal["loop", "grouped"] = "loop") -> nn.Module:
     """A timm ViT whose MLPs in ``moe_blocks`` are mixtures of experts (see the module notes).
 
     Each argument's type and range is declared above and checked before the run builds anything
@@ -184,7 +186,8 @@ def vit_moe(num_classes: int, input_shape: tuple[int, ...], name: str | None = N
     try:
         return _mixture(model, chosen, opts, router_args=router_args, level=level, pool=pool,
                         expert_mlp_ratio=expert_mlp_ratio, expert_lr_mult=expert_lr_mult,
-                        shared_combine=shared_combine, copy=bool(weights_path) or expert_init == "copy")
+                        shared_combine=shared_combine, copy=bool(weights_path) or expert_init == "copy",
+                        dispatch=dispatch)
     except ValueError as err:  # the layers' and routers' own checks (router_args, multipliers): all settings
         raise ArgumentError("model", "", str(err),
                             fix="see docs/moe-vit.md for the arguments and their ranges") from None
@@ -209,14 +212,14 @@ def default_moe_blocks(depth: int) -> list[int]:
 
 
 def _mixture(model: nn.Module, chosen: list[int], opts: dict, *, router_args, level, pool, expert_mlp_ratio,
-             expert_lr_mult, shared_combine, copy: bool) -> nn.Module:
+             expert_lr_mult, shared_combine, copy: bool, dispatch: str) -> nn.Module:
     """Replace the MLPs of the ``chosen`` blocks by MoE layers (or, for the prototype router, wrap the ViT)."""
     blocks = model.blocks
     if opts["router"] == "prototype":  # paths are always copies of the dense final part
         from clbench.models.vision import prototype
 
         unsupported = {"expert_mlp_ratio": expert_mlp_ratio, "expert_lr_mult": expert_lr_mult,
-                       "shared_lr_mult": opts["shared_lr_mult"]}
+                       "shared_lr_mult": opts["shared_lr_mult"], "dispatch": None if dispatch == "loop" else dispatch}
         return prototype.build(model, chosen, opts["num_experts"], opts["top_k"], opts["num_shared"], level,
                                router_args, unsupported)
     for index in chosen:
@@ -228,7 +231,7 @@ def _mixture(model: nn.Module, chosen: list[int], opts: dict, *, router_args, le
             dense, copy_weights=copy, hidden=hidden, num_experts=opts["num_experts"], top_k=opts["top_k"],
             num_shared=opts["num_shared"], level=level, pool=pool, router=opts["router"],
             router_args=router_args, shared_combine=shared_combine, expert_lr_mult=expert_lr_mult,
-            shared_lr_mult=opts["shared_lr_mult"])
+            shared_lr_mult=opts["shared_lr_mult"], dispatch=dispatch)
     model.moe_blocks = chosen
     return model
 
