@@ -259,6 +259,33 @@ def make_experience(position: int, labels, dim: int = 4, seed: int = 0):
                       classes=sorted(set(y.tolist())), train=ds, test=ds)
 
 
+#: A two-layer Qwen3 small enough to decode in milliseconds (the causal-LM objective's tests).
+TINY_LM = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
+
+
+def tiny_lm():
+    """:data:`TINY_LM` with random weights (seed 0) and the trace-mini tokenizer, in eval mode."""
+    import torch
+
+    from clbench.models.lm.causal_lm import hf_causal_lm
+
+    torch.manual_seed(0)
+    return hf_causal_lm(architecture="qwen3", tokenizer="trace-mini", config=TINY_LM).eval()
+
+
+def lm_objective(model, **init_args):
+    """The causal-LM objective with ``init_args`` (checked as a run checks them), set up on an
+    empty stream and attached to ``model``."""
+    from clbench.data.streams import StreamSpec
+    from clbench.objectives.causal_lm import CausalLanguageModeling
+
+    objective = checked(CausalLanguageModeling, "objective.init_args", **init_args)
+    objective.setup(StreamSpec(name="t", objective="causal_lm"), [])
+    objective.attach(model)
+    return objective
+
+
 def tiny_model(dim: int = 4, classes: int = 4, seed: int = 0):
     """A two-layer classifier for the classic strategies' tests."""
     import torch

@@ -1,25 +1,36 @@
-"""perf/decode_profile.py: its groups find the products, the cache's growth and attention of a real step."""
+"""perf/decode_profile.py: its groups find the products, the cache's growth and attention of a
+real step, and its in-place cache holds and computes what the dynamic cache does."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_decoding_steps_time_is_sorted_into_products_cache_attention_and_the_rest():
+@pytest.fixture(scope="module")
+def script():
     spec = importlib.util.spec_from_file_location("decode_profile", ROOT / "perf" / "decode_profile.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def model():
     from clbench.models.lm.causal_lm import hf_causal_lm
 
     config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 128}
+              "num_key_value_heads": 2, "max_position_embeddings": 256}
     torch.manual_seed(0)
-    model = hf_causal_lm(architecture="llama", config=config, tokenizer="trace-mini").eval()
+    return hf_causal_lm(architecture="llama", config=config, tokenizer="trace-mini").eval()
+
+
+def test_a_decoding_steps_time_is_sorted_into_products_cache_attention_and_the_rest(script, model):
     wall, shares = script.profile_steps(model, rows=3, prompt=6, steps=2)
     assert wall > 0 and set(shares) == {"products", "cache", "attention", "other"}
     # every group's ops ran (a renamed op would leave its group at 0), and the shares partition the time
@@ -27,18 +38,9 @@ def test_a_decoding_steps_time_is_sorted_into_products_cache_attention_and_the_r
     assert abs(sum(shares.values()) - 1) < 1e-9
 
 
-def test_the_in_place_cache_holds_what_the_dynamic_one_holds_and_is_timed_beside_it():
-    spec = importlib.util.spec_from_file_location("decode_profile", ROOT / "perf" / "decode_profile.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+def test_the_in_place_cache_holds_what_the_dynamic_one_holds_and_is_timed_beside_it(script, model):
     from transformers import DynamicCache
 
-    from clbench.models.lm.causal_lm import hf_causal_lm
-
-    config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 256}
-    torch.manual_seed(0)
-    model = hf_causal_lm(architecture="llama", config=config, tokenizer="trace-mini").eval()
     ids = script.prompts(model, rows=3, prompt=6)
     # 70 steps outgrow the room reserved at the prefill (64), so the buffer is grown once on the way
     caches = [DynamicCache(), script.in_place_cache(2)]

@@ -7,33 +7,17 @@ import json
 
 import pytest
 import torch
-from helpers import checked, crash_at, tiny_config
-
-TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
+from helpers import TINY_LM, crash_at, lm_objective, tiny_config, tiny_lm
 
 
 @pytest.fixture(scope="module")
 def model():
-    from clbench.models.lm.causal_lm import hf_causal_lm
-
-    torch.manual_seed(0)
-    return hf_causal_lm(architecture="qwen3", tokenizer="trace-mini", config=TINY).eval()
-
-
-def _objective(model, **kwargs):
-    from clbench.objectives.causal_lm import CausalLanguageModeling
-    from clbench.data.streams import StreamSpec
-
-    objective = checked(CausalLanguageModeling, "objective.init_args", **kwargs)
-    objective.setup(StreamSpec(name="t", objective="causal_lm"), [])
-    objective.attach(model)
-    return objective
+    return tiny_lm()
 
 
 def test_the_loss_is_on_answer_tokens_only_and_truncation_cuts_the_prompts_left(model):
     tok = model.tokenizer
-    objective = _objective(model, max_length=12)
+    objective = lm_objective(model, max_length=12)
     records = [{"prompt": "one two three four five six seven eight nine", "answer": "ten"},
                {"prompt": "a b", "answer": "c d"}]
     batch = objective.collate(train=True)(records)
@@ -63,7 +47,7 @@ def test_the_loss_is_on_answer_tokens_only_and_truncation_cuts_the_prompts_left(
 def test_answer_logits_only_gives_the_same_loss_and_gradients_from_fewer_logits(model):
     """The LM head runs over the answer window only; loss and gradients equal the full path's,
     for a batch and for a replay-style join of two batches."""
-    full, window = _objective(model, max_length=40), _objective(model, max_length=40, answer_logits_only=True)
+    full, window = lm_objective(model, max_length=40), lm_objective(model, max_length=40, answer_logits_only=True)
     records = [{"prompt": "one two three four five six seven eight nine", "answer": "ten"},
                {"prompt": "a b", "answer": "c d e"}, {"prompt": "x y z w", "answer": "q"}]
     other = [{"prompt": "a much longer prompt than the others in this test by far", "answer": "r s"}]
@@ -94,7 +78,7 @@ def test_answer_logits_only_gives_the_same_loss_and_gradients_from_fewer_logits(
 def test_batched_generation_from_left_padded_prompts_equals_one_prompt_at_a_time(model):
     from torchmetrics import MetricCollection
 
-    objective = _objective(model, max_length=64, max_new_tokens=6, default_metric="exact_match")
+    objective = lm_objective(model, max_length=64, max_new_tokens=6, default_metric="exact_match")
     records = [{"prompt": "How many legs do 3 spiders have? Answer:", "answer": "24"},
                {"prompt": "Hi", "answer": "x"}]
     batch = objective.collate(train=False)(records)
@@ -131,7 +115,7 @@ def test_a_pass_is_decoded_pooled_by_cap_and_length_and_scored_in_the_order_it_c
     columns = {name: Experience(position=i, name=name, domain_id=i, classes=[], train=[], test=records[name]) for i, name in enumerate(caps)}
     runs = {}
     for pooled in (True, False):
-        objective = _objective(model, max_length=96, max_new_tokens=caps, generation_batch=4)
+        objective = lm_objective(model, max_length=96, max_new_tokens=caps, generation_batch=4)
         collate = objective.collate(train=False)
         metrics = {name: MetricCollection(objective.metrics(columns[name])) for name in caps}
         objective.begin_evaluation()
@@ -188,7 +172,7 @@ def test_a_strategy_context_keeps_each_column_apart_and_wraps_its_decoding(model
 
     from clbench.data.streams import Experience
 
-    objective = _objective(model, max_length=64, max_new_tokens=3)
+    objective = lm_objective(model, max_length=64, max_new_tokens=3)
     columns = [Experience(position=i, name=n, domain_id=i, classes=[], train=[], test=[]) for i, n in enumerate("ab")]
     seen = []
 
@@ -225,7 +209,7 @@ def test_a_strategy_context_keeps_each_column_apart_and_wraps_its_decoding(model
     assert objective._generation_rows == [2, 1]
     assert objective.summary()["generation_rows"] < objective.generation_batch
     assert [r["prediction"] for r in objective._generations["a"]] == pooled
-    unpooled = _objective(model, max_length=64, max_new_tokens=3, pool_generation=False)
+    unpooled = lm_objective(model, max_length=64, max_new_tokens=3, pool_generation=False)
     unpooled.evaluate(model, unpooled.collate(train=False)(records), MetricCollection(unpooled.metrics(columns[0])),
                       columns[0])
     assert [r["prediction"] for r in unpooled._generations["a"]] == [r["prediction"] for r in objective._generations["a"]]
@@ -257,29 +241,29 @@ def test_chat_template_wraps_prompts_and_keeps_the_loss_on_the_answer_and_its_en
     ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     record = {"prompt": "Question: 2 + 3 = ?", "answer": "5"}
     head = "<|im_start|>user\nQuestion: 2 + 3 = ?<|im_end|>\n<|im_start|>assistant\n"
-    objective = _objective(chat_model, max_length=64, chat_template=True)
+    objective = lm_objective(chat_model, max_length=64, chat_template=True)
     batch = objective.collate(train=True)([record])
     answer = ids("5") + [tok.eos_token_id]  # the turn's end is the eos: the newline after it is not trained
     assert batch["input_ids"][0].tolist() == ids(head) + answer
     assert batch["labels"][0].tolist() == [-100] * len(ids(head)) + answer
     test = objective.collate(train=False)([record])
     assert test["input_ids"][0].tolist() == ids(head) and test["prompts"] == [record["prompt"]]
-    plain = _objective(chat_model, max_length=64).collate(train=True)([record])  # TRACE's way: as it is
+    plain = lm_objective(chat_model, max_length=64).collate(train=True)([record])  # TRACE's way: as it is
     assert plain["input_ids"][0].tolist() == ids(record["prompt"]) + answer
     # a template whose turn end is not the eos: the eos follows the rendered turn
     tok.eos_token = "<eos>"
     try:
-        batch = _objective(chat_model, max_length=64, chat_template=True).collate(train=True)([record])
+        batch = lm_objective(chat_model, max_length=64, chat_template=True).collate(train=True)([record])
         assert batch["labels"][0].tolist() == [-100] * len(ids(head)) + ids("5<|im_end|>\n") + [tok.eos_token_id]
     finally:
         tok.eos_token = "<|im_end|>"
     with pytest.raises(UserError, match="tokenizer has no chat template") as err:
-        _objective(model, chat_template=True)  # the trace-mini tokenizer has none
+        lm_objective(model, chat_template=True)  # the trace-mini tokenizer has none
     assert err.value.where == "objective.init_args.chat_template"
     with pytest.raises(UserError, match=r"objective\.init_args\.chat_template: expected bool, got str 'yes'"):
-        _objective(chat_model, chat_template="yes")
+        lm_objective(chat_model, chat_template="yes")
     with pytest.raises(UserError, match=r"objective\.init_args\.max_length: max_length must be >= 2, got 1"):
-        _objective(chat_model, max_length=1)
+        lm_objective(chat_model, max_length=1)
 
 
 def test_trace_scoring_scores_the_generation_as_decoded_and_lenient_scoring_stripped(model):
@@ -291,7 +275,7 @@ def test_trace_scoring_scores_the_generation_as_decoded_and_lenient_scoring_stri
     records = [{"prompt": f"Question {i}: say A. Answer:", "answer": "A"} for i in range(6)]
     rows = {}
     for name in ("trace_exact_match", "exact_match"):
-        objective = _objective(model, max_length=64, max_new_tokens=5, default_metric=name)
+        objective = lm_objective(model, max_length=64, max_new_tokens=5, default_metric=name)
         batch = objective.collate(train=False)(records)
         metrics = MetricCollection(objective.metrics(None))
         objective.evaluate(model, batch, metrics)
@@ -313,7 +297,7 @@ def _lm_config(**overrides) -> dict:
     raw = tiny_config(benchmark={"class_path": "trace-mini",
                                  "init_args": {"tasks": ["FOMC", "NumGLUE-cm"], "n_train": 64, "n_test": 12}},
                       model={"class_path": "hf_causal_lm",
-                             "init_args": {"architecture": "qwen3", "tokenizer": "trace-mini", "config": TINY}},
+                             "init_args": {"architecture": "qwen3", "tokenizer": "trace-mini", "config": TINY_LM}},
                       objective={"class_path": "causal_lm", "init_args": {"max_length": 96, "max_new_tokens": 4}},
                       train={"epochs": 2, "batch_size": 16,
                              "optimizer": {"class_path": "adamw", "init_args": {"lr": 0.003}}})

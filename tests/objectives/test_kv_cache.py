@@ -7,28 +7,12 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import checked
-
-TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
+from helpers import lm_objective, tiny_lm
 
 
 @pytest.fixture(scope="module")
 def model():
-    from clbench.models.lm.causal_lm import hf_causal_lm
-
-    torch.manual_seed(0)
-    return hf_causal_lm(architecture="qwen3", tokenizer="trace-mini", config=TINY).eval()
-
-
-def _objective(model, **kwargs):
-    from clbench.data.streams import StreamSpec
-    from clbench.objectives.causal_lm import CausalLanguageModeling
-
-    objective = checked(CausalLanguageModeling, "objective.init_args", **kwargs)
-    objective.setup(StreamSpec(name="t", objective="causal_lm"), [])
-    objective.attach(model)
-    return objective
+    return tiny_lm()
 
 
 def test_a_static_cache_is_allocated_in_steps_and_starts_after_a_prefix_written_into_it(model):
@@ -65,7 +49,7 @@ def _pooled_pass(model, kv_cache: str) -> tuple[dict[str, list[str]], object]:
     words = ["one", "two", "three"]
     records = {name: [{"prompt": f"{name}: continue the list of words please. " + " ".join(words[:i % 3 + 1]),
                        "answer": "x"} for i in range(5)] for name in CAPS}
-    objective = _objective(model, max_length=96, max_new_tokens=CAPS, generation_batch=4, kv_cache=kv_cache)
+    objective = lm_objective(model, max_length=96, max_new_tokens=CAPS, generation_batch=4, kv_cache=kv_cache)
     objective.begin_evaluation()
     for position, name in enumerate(CAPS):
         column = Experience(position=position, name=name, domain_id=position, classes=[], train=[], test=records[name])
@@ -119,4 +103,4 @@ def test_an_unknown_cache_is_refused_with_the_field_named(model):
     from clbench.errors import UserError
 
     with pytest.raises(UserError, match="objective.init_args.kv_cache: expected one of 'dynamic', 'static'"):
-        _objective(model, kv_cache="paged")
+        lm_objective(model, kv_cache="paged")
