@@ -7,7 +7,8 @@ Writes ``DIR/gpu_report.md`` and ``DIR/gpu_report.json`` (one record per measure
 value, unit, baseline, ratio, goal, met or the shortfall, peak memory, or a skip reason) and
 prints where they are. The report is written again after every part, so a command that is cut
 (a lease's time limit, ``timeout``'s SIGTERM) leaves the parts it finished, and the part it was
-in is recorded as cut.
+in is recorded as cut. A new path that fails on the GPU (the static cache, the grouped
+dispatch) is recorded as skipped with its error, and its part's other contenders are measured.
 
 GPU time comes in short leases (one command of at most 10 minutes, machine start-up on top), so
 the parts run in the order of their value: the training ratios and MFU of full fine-tuning and
@@ -273,6 +274,24 @@ def median_time(rounds: list[dict[str, float]], name: str) -> float:
     return statistics.median(t[name] for t in rounds)
 
 
+def first_pass(ctx: Context, fn) -> tuple[float | None, str | None]:
+    """Seconds of ``fn()``'s first call (where a compilation happens), or the one line of the
+    error that stopped it: a new path that fails on this GPU is then left out of the rounds and
+    recorded as skipped, and the part's other contenders are still measured. A refusal of
+    deterministic mode is raised on, so that the part reruns without it."""
+    ctx.sync()
+    start = time.perf_counter()
+    try:
+        fn()
+    except Exception as err:  # a finding for the report, not a reason to lose the part
+        if ctx.deterministic and "determinis" in str(err):
+            raise
+        traceback.print_exc()
+        return None, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    ctx.sync()
+    return time.perf_counter() - start, None
+
+
 # --- language models ----------------------------------------------------------------------------
 
 class LanguageModel:
@@ -419,31 +438,32 @@ def part_generation(ctx: Context) -> list[Record]:
             "static": lambda: trainer.validate(static, [loader], verbose=False),
             "plain": lambda: plain_generate(plain, loader, p["gen_new"], ctx.device, lm.initial.tokenizer)}
     with module.resident(), static.resident():  # on the device between passes, as in a run
-        ctx.sync()
-        t0 = time.perf_counter()
-        jobs["static"]()  # on CUDA transformers compiles the decoding step here, once per shape
-        ctx.sync()
-        first = time.perf_counter() - t0
+        first, failed = first_pass(ctx, jobs["static"])  # on CUDA transformers compiles the decoding step here
+        if failed:
+            del jobs["static"]
         rounds, peaks, note = interleaved(ctx, jobs, p["rounds"])
     tokens = p["gen_batches"] * p["gen_batch"] * p["gen_new"]
-    texts = [[r["prediction"] for rows in m.objective._generations.values() for r in rows] for m in (module, static)]
-    differ = sum(a != b for a, b in zip(*texts))
     setting = (f"{p['gen_batches']} batches x {p['gen_batch']} left-padded prompts x {p['gen_new']} new tokens, "
                f"attention {lm.attention}; clbench: trainer.validate (generate, decode, score)")
-    compiled = "the decoding step compiled by transformers" if ctx.cuda else "eager on the CPU"
     ratio, per_round = median_ratio(rounds, "clbench", "plain")
-    static_ratio, static_rounds = median_ratio(rounds, "static", "plain")
     plain_rate = tokens / median_time(rounds, "plain")
-    return [Record("generation", "greedy generation tokens/s", tokens / median_time(rounds, "clbench"), "tokens/s",
-                   plain_rate, "model.generate", ratio, per_round, "ratio <= 1.10",
-                   peak_memory_mib=peaks.get("clbench"),
-                   note=f"{setting}, dynamic KV cache" + (f"; {note}" if note else "")).judge(),
-            Record("generation", "greedy generation tokens/s, static cache", tokens / median_time(rounds, "static"),
-                   "tokens/s", plain_rate, "model.generate", static_ratio, static_rounds, "value >= 5000",
-                   peak_memory_mib=peaks.get("static"),
-                   note=f"{setting}, kv_cache: static ({compiled}; the first pass, compilation included, took "
-                        f"{first:.1f} s); rows whose text differs from the dynamic cache's: {differ} of "
-                        f"{len(texts[0])}" + (f"; {note}" if note else "")).judge()]
+    records = [Record("generation", "greedy generation tokens/s", tokens / median_time(rounds, "clbench"), "tokens/s",
+                      plain_rate, "model.generate", ratio, per_round, "ratio <= 1.10",
+                      peak_memory_mib=peaks.get("clbench"),
+                      note=f"{setting}, dynamic KV cache" + (f"; {note}" if note else "")).judge()]
+    name = "greedy generation tokens/s, static cache"
+    if failed:
+        return records + [Record("generation", name, None, "tokens/s", skip=f"error: {failed}")]
+    texts = [[r["prediction"] for rows in m.objective._generations.values() for r in rows] for m in (module, static)]
+    differ = sum(a != b for a, b in zip(*texts))
+    compiled = "the decoding step compiled by transformers" if ctx.cuda else "eager on the CPU"
+    static_ratio, static_rounds = median_ratio(rounds, "static", "plain")
+    return records + [Record(
+        "generation", name, tokens / median_time(rounds, "static"), "tokens/s", plain_rate, "model.generate",
+        static_ratio, static_rounds, "value >= 5000", peak_memory_mib=peaks.get("static"),
+        note=f"{setting}, kv_cache: static ({compiled}; the first pass, compilation included, took {first:.1f} s); "
+             f"rows whose text differs from the dynamic cache's: {differ} of {len(texts[0])}"
+             + (f"; {note}" if note else "")).judge()]
 
 
 def part_teardown(ctx: Context) -> list[Record]:
@@ -551,6 +571,11 @@ def part_vit(ctx: Context) -> list[Record]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         jobs[name] = steps
+    failed = {}  # a grouped dispatch this GPU refuses: recorded, the rest measured
+    for name in [n for n in models if n.endswith("grouped")]:
+        _, failed[name] = first_pass(ctx, jobs[name])
+        if failed[name]:
+            del jobs[name], models[name]
     rounds, peaks, note = interleaved(ctx, jobs, ctx.p["rounds"])
     dense = models["dense"]
     tokens = dense.patch_embed.num_patches + dense.num_prefix_tokens
@@ -560,7 +585,8 @@ def part_vit(ctx: Context) -> list[Record]:
     images_s = {k: v["batch"] * v["steps"] / median_time(rounds, k) for k in models}
     where = (f"batch {v['batch']} x {v['img']} px ({tokens} tokens), bf16 autocast, "
              f"AdamW; MoE in blocks {models['moe image'].moe_blocks}")
-    records = []
+    records = [Record("vit", f"step time vit_moe ({name.split()[1]}, grouped) / dense", None, "s/step",
+                      skip=f"error: {error}") for name, error in failed.items() if error]
     for name in models:
         if name == "dense":
             continue

@@ -154,3 +154,42 @@ def test_a_cut_command_keeps_the_parts_it_finished(tmp_path):
     for later in gpu_report.PARTS[2:]:
         assert [r["skip"] for r in by_part[later]] == ["not run: the command was stopped before it"]
     assert "cut by SIGTERM" in (tmp_path / "gpu_report.md").read_text()
+
+
+def test_a_new_path_that_fails_leaves_the_parts_other_records_and_a_strict_mode_refusal_is_raised_on():
+    """The static cache or the grouped ViT-MoE dispatch failing (as a GPU might refuse them)
+    costs its own records only: the dynamic cache's generation and the looping dispatch are
+    still measured. A refusal of deterministic mode is raised on, so that the part reruns
+    without it, as a part's failure does."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import pytest
+    import torch
+
+    gpu_report = load_script()
+    strict = SimpleNamespace(sync=lambda: None, deterministic=True)
+
+    def refused():
+        raise RuntimeError("index_add_ does not have a deterministic implementation")
+
+    with pytest.raises(RuntimeError, match="deterministic"):
+        gpu_report.first_pass(strict, refused)
+    assert gpu_report.first_pass(SimpleNamespace(sync=lambda: None, deterministic=False), refused) == (
+        None, "RuntimeError: index_add_ does not have a deterministic implementation")
+
+    torch.set_num_threads(1)
+    ctx = gpu_report.Context("cpu", gpu_report.PROFILES["cpu"], False, [])
+    ctx.budget = gpu_report.Budget(60)
+    with mock.patch("clbench.objectives.causal_lm.static_cache", side_effect=RuntimeError("no static cache\ndetail")):
+        records = gpu_report.part_generation(ctx)
+    dynamic, static = records
+    assert dynamic.name == "greedy generation tokens/s" and dynamic.value > 0 and dynamic.skip is None
+    assert static.value is None and static.skip == "error: RuntimeError: no static cache"
+    # the grouped ViT-MoE dispatch likewise: its two step records say why, the loop's are measured
+    ctx.budget = gpu_report.Budget(60)
+    with mock.patch("torch.nn.functional.grouped_mm", side_effect=RuntimeError("no grouped product")):
+        vit = {r.name: r for r in gpu_report.part_vit(ctx)}
+    for level in ("image", "token"):
+        assert vit[f"step time vit_moe ({level}, grouped) / dense"].skip == "error: RuntimeError: no grouped product"
+        assert vit[f"step time vit_moe ({level}) / dense"].value > 0
