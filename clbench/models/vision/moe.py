@@ -140,8 +140,9 @@ class ExpertBank(nn.Module):
         rows = experts.repeat_interleave(tokens)  # each row's expert, for its bias
         dtype = computing_dtype(x)
         hidden = F.grouped_mm(x.reshape(-1, dim).to(dtype), w1.to(dtype).transpose(-2, -1), offs=ends)
-        hidden = drop(self.act(hidden + b1.to(dtype)[rows]))
-        out = F.grouped_mm(hidden, w2.to(dtype).transpose(-2, -1), offs=ends) + b2.to(dtype)[rows]
+        # index_select, whose gradient has a deterministic CUDA kernel (strict mode, clbench's default)
+        hidden = drop(self.act(hidden + b1.to(dtype).index_select(0, rows)))
+        out = F.grouped_mm(hidden, w2.to(dtype).transpose(-2, -1), offs=ends) + b2.to(dtype).index_select(0, rows)
         return drop(out).reshape(units, tokens, -1)
 
 
