@@ -72,7 +72,7 @@ from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
 from clbench.models.sharded import is_sharded
 from clbench.objectives.base import Objective
-from clbench.objectives.kv_cache import KVCache, static_cache
+from clbench.objectives.kv_cache import KVCache, forward_hooked, static_cache
 from clbench.objectives.text_batches import IGNORE, TextCollator, answer_window, prompt_and_answer
 from clbench.config.validation import ArgumentError
 
@@ -109,8 +109,8 @@ class CausalLanguageModeling(Objective):
     sharded one. ``kv_cache: static`` decodes with transformers' static cache, whose decoding
     step transformers compiles on a GPU (:mod:`~clbench.objectives.kv_cache`); off by default:
     its tokens may differ from the dynamic cache's at a near tie, and the committed
-    leaderboards were made with the dynamic one. Sharded parameters decode with the dynamic
-    cache.
+    leaderboards were made with the dynamic one. Sharded parameters, and a model whose forward
+    hooks change what its forward sees (MoSEs), decode with the dynamic cache.
     """
 
     model_args: ClassVar[tuple[str, ...]] = ()
@@ -250,7 +250,7 @@ class CausalLanguageModeling(Objective):
         (``synced_gpus``) until all are done, with the dynamic cache."""
         tok = self.tokenizer
         sharded = is_sharded(model)
-        if self.kv_cache == "static" and not sharded:
+        if self.kv_cache == "static" and not sharded and not forward_hooked(model):
             cache = static_cache(model, input_ids.shape[1] + max_new_tokens, filled=cache)
         cached = {} if cache is None else {"cache": cache}
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,

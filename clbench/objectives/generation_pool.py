@@ -41,6 +41,7 @@ from typing import Any, Callable, ContextManager, Hashable
 import torch
 from torch import Tensor
 
+from clbench.objectives.kv_cache import forward_hooked
 from clbench.objectives.text_batches import left_padded
 
 # Fraction of the free memory a generation batch may take (KV cache and prefill activations).
@@ -77,8 +78,7 @@ def decode(model: Any, pending: list[PendingBatch], generate: Callable[..., list
     groups = [(pending[b].cap, pending[b].raw, columns[n] if evaluating else None) for n, (b, _) in enumerate(flat)]
     lengths = [len(pending[b].rows[i]) for b, i in flat]
     wanted = rows_that_fit(model, max(lengths) + max(b.cap for b in pending), rows)
-    # a hook may change what a forward sees (MoSEs prepends its prompts): no prefix is shared then
-    share = not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+    share = not forward_hooked(model)  # MoSEs prepends its prompts: no prefix is shared then
     sizes = []
     for members in plan(lengths, groups, wanted, columns):
         first = pending[flat[members[0]][0]]

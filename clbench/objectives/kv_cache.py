@@ -10,6 +10,9 @@ runs the static cache eagerly, a little slower than the dynamic one: 0.86-0.97x 
 length is rounded up to a multiple of :data:`STATIC_STEP`: batches of near-equal prompts then
 share a graph instead of each compiling its own.
 
+A model whose forward hooks change what its forward sees (:func:`forward_hooked`) decodes with
+the dynamic cache whatever the setting.
+
 Attending over the allocation under a mask is not the dynamic cache's computation: on a GPU its
 reductions may round differently, and a near tie between two tokens may flip. Which cache a run
 uses is therefore a setting of the objective (``kv_cache``), recorded with the run, and
@@ -26,6 +29,14 @@ from typing import Any, Literal
 STATIC_STEP = 64
 
 KVCache = Literal["dynamic", "static"]
+
+
+def forward_hooked(model: Any) -> bool:
+    """Whether a forward hook may change what ``model``'s forward sees (MoSEs prepends its prompts
+    and widens the attention mask): its positions are then not the prompt's, so neither a shared
+    prefix nor a static cache sized from the prompt fits it, and it decodes as ``generate`` alone
+    does, with the dynamic cache."""
+    return any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
 
 def static_length(positions: int) -> int:

@@ -99,6 +99,20 @@ def test_the_decoding_step_compiled_over_the_static_cache_decodes_the_same_texts
     assert 1 <= counters["stats"]["unique_graphs"] < 5  # compiled, and not once per batch
 
 
+def test_a_model_whose_forward_hooks_change_its_input_decodes_with_the_dynamic_cache(model):
+    """A forward pre-hook (as MoSEs' prompts are) may widen what a forward sees, so the static
+    cache, sized from the prompt, is not used: no static cache is made, and the texts are the
+    dynamic cache's."""
+    dynamic, _ = _pooled_pass(model, "dynamic")
+    handle = model.hf.model.layers[0].register_forward_pre_hook(lambda module, args: None)
+    try:
+        with mock.patch("clbench.objectives.causal_lm.static_cache") as spy:
+            static, _ = _pooled_pass(model, "static")
+    finally:
+        handle.remove()
+    assert not spy.called and static == dynamic
+
+
 def test_an_unknown_cache_is_refused_with_the_field_named(model):
     from clbench.errors import UserError
 

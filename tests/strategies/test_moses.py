@@ -315,3 +315,24 @@ def test_shallow_prompts_keep_one_prefix_at_the_input():
     strategy = MoSEs(prompt_length=1, deep_prompts=False)
     build(strategy, experiences, lm())
     assert strategy.prompts.prompt[0].shape[0] == 1
+
+
+def test_kv_cache_static_decodes_as_the_dynamic_cache_under_moses_prompts():
+    """MoSEs prepends its prompts in a forward hook (more positions than the prompt, a wider mask),
+    which a static cache sized from the prompt cannot hold: ``kv_cache: static`` then decodes
+    with the dynamic cache, to the same texts, past a 64-position allocation step."""
+    experiences = trace_stream(TASKS[:1], n_train=16, n_test=4)
+    texts = {}
+    for kind in ("dynamic", "static"):
+        model = lm()
+        strategy = MoSEs(task_inference="oracle", prompt_length=2)
+        module = build(strategy, experiences, model)
+        train(module, experiences[0], steps=1)
+        model.eval()
+        module.objective.kv_cache, module.objective.max_new_tokens = kind, 70
+        module.objective.begin_evaluation()
+        module.objective.evaluate(model, module.objective.collate(train=False)(experiences[0].test),
+                                  module.eval_metrics[0], experiences[0])
+        module.objective.finish_evaluation(model, lambda column: strategy.evaluating(module.context, column))
+        texts[kind] = [row["prediction"] for row in module.objective._generations[experiences[0].name]]
+    assert texts["static"] == texts["dynamic"] and len(texts["static"]) == 4
