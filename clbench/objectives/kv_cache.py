@@ -13,8 +13,10 @@ share a graph instead of each compiling its own.
 A model whose forward hooks change what its forward sees (:func:`forward_hooked`) decodes with
 the dynamic cache whatever the setting.
 
-Attending over the allocation under a mask is not the dynamic cache's computation: on a GPU its
-reductions may round differently, and a near tie between two tokens may flip. Which cache a run
+Attending over the allocation under a mask is not the dynamic cache's computation: its
+reductions may round differently, and a near tie between two tokens may flip (on a CPU too: a
+whole run of ``configs/examples/trace-mini-seq_ft.yaml`` kept its R matrix, but one task's score
+before training, from random logits, moved by one row's text). Which cache a run
 uses is therefore a setting of the objective (``kv_cache``), recorded with the run, and
 ``perf/gpu_report.py`` counts the rows whose text differs from the dynamic cache's.
 """
