@@ -16,7 +16,7 @@ the dynamic cache whatever the setting.
 Attending over the allocation under a mask is not the dynamic cache's computation: its
 reductions may round differently, and a near tie between two tokens may flip (on a CPU too: a
 whole run of ``configs/examples/trace-mini-seq_ft.yaml`` kept its R matrix, but one task's score
-before training, from random logits, moved by one row's text). Which cache a run
+before training, from random logits, moved by 0.001: a generated text changed). Which cache a run
 uses is therefore a setting of the objective (``kv_cache``), recorded with the run, and
 ``perf/gpu_report.py`` counts the rows whose text differs from the dynamic cache's.
 """
