@@ -5,10 +5,11 @@ positions filled so far. The static cache is allocated once per batch at its fin
 written in place; attention reads the whole allocation under a mask. Its use is on a GPU: a
 decoding step of fixed shapes is what ``torch.compile`` turns into CUDA graphs, and transformers'
 ``generate`` compiles the step by itself there when it is handed a static cache (on a CPU it
-runs the static cache eagerly, a little slower than the dynamic one: 0.86-0.97x a pass in
-``perf/lm_generation.py --static``). A compiled graph is specialised to its shapes, so the
-length is rounded up to a multiple of :data:`STATIC_STEP`: batches of near-equal prompts then
-share a graph instead of each compiling its own.
+runs the static cache eagerly and is no faster than the dynamic one: a pass took 1.05-1.16x
+as long per round in ``perf/lm_generation.py --static``, within the rounds' spread). A
+compiled graph is specialised to its shapes, so the length is rounded up to a multiple of
+:data:`STATIC_STEP`: batches of near-equal prompts then share a graph instead of each
+compiling its own.
 
 A model whose forward hooks change what its forward sees (:func:`forward_hooked`) decodes with
 the dynamic cache whatever the setting.
