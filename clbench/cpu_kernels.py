@@ -5,8 +5,23 @@ A CPU process picks its kernels by instruction set, once: ATen's own vectorised 
 conditional numerical reproducibility) and oneDNN's primitives (``ONEDNN_MAX_CPU_ISA``). An AVX2
 and an AVX-512 machine therefore round the same run differently, and a top-k router or a greedy
 decoder can turn a last-bit difference into another answer. Pinning all three to one level gives
-the same floats on every CPU that has it (same torch build and thread count); AVX2 (with FMA) is
+the same floats on every CPU of one vendor that has it (same torch build and thread count;
+below); AVX2 (with FMA) is
 the level every x86-64 CPU of the last decade has (:data:`PORTABLE`). ``native`` pins nothing.
+
+A pin is bit-exact within one CPU vendor only. MKL's ISA branches (``MKL_CBWR=AVX2``,
+``AVX512``) are Intel's own: on another vendor's CPU MKL ignores them and takes its automatic
+branch for that CPU, and only ``COMPATIBLE`` (SSE2 without the approximate reciprocals) runs the
+same on every vendor (Intel's oneMKL developer guide, "Getting Started with Conditional Numerical
+Reproducibility"). Measured with ``perf/mkl_branches.py`` on an Intel Xeon, natively and under
+``qemu-x86_64 -cpu EPYC-Milan-v1`` (the same binary seeing an AMD CPU): fp32 and fp64 matmuls
+and attention under ``AVX2`` give other bits on the two vendors, under ``COMPATIBLE`` the same;
+and the committed entries pinned to AVX2 on AMD EPYCs reran on the Intel Xeon with last-bit
+differences (8e-15 in a float64 regression) and, in tiny random models, flipped answers. So the
+CPU class an entry reruns exactly on is (vendor, level) (:func:`exact_across`); ATen's kernels
+and oneDNN's JIT choose by instruction set, not vendor. ``COMPATIBLE`` costs a fp32 matmul about
+four times AVX2's (3.7 against 14.6 ms for 256x1024 by 1024x1024 on that Xeon), which is why the
+AVX2 level keeps MKL's AVX2 branch.
 
 What each pin holds apart, measured on this code's torch build (an AVX2 EPYC): ATen's level
 changes reductions, activations and layer norms (``default`` against ``avx2``); ``MKL_CBWR=AVX2``
@@ -45,6 +60,44 @@ LEVELS: dict[str, dict[str, str]] = {
 VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 #: the CPU flags (``/proc/cpuinfo``) each level needs; ATen's own test (AVX-512: F, BW, VL, DQ).
 NEEDS = {"default": (), "avx2": ("avx2", "fma"), "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq")}
+
+
+#: MKL branches that MKL runs the same way on every vendor's CPU (the module notes).
+VENDOR_NEUTRAL_MKL = frozenset({"COMPATIBLE"})
+#: A CPU model name's vendor, for entries recorded before ``env.cpu.vendor`` was.
+_VENDOR_IN_MODEL = {"AMD": "AuthenticAMD", "Intel": "GenuineIntel"}
+
+
+@lru_cache(maxsize=1)
+def cpu_vendor() -> str | None:
+    """This CPU's vendor as the CPU names itself (``GenuineIntel``, ``AuthenticAMD``; Linux's
+    ``/proc/cpuinfo`` ``vendor_id``), None where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), None)
+    except OSError:
+        return None
+
+
+def vendor_of(cpu: dict | None) -> str | None:
+    """The vendor a recorded ``env.cpu`` computed on: recorded, else read off its model name
+    (``AMD EPYC`` -> ``AuthenticAMD``); None where neither tells."""
+    cpu = cpu if isinstance(cpu, dict) else {}
+    if isinstance(cpu.get("vendor"), str):
+        return cpu["vendor"]
+    model = cpu.get("model") if isinstance(cpu.get("model"), str) else ""
+    return next((vendor for word, vendor in _VENDOR_IN_MODEL.items() if word in model.split()), None)
+
+
+def exact_across(level: str | None, made: dict | None, rerun: dict | None) -> bool:
+    """Whether a run pinned to ``level`` on the CPU ``made`` (its ``env.cpu``) computes the same
+    floats on the CPU ``rerun``: at a level whose MKL branch is vendor-neutral, on any CPU with
+    the level; at another, only on a CPU of the same (known) vendor."""
+    if level not in LEVELS:
+        return False
+    if LEVELS[level]["MKL_CBWR"] in VENDOR_NEUTRAL_MKL:
+        return True
+    return vendor_of(made) is not None and vendor_of(made) == vendor_of(rerun)
 
 
 @lru_cache(maxsize=1)

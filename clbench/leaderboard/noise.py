@@ -1,11 +1,13 @@
 """When a rerun cannot be bit-exact, and how large its difference is against the test set's noise.
 
 A CPU entry whose kernels were pinned (:mod:`clbench.cpu_kernels`), rerun at that level
-and in fp32, gives the same floats on any CPU that has the level: ``verify`` holds it to equality.
-Other entries cannot promise that on another machine: one made on a GPU, one made in bf16-mixed
-(matmuls on the CPU's bf16 units, or emulated where it has none), one whose recorded level this
-CPU lacks, or one made with unpinned kernels on another CPU model (MKL and oneDNN chose by that
-CPU). Their reruns are judged against each number's test-set standard error instead: a
+and in fp32, gives the same floats on any CPU of its vendor that has the level: ``verify`` holds
+it to equality. Other entries cannot promise that on another machine: one made on a GPU, one
+made in bf16-mixed (matmuls on the CPU's bf16 units, or emulated where it has none), one whose
+recorded level this CPU lacks, one made with unpinned kernels on another CPU model (MKL and
+oneDNN chose by that CPU), or one pinned on another vendor's CPU (MKL's AVX2 and AVX-512
+branches are Intel's own; elsewhere MKL takes its automatic branch:
+:func:`~clbench.cpu_kernels.exact_across`). Their reruns are judged against each number's test-set standard error instead: a
 difference of a fraction of one SE is rounding that the sampling of the test set dwarfs.
 
 The SE of a cell is the committed entry's (``r_stderr``, ``r_init_stderr``, ``scores_stderr``),
@@ -35,14 +37,19 @@ def why_not_exact(committed: dict, rerun: dict, at_recorded_level: bool) -> str 
         return f"made with {cpu.get('isa')} kernels, which this CPU lacks"
     if (committed.get("precision") or "32-true") != "32-true" and not same_cpu:
         return f"made in {committed.get('precision')} on another CPU (its bf16 matmuls are that CPU's)"
-    if not cpu.get("pin") and not same_cpu:
-        return "made with unpinned kernels on another CPU (MKL and oneDNN chose by that CPU)"
+    if not cpu.get("pin"):
+        return None if same_cpu else "made with unpinned kernels on another CPU (MKL and oneDNN chose by that CPU)"
+    from clbench.cpu_kernels import exact_across, vendor_of
+
+    if not exact_across(cpu.get("pin"), cpu, here):
+        return (f"pinned to {cpu.get('pin')} on a CPU of another vendor ({vendor_of(cpu) or 'not recorded'}, rerun on "
+                f"{vendor_of(here) or 'unknown'}: MKL's {cpu.get('pin')} branch is Intel's own, other CPUs take their own)")
     return None
 
 
 def _cells(committed: dict, rerun: dict) -> Iterator[tuple[str, float, float, float, int | None]]:
     """(where, committed, rerun, SE, n) for every number that has a recorded SE."""
-    counts = committed.get("r_n") or []
+    counts = committed.get("r_n") or []  # None where a column's metric is not a share of samples (a regression loss)
     for i, (row, new_row, se_row) in enumerate(zip(committed.get("r_matrix") or [], rerun.get("r_matrix") or [],
                                                    committed.get("r_stderr") or [])):
         for j, (a, b, se) in enumerate(zip(row, new_row, se_row or [])):
@@ -52,7 +59,8 @@ def _cells(committed: dict, rerun: dict) -> Iterator[tuple[str, float, float, fl
         yield f"r_init[{j}]", a, b, se, counts[j] if j < len(counts) else None
     scores, new_scores = committed.get("scores") or {}, rerun.get("scores") or {}
     for key, se in sorted((committed.get("scores_stderr") or {}).items()):
-        yield f"scores.{key}", scores.get(key), new_scores.get(key), se, min(counts) if counts else None
+        yield f"scores.{key}", scores.get(key), new_scores.get(key), se, min((c for c in counts if isinstance(c, int)),
+                                                                             default=None)
 
 
 def largest_in_se(committed: dict, rerun: dict) -> tuple[float, str | None]:

@@ -69,7 +69,7 @@ def _provenance(entries: list[Entry], root: Path, manifest: dict | None) -> dict
 
 def _device(env: Environment) -> str | None:
     """``cpu (AMD EPYC, AVX2, kernels pinned to avx2, bf16-mixed)``: on CPU the numbers depend on the
-    kernels' instruction set (pinned: the same on any CPU that has it) and the precision."""
+    kernels' instruction set (pinned: the same on any CPU of its vendor that has it) and the precision."""
     cpu = env.cpu
     if env.cuda or cpu is None:
         return env.device

@@ -65,6 +65,7 @@ class CpuRecord(_Open):
     model: StrictStr | None = None
     isa: StrictStr | None = None
     pin: StrictStr | None = None  # the kernel level the run pinned (clbench.cpu_kernels), if any
+    vendor: StrictStr | None = None  # GenuineIntel, AuthenticAMD; None: recorded before it was
 
 
 class Environment(_Open):

@@ -26,9 +26,10 @@ commits and how many code files differ between them.
 CPU float rounding depends on the kernels' instruction set, so each entry is rerun at the CPU
 kernel level it records (:mod:`~clbench.leaderboard.rerun`: ``env.cpu.pin``, the level a suite
 pins, AVX2 by default; else ATen's level as recorded), in the precision and with the torch
-threads it records: an AVX2 entry reruns bit-exactly on an AVX-512 machine. An entry that cannot
-promise that here (made on a GPU, in bf16-mixed or with unpinned kernels on another CPU, or at a
-level this CPU lacks: :mod:`~clbench.leaderboard.noise`) and differs is judged against its test
+threads it records: an AVX2 entry reruns bit-exactly on an AVX-512 machine of its CPU's vendor.
+An entry that cannot promise that here (made on a GPU, in bf16-mixed or with unpinned kernels on
+another CPU, pinned on another vendor's CPU, or at a level this CPU lacks:
+:mod:`~clbench.leaderboard.noise`) and differs is judged against its test
 set's standard errors: ``within noise: 0.4 SE at R[2][1]`` up to 2 SE, else ``differs``. Entries
 record the CPU's model and kernel level (``env.cpu``), and a verdict names them when they
 differ. ``sample`` picks the

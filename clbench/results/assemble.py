@@ -56,14 +56,15 @@ def environment() -> dict[str, Any]:
 
 def cpu_identity() -> dict[str, str]:
     """The CPU a run computed on: its model name, the instruction set torch's kernels use
-    (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``, ``AVX512``, ...) and ``pin``, the
+    (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``, ``AVX512``, ...), ``pin``, the
     level ATen's, MKL's and oneDNN's kernels were all pinned to (:mod:`clbench.cpu_kernels`;
-    None: each chose by this CPU), which ``leaderboard verify`` reruns with."""
+    None: each chose by this CPU), which ``leaderboard verify`` reruns with, and ``vendor``
+    (``GenuineIntel``, ``AuthenticAMD``): MKL's pinned branches are one vendor's."""
     import platform
 
     import torch
 
-    from clbench.cpu_kernels import pinned_level
+    from clbench.cpu_kernels import cpu_vendor, pinned_level
 
     model = None
     try:
@@ -72,7 +73,7 @@ def cpu_identity() -> dict[str, str]:
     except OSError:
         pass
     return {"model": model or platform.processor() or platform.machine() or "unknown",
-            "isa": torch.backends.cpu.get_cpu_capability(), "pin": pinned_level()}
+            "isa": torch.backends.cpu.get_cpu_capability(), "pin": pinned_level(), "vendor": cpu_vendor()}
 
 
 def peak_memory_mb() -> dict[str, float | None]:

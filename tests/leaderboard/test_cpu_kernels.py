@@ -112,6 +112,26 @@ def test_a_level_the_cpu_lacks_or_does_not_know_is_one_line(monkeypatch):
         cpu_kernels.check_level("avx9", where="--cpu-kernels")
 
 
+def test_the_cpu_class_of_a_pin_is_its_vendor(monkeypatch):
+    """MKL's AVX2/AVX-512 branches are Intel's own (elsewhere MKL takes its automatic branch), so
+    an entry pinned there is exact on CPUs of its vendor only; older entries' vendor is read off
+    the model name, and a run records its CPU's."""
+    from clbench.results.assemble import cpu_identity
+
+    amd, intel = {"model": "AMD EPYC", "pin": "avx2"}, {"model": "Intel(R) Xeon(R) Processor", "vendor": "GenuineIntel"}
+    assert [cpu_kernels.vendor_of(c) for c in (amd, intel, {"model": "Elsewhere CPU"}, None)] == \
+        ["AuthenticAMD", "GenuineIntel", None, None]
+    assert cpu_kernels.exact_across("avx2", amd, {"model": "AMD EPYC 9B14", "vendor": "AuthenticAMD"})
+    assert not cpu_kernels.exact_across("avx2", amd, intel) and not cpu_kernels.exact_across("avx512", intel, amd)
+    assert not cpu_kernels.exact_across("avx2", {"model": "Elsewhere CPU"}, {"model": "Elsewhere CPU"})  # unknown
+    assert cpu_kernels.exact_across("default", amd, intel)  # MKL's COMPATIBLE branch is every vendor's
+    assert not cpu_kernels.exact_across("native", amd, amd)
+    recorded = cpu_identity()["vendor"]
+    assert recorded == cpu_kernels.cpu_vendor()
+    if Path("/proc/cpuinfo").is_file():
+        assert recorded and f"vendor_id\t: {recorded}" in Path("/proc/cpuinfo").read_text()
+
+
 def test_a_process_that_already_computed_is_not_claimed_pinned():
     """Once torch has computed in a process, a pin cannot take effect there, and none is claimed."""
     import torch
