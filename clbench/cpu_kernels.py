@@ -20,7 +20,7 @@ and the committed entries pinned to AVX2 on AMD EPYCs reran on the Intel Xeon wi
 differences (8e-15 in a float64 regression) and, in tiny random models, flipped answers. So the
 CPU class an entry reruns exactly on is (vendor, level) (:func:`exact_across`); ATen's kernels
 and oneDNN's JIT choose by instruction set, not vendor. ``COMPATIBLE`` costs a fp32 matmul about
-four times AVX2's (3.7 against 14.6 ms for 256x1024 by 1024x1024 on that Xeon), which is why the
+four times AVX2's (15.1 against 5.8 ms for 256x1024 by 1024x1024 on that Xeon), which is why the
 AVX2 level keeps MKL's AVX2 branch.
 
 What each pin holds apart, measured on this code's torch build (an AVX2 EPYC): ATen's level

@@ -7,8 +7,9 @@ made in bf16-mixed (matmuls on the CPU's bf16 units, or emulated where it has no
 recorded level this CPU lacks, one made with unpinned kernels on another CPU model (MKL and
 oneDNN chose by that CPU), or one pinned on another vendor's CPU (MKL's AVX2 and AVX-512
 branches are Intel's own; elsewhere MKL takes its automatic branch:
-:func:`~clbench.cpu_kernels.exact_across`). Their reruns are judged against each number's test-set standard error instead: a
-difference of a fraction of one SE is rounding that the sampling of the test set dwarfs.
+:func:`~clbench.cpu_kernels.exact_across`). Their reruns are judged against each number's
+test-set standard error instead: a difference of a fraction of one SE is rounding that the
+sampling of the test set dwarfs.
 
 The SE of a cell is the committed entry's (``r_stderr``, ``r_init_stderr``, ``scores_stderr``),
 floored, where R is a share of test samples, at one sample's weight (1/n, from ``r_n``): a cell
