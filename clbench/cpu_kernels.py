@@ -11,17 +11,19 @@ the level every x86-64 CPU of the last decade has (:data:`PORTABLE`). ``native``
 
 A pin is bit-exact within one CPU vendor only. MKL's ISA branches (``MKL_CBWR=AVX2``,
 ``AVX512``) are Intel's own: on another vendor's CPU MKL ignores them and takes its automatic
-branch for that CPU, and only ``COMPATIBLE`` (SSE2 without the approximate reciprocals) runs the
-same on every vendor (Intel's oneMKL developer guide, "Getting Started with Conditional Numerical
-Reproducibility"). Measured with ``perf/mkl_branches.py`` on an Intel Xeon, natively and under
-``qemu-x86_64 -cpu EPYC-Milan-v1`` (the same binary seeing an AMD CPU): fp32 and fp64 matmuls
-and attention under ``AVX2`` give other bits on the two vendors, under ``COMPATIBLE`` the same;
-and the committed entries pinned to AVX2 on AMD EPYCs reran on the Intel Xeon with last-bit
-differences (8e-15 in a float64 regression) and, in tiny random models, flipped answers. So the
-CPU class an entry reruns exactly on is (vendor, level) (:func:`exact_across`); ATen's kernels
-and oneDNN's JIT choose by instruction set, not vendor. ``COMPATIBLE`` costs a fp32 matmul about
-four times AVX2's (15.1 against 5.8 ms for 256x1024 by 1024x1024 on that Xeon), which is why the
-AVX2 level keeps MKL's AVX2 branch.
+branch for that CPU; only ``COMPATIBLE`` (SSE2 without the approximate reciprocals) is documented
+to run the same on every vendor (Intel's oneMKL developer guide, "Getting Started with
+Conditional Numerical Reproducibility"). Measured with ``perf/mkl_branches.py`` on an Intel Xeon,
+natively and under ``qemu-x86_64 -cpu EPYC-Milan-v1`` (the same binary seeing an AMD CPU): fp32
+and fp64 matmuls and attention under ``AVX2`` give other bits on the two vendors, under
+``COMPATIBLE`` the same, though an MLP trained 100 Adam steps still ended with other weights
+there (not isolated: another kernel, or the emulator). The committed entries pinned to AVX2 on
+AMD EPYCs reran on the Intel Xeon with other bits: last-bit differences where the method
+converges (8e-15 in a float64 regression), beyond the test set's noise where it does not (naive
+fine-tuning's old tasks, GDumb). So the CPU class an entry reruns exactly on is (vendor, level)
+(:func:`exact_across`). ``COMPATIBLE`` costs a fp32 matmul about 2.6 times AVX2's (15.1 against
+5.8 ms for 256x1024 by 1024x1024 on that Xeon) with no measured promise of equal runs, so no level
+takes it but ``default``.
 
 What each pin holds apart, measured on this code's torch build (an AVX2 EPYC): ATen's level
 changes reductions, activations and layer norms (``default`` against ``avx2``); ``MKL_CBWR=AVX2``

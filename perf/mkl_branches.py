@@ -4,9 +4,9 @@ binary another vendor's CPU.
 
 A level of :mod:`clbench.cpu_kernels` pins MKL with ``MKL_CBWR``. Intel documents its ISA branches
 (``AVX2``, ``AVX512``) for Intel CPUs only: elsewhere MKL takes its automatic branch. This script
-prints, for each branch, a digest of a float32 and a float64 matmul and of float32 and float64
-scaled-dot-product attention (ATen pinned to AVX2, one thread), and the time of one float32
-matmul. Run it twice, natively and under ``--under``, and compare the digests row by row: a
+prints, for each branch, a digest of a float32 and a float64 matmul, of float32 and float64
+scaled-dot-product attention and of an MLP's weights after 100 Adam steps (ATen pinned to AVX2,
+one thread), and the time of one float32 matmul. Run it twice, natively and under ``--under``, and compare the digests row by row: a
 branch whose digests agree computes alike on both vendors.
 
     python perf/mkl_branches.py                                     # this CPU
@@ -39,6 +39,16 @@ for dtype in (torch.float32, torch.float64):
     q = torch.randn(4, 9, 40, 64, generator=g, dtype=dtype)
     out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
     digests.append(hashlib.sha1(out.numpy().tobytes()).hexdigest()[:8])
+torch.manual_seed(0)  # a training trajectory: 100 Adam steps of an MLP, digest of its final weights
+net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+opt = torch.optim.Adam(net.parameters(), lr=2e-3)
+x, y = torch.randn(512, 64, generator=g), torch.randint(0, 10, (512,), generator=g)
+for step in range(100):
+    rows = slice(step % 8 * 64, step % 8 * 64 + 64)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(x[rows]), y[rows]).backward()
+    opt.step()
+digests.append(hashlib.sha1(torch.cat([p.detach().flatten() for p in net.parameters()]).numpy().tobytes()).hexdigest()[:8])
 a, b = torch.randn(256, 1024, generator=g), torch.randn(1024, 1024, generator=g)
 start = time.perf_counter()
 for _ in range(repeat):
@@ -57,8 +67,9 @@ def main() -> None:
     base.update(ATEN_CPU_CAPABILITY="avx2", OMP_NUM_THREADS="1")
     # the vendor MKL sees is the CPUID's, which /proc/cpuinfo (the host's, under qemu) does not show
     print(f"{args.under or 'native'}: ATen avx2, one thread\n")
-    print("| MKL_CBWR | fp32 matmul | fp32 attention | fp64 matmul | fp64 attention | ms per fp32 256x1024x1024 |")
-    print("|---|---|---|---|---|---:|")
+    print("| MKL_CBWR | fp32 matmul | fp32 attention | fp64 matmul | fp64 attention | MLP trained | "
+          "ms per fp32 256x1024x1024 |")
+    print("|---|---|---|---|---|---|---:|")
     for branch in args.branches:
         done = subprocess.run([*shlex.split(args.under), sys.executable, "-c", _WORK, str(args.repeat)],
                               env={**base, "MKL_CBWR": branch}, capture_output=True, text=True, check=True)
