@@ -6,15 +6,17 @@ A level of :mod:`clbench.cpu_kernels` pins MKL with ``MKL_CBWR``. Intel document
 (``AVX2``, ``AVX512``) for Intel CPUs only: elsewhere MKL takes its automatic branch. This script
 prints, for each branch, a digest of a float32 and a float64 matmul, of float32 and float64
 scaled-dot-product attention and of an MLP's weights after 100 Adam steps (ATen pinned to AVX2,
-one thread), and the time of one float32 matmul. Run it twice, natively and under ``--under``, and compare the digests row by row: a
-branch whose digests agree computes alike on both vendors.
+one thread), and the time of one float32 matmul. Run it twice, natively and under ``--under``,
+and compare the digests row by row: a branch whose digests agree computes alike on both vendors.
 
     python perf/mkl_branches.py                                     # this CPU
     python perf/mkl_branches.py --under "qemu-x86_64 -cpu EPYC-Milan-v1" --repeat 1   # an AMD CPU, emulated
 
 qemu's user-mode emulation (Debian's ``qemu-user``) runs x86-64 code on x86-64 with the CPUID it
-is told (vendor ``AuthenticAMD`` for an EPYC model) and IEEE arithmetic in software, some
-thousand times slower: its timings are not the CPU's, its digests are the bits that code gives.
+is told (vendor ``AuthenticAMD`` for an EPYC model), so MKL dispatches as on that CPU; its
+arithmetic is done in software, some thousand times slower, and may not match a real CPU's in
+every instruction: its timings are not the CPU's, and a digest that differs there is evidence,
+not proof, of another vendor's bits.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ for step in range(100):
     opt.zero_grad()
     torch.nn.functional.cross_entropy(net(x[rows]), y[rows]).backward()
     opt.step()
-digests.append(hashlib.sha1(torch.cat([p.detach().flatten() for p in net.parameters()]).numpy().tobytes()).hexdigest()[:8])
+weights = torch.cat([p.detach().flatten() for p in net.parameters()])
+digests.append(hashlib.sha1(weights.numpy().tobytes()).hexdigest()[:8])
 a, b = torch.randn(256, 1024, generator=g), torch.randn(1024, 1024, generator=g)
 start = time.perf_counter()
 for _ in range(repeat):

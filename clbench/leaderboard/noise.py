@@ -42,9 +42,10 @@ def why_not_exact(committed: dict, rerun: dict, at_recorded_level: bool) -> str 
         return None if same_cpu else "made with unpinned kernels on another CPU (MKL and oneDNN chose by that CPU)"
     from clbench.cpu_kernels import exact_across, vendor_of
 
-    if not exact_across(cpu.get("pin"), cpu, here):
-        return (f"pinned to {cpu.get('pin')} on a CPU of another vendor ({vendor_of(cpu) or 'not recorded'}, rerun on "
-                f"{vendor_of(here) or 'unknown'}: MKL's {cpu.get('pin')} branch is Intel's own, other CPUs take their own)")
+    pin = cpu.get("pin")
+    if not exact_across(pin, cpu, here):
+        return (f"pinned to {pin} on a CPU of another vendor ({vendor_of(cpu) or 'not recorded'}, rerun on "
+                f"{vendor_of(here) or 'unknown'}: MKL's {pin} branch is Intel's own, other CPUs take their own)")
     return None
 
 

@@ -66,7 +66,8 @@ def test_nothing_to_judge_by_is_never_within_noise():
 def test_a_regression_entry_without_sample_counts_is_judged_not_crashed():
     """A regression board records no test-sample counts (``r_n`` of nulls): its scores take no
     one-sample floor, and a difference with no SE recorded is beyond any SE."""
-    committed = {"r_matrix": [[3.1, 2.0]], "r_stderr": [[None, None]], "r_n": [None, None], "r_metric": {"names": ["mse"]},
+    committed = {"r_matrix": [[3.1, 2.0]], "r_stderr": [[None, None]], "r_n": [None, None],
+                 "r_metric": {"names": ["mse"]},
                  "metrics": {"mse": {"percent": False}}, "scores": {"acc": 3.1}, "scores_stderr": {"acc": 0.2}}
     rerun = {"r_matrix": [[3.1, 2.0]], "scores": {"acc": 3.2}}
     assert math.isclose(largest_in_se(committed, rerun)[0], 0.5) and largest_in_se(committed, rerun)[1] == "scores.acc"
