@@ -39,8 +39,8 @@ def register(sub) -> None:
                         "physical cores divided by trainer.devices. Resume with the same value.")
     p.add_argument("--cpu-kernels", default="native", metavar="LEVEL",
                    help="pin the CPU kernels (ATen, MKL, oneDNN) to one instruction-set level: avx2 gives the "
-                        "same floats on every x86-64 CPU of one vendor with AVX2; default native (each library picks by "
-                        "this CPU). Recorded as env.cpu.pin. Resume with the same value.")
+                        "same floats on every x86-64 CPU of one vendor with AVX2; default native (each "
+                        "library picks by this CPU). Recorded as env.cpu.pin. Resume with the same value.")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     p.set_defaults(handler=handle)
 

@@ -38,11 +38,11 @@ def why_not_exact(committed: dict, rerun: dict, at_recorded_level: bool) -> str 
         return f"made with {cpu.get('isa')} kernels, which this CPU lacks"
     if (committed.get("precision") or "32-true") != "32-true" and not same_cpu:
         return f"made in {committed.get('precision')} on another CPU (its bf16 matmuls are that CPU's)"
-    if not cpu.get("pin"):
+    pin = cpu.get("pin")
+    if not pin:
         return None if same_cpu else "made with unpinned kernels on another CPU (MKL and oneDNN chose by that CPU)"
     from clbench.cpu_kernels import exact_across, vendor_of
 
-    pin = cpu.get("pin")
     if not exact_across(pin, cpu, here):
         return (f"pinned to {pin} on a CPU of another vendor ({vendor_of(cpu) or 'not recorded'}, rerun on "
                 f"{vendor_of(here) or 'unknown'}: MKL's {pin} branch is Intel's own, other CPUs take their own)")
@@ -51,7 +51,7 @@ def why_not_exact(committed: dict, rerun: dict, at_recorded_level: bool) -> str 
 
 def _cells(committed: dict, rerun: dict) -> Iterator[tuple[str, float, float, float, int | None]]:
     """(where, committed, rerun, SE, n) for every number that has a recorded SE."""
-    counts = committed.get("r_n") or []  # None where a column's metric is not a share of samples (a regression loss)
+    counts = committed.get("r_n") or []  # None where a column's metric is no share of samples (a loss)
     for i, (row, new_row, se_row) in enumerate(zip(committed.get("r_matrix") or [], rerun.get("r_matrix") or [],
                                                    committed.get("r_stderr") or [])):
         for j, (a, b, se) in enumerate(zip(row, new_row, se_row or [])):

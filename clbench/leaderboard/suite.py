@@ -49,8 +49,8 @@ model, a CPU shared with other work makes extra threads spin rather than help (t
 suite ran over ten times faster with one thread than with two on a busy 2-core machine), and
 a few reductions (e.g. EWC's Fisher) can round differently with another thread count.
 
-``cpu_kernels`` and ``precision`` make the entries rerun exactly on another CPU of the same vendor: every run
-computes with ATen's, MKL's and oneDNN's kernels pinned to AVX2 (:mod:`clbench.cpu_kernels`;
+``cpu_kernels`` and ``precision`` make the entries rerun exactly on another CPU of the same
+vendor: every run computes with ATen's, MKL's and oneDNN's kernels pinned to AVX2 (:mod:`clbench.cpu_kernels`;
 ``native``: unpinned, the default off x86-64) and, where its config sets no ``trainer.precision``, in fp32 on any CPU
 (a single ``clbench run`` of a language model takes bf16-mixed where the CPU has bf16 units:
 :mod:`clbench.engine.precision`). Entries record both (``env.cpu.pin``, ``env.precision``).
