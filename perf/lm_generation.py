@@ -6,9 +6,14 @@ rounds interleaved (who goes first alternates), on the model the config builds:
 - ``per-batch``: what the causal-LM objective did before pooling, and what ``model.generate``
   alone does: each loader batch of ``train.eval_batch_size`` prompts, left-padded to its
   longest, decoded by one ``generate`` call up to its column's ``max_new_tokens``;
+- ``pooled by cap``: pooling as it was before the greedy loop: every batch kept, rows grouped
+  by answer cap, sorted by column and prompt length, ``objective.init_args.generation_batch``
+  rows a batch, each batch decoded by one ``generate`` call (a column's shared instruction
+  prefilled once): what a run still does with ``kv_cache: static`` or a hooked model (MoSEs);
 - ``pooled``: the objective's evaluation as a run does it: every batch kept, then decoded by
-  :meth:`~clbench.objectives.causal_lm.CausalLanguageModeling.finish_evaluation` (rows grouped by
-  answer cap, sorted by prompt length, ``objective.init_args.generation_batch`` rows a batch).
+  :meth:`~clbench.objectives.causal_lm.CausalLanguageModeling.finish_evaluation` in batches of
+  any caps, each column's rows prefilled apart by length bucket, one greedy loop a batch that
+  drops each row at its EOS or cap (:mod:`clbench.objectives.greedy_loop`).
 
 ``--bf16`` adds both again under ``torch.autocast("cpu", torch.bfloat16)``, as a ``bf16-mixed``
 run evaluates (the default of a language model on a CPU with bf16 units,
@@ -35,6 +40,7 @@ import argparse
 import statistics
 import time
 import warnings
+from unittest import mock
 
 
 def main() -> None:
@@ -105,7 +111,11 @@ def main() -> None:
         finally:
             objective.kv_cache = kept
 
-    contenders = {"per-batch": per_batch, "pooled": pooled}
+    def pooled_by_cap():
+        with mock.patch("clbench.objectives.greedy_loop.plain_greedy", return_value=False):
+            return pooled()
+
+    contenders = {"per-batch": per_batch, "pooled by cap": pooled_by_cap, "pooled": pooled}
     if args.bf16:
         contenders.update({"per-batch bf16": in_bf16(per_batch), "pooled bf16": in_bf16(pooled)})
     if args.static:

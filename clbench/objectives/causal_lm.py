@@ -21,9 +21,9 @@ Evaluation decodes from the same rendered prompt. TRACE feeds plain prompts (the
 Evaluation: greedy decoding, batched, with the KV cache, from left-padded prompts (every prompt
 then ends where decoding starts), stopping at EOS or after ``max_new_tokens``. A pass's prompts
 are kept until it ends and decoded together (:mod:`~clbench.objectives.generation_pool`:
-batches of one answer cap, ``generation_batch`` rows ordered by column and length, a column's
-shared instruction prefilled once); under sharded parameters each batch is decoded as it comes,
-every rank in step. The generation
+``generation_batch`` rows ordered by column and length, a column's shared instruction
+prefilled once, one greedy loop a batch that drops each row at its own EOS or cap); under
+sharded parameters each batch is decoded as it comes, every rank in step. The generation
 is decoded without special tokens, then scored by the column's task metric
 (:mod:`clbench.metrics.text`; TRACE's per-task choice arrives from the stream as
 ``task_metrics``). A metric of TRACE's own scoring (``scoring = "trace"``) gets the text as
@@ -106,11 +106,13 @@ class CausalLanguageModeling(Objective):
     ``pool_generation: false`` decodes each loader batch as it comes instead, as sharded
     parameters always do: greedy tokens then do not depend on how a pass was pooled (under
     bf16 the rounding of other rows can flip a near tie), e.g. to compare a DDP run with a
-    sharded one. ``kv_cache: static`` decodes with transformers' static cache, whose decoding
-    step transformers compiles on a GPU (:mod:`~clbench.objectives.kv_cache`); off by default:
-    its tokens may differ from the dynamic cache's at a near tie, and the committed
-    leaderboards were made with the dynamic one. Sharded parameters, and a model whose forward
-    hooks change what its forward sees (MoSEs), decode with the dynamic cache.
+    sharded one. A pooled pass decodes with the dynamic cache in the objective's own greedy
+    loop (:mod:`~clbench.objectives.greedy_loop`). ``kv_cache: static`` decodes with
+    transformers' static cache through ``generate``, whose decoding step transformers compiles
+    on a GPU (:mod:`~clbench.objectives.kv_cache`); off by default: its tokens may differ from
+    the dynamic cache's at a near tie. Sharded parameters, and a model whose forward hooks
+    change what its forward sees (MoSEs), decode with the dynamic cache through ``generate``,
+    as does a model whose generation config is more than a plain argmax (a repetition penalty).
     """
 
     model_args: ClassVar[tuple[str, ...]] = ()
@@ -256,10 +258,26 @@ class CausalLanguageModeling(Objective):
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                              do_sample=False, use_cache=True, pad_token_id=tok.pad_token_id,
                              eos_token_id=tok.eos_token_id, synced_gpus=sharded, **cached)
+        return self._texts(out[:, input_ids.shape[1]:], raw)
+
+    def _texts(self, tokens: Any, raw: bool) -> list[str]:
+        """Generated token rows as text: without special tokens, stripped; ``raw`` as TRACE's
+        inference decodes them (no clean-up of tokenization spaces, nothing stripped)."""
         if raw:
-            return tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True,
-                                    clean_up_tokenization_spaces=False)
-        return [text.strip() for text in tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)]
+            return self.tokenizer.batch_decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return [text.strip() for text in self.tokenizer.batch_decode(tokens, skip_special_tokens=True)]
+
+    @torch.no_grad()
+    def decode_loop(self, model, rows: list[Tensor], caps: list[int], columns: list[Any], raws: list[bool]
+                    ) -> list[str]:
+        """Greedy continuations of a pooled batch of any caps, each row stopped at its own EOS or
+        cap (:func:`~clbench.objectives.greedy_loop.greedy`), as text."""
+        from clbench.objectives.greedy_loop import greedy
+
+        tok = self.tokenizer
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        tokens = greedy(model, rows, caps, columns, pad_id, tok.eos_token_id)
+        return [self._texts([t], raw)[0] for t, raw in zip(tokens, raws)]
 
     def _frequency_buckets(self) -> Tensor:
         """Token id -> frequency bucket (0 = most frequent), from the stream's training records."""
@@ -331,13 +349,16 @@ class CausalLanguageModeling(Objective):
         unless ``evaluating(column)``, the strategy's per-column context, is given: then per
         column inside it), then score each batch in the order it came."""
         from clbench.objectives.generation_pool import decode
+        from clbench.objectives.greedy_loop import plain_greedy
 
         pending, self._pending = self._pending, []
         if not pending:
             return
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        looped = self.kv_cache == "dynamic" and not forward_hooked(model) and plain_greedy(model)
         with routing.paused():
-            self._generation_rows = decode(model, pending, self.generate, pad_id, self.generation_batch, evaluating)
+            self._generation_rows = decode(model, pending, self.generate, pad_id, self.generation_batch, evaluating,
+                                           loop=self.decode_loop if looped else None)
         for batch in pending:
             self._score(batch)
 

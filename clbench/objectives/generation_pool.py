@@ -2,22 +2,23 @@
 
 Decoding each loader batch as it comes (``eval_batch_size`` rows, padded to the batch's longest
 prompt, one ``generate`` per batch) pays for padding, for every row's copy of its task's
-instruction, and for each decoding step's fixed cost once per small batch. The causal-LM
-objective therefore keeps a pass's prompts until the pass ends (:class:`PendingBatch`) and
-decodes them together (:func:`decode`):
+instruction, for each decoding step's fixed cost once per small batch, and for every row that
+stopped early until its batch ends. The causal-LM objective therefore keeps a pass's prompts
+until the pass ends (:class:`PendingBatch`) and decodes them together (:func:`decode`):
 
-- rows are grouped by their answer cap (a task's ``max_new_tokens``), so no row decodes past
-  its own cap and a batch ends when its rows reach EOS or that cap;
-- within a group, rows are ordered by column, then by prompt length (ties in arrival order),
-  so a batch pads its prompts to near-equal lengths;
-- a group is cut into the fewest batches of at most ``rows`` rows, of near-equal size;
-- within a batch, the token prefix a column's rows share (its task instruction) is prefilled
-  once and its KV cache copied to each of them (:func:`shared_prefix_cache`): each row
-  prefills its own tokens only.
+- rows are ordered by column, then by prompt length (ties in arrival order), and cut into the
+  fewest batches of at most ``rows`` rows, of near-equal size (:func:`plan`);
+- a batch is decoded by :mod:`~clbench.objectives.greedy_loop`: each column's rows prefilled
+  apart, in buckets of near-equal length, the instruction they share once; one greedy loop
+  over the batch, each row dropped at its own EOS or answer cap (a task's ``max_new_tokens``);
+- where the objective decodes with transformers' ``generate`` instead (a static KV cache, a
+  model whose forward hooks change its inputs, a generation config that is not a plain argmax),
+  rows are first grouped by answer cap, so no row decodes past its own, and a batch's shared
+  instructions are prefilled once (:func:`shared_prefix_cache`).
 
 On a CPU a decoding step over 64 rows costs a few times one over 8, for eight times the tokens,
-and prefill costs per token, so what padding and repeated instructions are saved is saved
-outright (``perf/lm_generation.py`` measures both).
+and prefill costs per token, so what padding, repeated instructions and finished rows cost is
+saved outright (``perf/lm_generation.py`` measures it).
 
 Greedy tokens are not bit-equal to one-batch-at-a-time decoding: a row's logits round
 differently beside other rows (about 4e-5 in SmolLM2's logits), and a near tie may flip. The
@@ -65,17 +66,21 @@ class PendingBatch:
 
 
 def decode(model: Any, pending: list[PendingBatch], generate: Callable[..., list[str]], pad_id: int, rows: int,
-           evaluating: Callable[[Any], ContextManager[None]] | None = None) -> list[int]:
+           evaluating: Callable[[Any], ContextManager[None]] | None = None,
+           loop: Callable[..., list[str]] | None = None) -> list[int]:
     """Fill every pending batch's ``predictions``: rows pooled across batches (and across
     columns unless ``evaluating(column)``, the strategy's per-column context, is given: then per
-    column inside it), decoded by ``generate(model, ids, mask, cap, raw=, cache=)``. Returns the
-    sizes of the batches decoded."""
+    column inside it), decoded by ``loop(model, rows, caps, columns, raws)``
+    (:mod:`~clbench.objectives.greedy_loop`: a batch of any caps, each row stopped on its own)
+    where given, else by ``generate(model, ids, mask, cap, raw=, cache=)`` in batches of one cap.
+    Returns the sizes of the batches decoded."""
     flat = [(b, i) for b, batch in enumerate(pending) for i in range(len(batch.rows))]
     for batch in pending:
         batch.predictions = [None] * len(batch.rows)
     order = {c: k for k, c in enumerate(dict.fromkeys(id(b.column) for b in pending))}  # columns as they came
     columns = [order[id(pending[b].column)] for b, _ in flat]
-    groups = [(pending[b].cap, pending[b].raw, columns[n] if evaluating else None) for n, (b, _) in enumerate(flat)]
+    groups = [(None, None) if loop else (pending[b].cap, pending[b].raw) for b, _ in flat]
+    groups = [(*group, columns[n] if evaluating else None) for n, group in enumerate(groups)]
     lengths = [len(pending[b].rows[i]) for b, i in flat]
     wanted = rows_that_fit(model, max(lengths) + max(b.cap for b in pending), rows)
     share = not forward_hooked(model)  # MoSEs prepends its prompts: no prefix is shared then
@@ -84,9 +89,13 @@ def decode(model: Any, pending: list[PendingBatch], generate: Callable[..., list
         first = pending[flat[members[0]][0]]
         batch_rows = [pending[b].rows[i] for b, i in (flat[m] for m in members)]
         with evaluating(first.column) if evaluating else contextlib.nullcontext():
-            laid_out = shared_prefix_cache(model, batch_rows, [columns[m] for m in members], pad_id) if share else None
-            ids, mask, cache = laid_out if laid_out is not None else (*left_padded(batch_rows, pad_id), None)
-            texts = generate(model, ids, mask, first.cap, raw=first.raw, cache=cache)
+            if loop:
+                texts = loop(model, batch_rows, [pending[flat[m][0]].cap for m in members],
+                             [columns[m] for m in members], [pending[flat[m][0]].raw for m in members])
+            else:
+                laid_out = shared_prefix_cache(model, batch_rows, [columns[m] for m in members], pad_id) if share else None
+                ids, mask, cache = laid_out if laid_out is not None else (*left_padded(batch_rows, pad_id), None)
+                texts = generate(model, ids, mask, first.cap, raw=first.raw, cache=cache)
         for m, text in zip(members, texts):
             b, i = flat[m]
             pending[b].predictions[i] = text
@@ -164,6 +173,13 @@ def common_prefix(rows: list[Tensor]) -> int:
     return int(differs[0]) if len(differs) else shortest
 
 
+def shared_span(rows: list[Tensor]) -> int:
+    """The leading tokens of ``rows`` worth prefilling once: their common prefix, each row
+    keeping at least one token of its own; 0 below :data:`MIN_SHARED_PREFIX`."""
+    shared = min(common_prefix(rows), min(len(r) for r in rows) - 1)
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
+
 def shared_prefix_cache(model: Any, rows: list[Tensor], keys: list[Hashable], pad_id: int
                         ) -> tuple[Tensor, Tensor, Any] | None:
     """``(input_ids, attention_mask, cache)`` for ``generate``: the rows laid out as
@@ -175,11 +191,7 @@ def shared_prefix_cache(model: Any, rows: list[Tensor], keys: list[Hashable], pa
     key/value cache."""
     from transformers import DynamicCache
 
-    spans: dict[Hashable, int] = {}
-    for key in dict.fromkeys(keys):
-        members = [r for r, k in zip(rows, keys) if k == key]
-        shared = min(common_prefix(members), min(len(r) for r in members) - 1)
-        spans[key] = shared if shared >= MIN_SHARED_PREFIX else 0
+    spans = {key: shared_span([r for r, k in zip(rows, keys) if k == key]) for key in dict.fromkeys(keys)}
     if not any(spans.values()):
         return None
     width = max(spans.values())

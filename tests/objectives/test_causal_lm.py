@@ -3,6 +3,7 @@ TRACE-format stream through the runner with checkpoints and generations."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -13,6 +14,24 @@ from helpers import TINY_LM, crash_at, lm_objective, tiny_config, tiny_lm
 @pytest.fixture(scope="module")
 def model():
     return tiny_lm()
+
+
+@contextlib.contextmanager
+def decoding_steps(model):
+    """The rows of each decoding step (a forward over one new token a row) of ``model``: its
+    forward wrapped, not hooked (a forward hook makes the objective decode with ``generate``)."""
+    steps, forward = [], model.hf.forward
+
+    def counted(*args, **kwargs):
+        if kwargs["input_ids"].shape[1] == 1:
+            steps.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    model.hf.forward = counted
+    try:
+        yield steps
+    finally:
+        del model.hf.forward
 
 
 def test_the_loss_is_on_answer_tokens_only_and_truncation_cuts_the_prompts_left(model):
@@ -95,17 +114,18 @@ def test_batched_generation_from_left_padded_prompts_equals_one_prompt_at_a_time
     assert float(metrics.compute()["exact_match"]) == sum(p == r["answer"] for p, r in zip(together, records)) / 2
 
 
-def test_a_pass_is_decoded_pooled_by_cap_and_length_and_scored_in_the_order_it_came(model):
-    """Batches of three columns (caps 2, 2 and 5) are decoded together after the pass: every
-    batch holds one cap, its rows by column and length, a column's shared instruction prefilled
-    once, no row decodes past its cap, and each column's metric and saved rows get what
-    decoding its loader batches one by one gives."""
+def test_a_pass_is_decoded_pooled_by_column_and_length_and_scored_in_the_order_it_came(model):
+    """Batches of three columns (caps 2, 2 and 5) are decoded together after the pass: a batch
+    holds rows of any cap, by column and length, each column prefilled apart (its shared
+    instruction once), no row decoding past its cap, and each column's metric and saved rows
+    get what decoding its loader batches one by one gives."""
     from torchmetrics import MetricCollection
 
     from unittest import mock
 
     from clbench.data.streams import Experience
-    from clbench.objectives.generation_pool import plan, shared_prefix_cache
+    from clbench.objectives import greedy_loop
+    from clbench.objectives.generation_pool import plan
 
     caps = {"a": 2, "b": 2, "c": 5}
     words = ["alpha", "beta gamma", "delta epsilon zeta eta", "theta", "iota kappa lambda", "mu nu xi omicron pi rho"]
@@ -130,14 +150,13 @@ def test_a_pass_is_decoded_pooled_by_cap_and_length_and_scored_in_the_order_it_c
                         objective.generate(model, batch["input_ids"], batch["attention_mask"], caps[name]))
         if pooled:
             assert objective._generations == {}  # nothing is decoded before the pass ends
-            shared = []
+            parts, prefill = [], greedy_loop.prefill
 
-            def spy(model_, rows, keys, pad_id):
-                laid_out = shared_prefix_cache(model_, rows, keys, pad_id)
-                shared.extend([rows[0][:2].tolist()] if laid_out is not None else [])
-                return laid_out
+            def spy(model_, rows, pad_id, prefix=None, shared=0):
+                parts.append(([r[:shared].tolist() for r in rows], [len(r) for r in rows]))
+                return prefill(model_, rows, pad_id, prefix, shared)
 
-            with mock.patch("clbench.objectives.generation_pool.shared_prefix_cache", spy):
+            with mock.patch.object(greedy_loop, "prefill", spy), decoding_steps(model) as steps:
                 objective.finish_evaluation(model)
             runs["pooled"] = ({n: [r["prediction"] for r in rows] for n, rows in objective._generations.items()},
                               {n: float(m.compute()["exact_match"]) for n, m in metrics.items()},
@@ -149,10 +168,17 @@ def test_a_pass_is_decoded_pooled_by_cap_and_length_and_scored_in_the_order_it_c
     assert scores == {n: sum(p == "x" for p in predictions[n]) / 7 for n in caps}
     assert rows == 4
     tok = model.tokenizer
-    # the instructions of a and b were prefilled once per batch; c's one-token tag is not worth it
-    assert len(shared) == 4 and all(ids == tok(f"{instruction[n]}", add_special_tokens=False)["input_ids"][:2]
-                                    for ids, n in zip(shared, "aabb"))
-    # the plan: caps 2 and 5 never share a batch; 14 rows of cap 2 in four batches of 3-4, by length
+    # 21 rows by column and length in six batches of 3-4; every part's rows share their column's
+    # instruction (a and b, whose instructions are worth prefilling once) or nothing (c's tag)
+    assert sum(len(lengths) for _, lengths in parts) == 21
+    prefixes = {name: tok(instruction[name], add_special_tokens=False)["input_ids"] for name in caps}
+    shared_by = [next((n for n in "ab" if p and p[0] == prefixes[n][:len(p[0])]), None) for p, _ in parts]
+    assert {n for n in shared_by if n} == {"a", "b"} and all(len(set(map(tuple, p))) == 1 for p, _ in parts if p)
+    assert all(lengths == sorted(lengths) for _, lengths in parts)
+    # one decoding loop a batch, no row past its cap: batches holding a row of c decode 4 more
+    # steps after the first token, the others at most one; finished rows leave the batch
+    assert max(steps) <= 4 and len(steps) <= 6 * 4
+    # the generate path (static cache, hooked models) still plans batches of one cap
     lengths = [len(tok(r["prompt"], add_special_tokens=False)["input_ids"]) for n in caps for r in records[n]]
     groups = [caps[n] for n in caps for _ in records[n]]
     batches = plan(lengths, groups, 4)
@@ -160,6 +186,65 @@ def test_a_pass_is_decoded_pooled_by_cap_and_length_and_scored_in_the_order_it_c
     assert all(len({groups[i] for i in b}) == 1 for b in batches)
     cap2 = [i for b in batches if groups[b[0]] == 2 for i in b]
     assert [lengths[i] for i in cap2] == sorted(lengths[i] for i in range(14))
+
+
+def test_the_greedy_loop_stops_each_row_at_its_cap_or_eos_and_drops_it(model):
+    """Rows of caps 1, 3 and 6 in one batch get what ``generate`` gives each alone with its own
+    cap; a row that stops leaves the batch (the decoding steps' rows only fall); a row whose
+    greedy token is EOS stops there, the EOS kept."""
+    from clbench.objectives.greedy_loop import greedy
+
+    tok = model.tokenizer
+    objective = lm_objective(model, max_length=64)
+    prompts = ["one two three", "alpha beta gamma delta", "x y", "the list goes on and on"]
+    rows = [torch.tensor(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    caps = [1, 3, 6, 6]
+    alone = [model.generate(input_ids=r[None], attention_mask=torch.ones_like(r)[None], max_new_tokens=c,
+                            do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[0, len(r):]
+             .tolist() for r, c in zip(rows, caps)]
+    with decoding_steps(model) as steps:
+        tokens = greedy(model, rows, caps, [0, 1, 2, 3], tok.pad_token_id, tok.eos_token_id)
+    assert tokens == alone
+    assert steps == [3, 3, 2, 2, 2]  # the cap-1 row never steps; the cap-3 row leaves after its third token
+    # EOS: make the second row's first greedy token the EOS, by naming that token the EOS
+    eos = alone[1][0]
+    stopped = greedy(model, rows, caps, [0, 1, 2, 3], tok.pad_token_id, eos)
+    assert stopped[1] == [eos] and all(eos not in t[:-1] for t in stopped)
+    assert objective.decode_loop(model, rows, caps, [0, 1, 2, 3], [False] * 4) == objective._texts(alone, False)
+
+
+def test_a_column_is_cut_into_length_buckets_where_padding_costs_more_than_a_forward():
+    from clbench.objectives.greedy_loop import length_buckets
+
+    assert length_buckets([5, 5, 6, 6], cost=32) == [4]  # 2 padded positions: one part
+    assert length_buckets([3, 3, 3, 60, 60], cost=32) == [3, 5]  # 3 x 57 padded positions: two parts
+    assert length_buckets([3, 3, 3, 60, 60], cost=1000) == [5]
+    assert length_buckets([7], cost=0) == [1]
+
+
+def test_a_generation_config_that_is_not_plain_argmax_decodes_with_generate(model):
+    """A repetition penalty in the model's generation config is applied by ``generate``; the
+    objective then decodes with it, not with its own loop, and gives its texts."""
+    import copy
+
+    from torchmetrics import MetricCollection
+
+    from clbench.objectives.greedy_loop import plain_greedy
+
+    assert plain_greedy(model)
+    penalised = copy.deepcopy(model)
+    penalised.hf.generation_config.repetition_penalty = 5.0
+    assert not plain_greedy(penalised)
+    records = [{"prompt": f"word {i} word {i} word", "answer": "x"} for i in range(4)]
+    texts = {}
+    for name, m in (("plain", model), ("penalised", penalised)):
+        objective = lm_objective(m, max_length=64, max_new_tokens=8)
+        batch = objective.collate(train=False)(records)
+        objective.evaluate(m, batch, MetricCollection(objective.metrics(None)))
+        objective.finish_evaluation(m)
+        texts[name] = [r["prediction"] for r in objective._generations["all"]]
+        assert texts[name] == objective.generate(m, batch["input_ids"], batch["attention_mask"], 8)
+    assert texts["plain"] != texts["penalised"]
 
 
 def test_a_strategy_context_keeps_each_column_apart_and_wraps_its_decoding(model):
