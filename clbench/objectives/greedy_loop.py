@@ -76,7 +76,8 @@ class Prefilled:
 
 def length_buckets(lengths: list[int], cost: int = PART_COST) -> list[int]:
     """Where to cut rows sorted by length into parts: the ends of the parts (exclusive) that
-    minimise the padded positions plus ``cost`` per part (a part's rows are padded to its last)."""
+    minimise the positions prefilled (a part's rows padded to its last, the longest) plus
+    ``cost`` per part."""
     n = len(lengths)
     best = [0] + [None] * n  # best[j]: the cheapest cut of the first j rows
     cut = [0] * (n + 1)
