@@ -112,7 +112,8 @@ class CausalLanguageModeling(Objective):
     on a GPU (:mod:`~clbench.objectives.kv_cache`); off by default: its tokens may differ from
     the dynamic cache's at a near tie. Sharded parameters, and a model whose forward hooks
     change what its forward sees (MoSEs), decode with the dynamic cache through ``generate``,
-    as does a model whose generation config is more than a plain argmax (a repetition penalty).
+    as does a model whose generation config is more than a plain argmax (a repetition penalty)
+    or whose cache keeps a sliding window.
     """
 
     model_args: ClassVar[tuple[str, ...]] = ()

@@ -12,7 +12,8 @@ until the pass ends (:class:`PendingBatch`) and decodes them together (:func:`de
   apart, in buckets of near-equal length, the instruction they share once; one greedy loop
   over the batch, each row dropped at its own EOS or answer cap (a task's ``max_new_tokens``);
 - where the objective decodes with transformers' ``generate`` instead (a static KV cache, a
-  model whose forward hooks change its inputs, a generation config that is not a plain argmax),
+  model whose forward hooks change its inputs, a generation config that is not a plain argmax,
+  a sliding-window cache),
   rows are first grouped by answer cap, so no row decodes past its own, and a batch's shared
   instructions are prefilled once (:func:`shared_prefix_cache`).
 

@@ -58,10 +58,17 @@ NEUTRAL = {"num_beams": (None, 1), "num_beam_groups": (None, 1), "repetition_pen
 
 def plain_greedy(model: Any) -> bool:
     """Whether ``generate(do_sample=False)`` on ``model`` is the plain argmax this loop computes:
-    its generation config sets none of the :data:`NEUTRAL` fields to another value."""
+    its generation config sets none of the :data:`NEUTRAL` fields to another value, and its
+    cache is a plain key/value cache in every layer (a sliding-window layer keeps only its last
+    positions, which left-padding rows to one width would not respect)."""
+    from transformers import DynamicCache
+
     hf = getattr(model, "hf", model)
     config = getattr(hf, "generation_config", None)
-    return config is not None and all(getattr(config, name, None) in values for name, values in NEUTRAL.items())
+    if config is None or any(getattr(config, name, None) not in values for name, values in NEUTRAL.items()):
+        return False
+    layers = DynamicCache(config=getattr(hf, "config", None)).layers
+    return all(type(layer).__name__ == "DynamicLayer" for layer in layers)
 
 
 @dataclass
@@ -98,11 +105,13 @@ def prefill(model: Any, rows: list[Tensor], pad_id: int, prefix: Any = None, sha
     cache of the first ``shared`` tokens (one row), is repeated to every row first."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=getattr(model, "config", None))
-    if prefix is not None:
+    config = getattr(model, "config", None)
+    if prefix is None:
+        cache = DynamicCache(config=config)
+    else:
         cache = DynamicCache(ddp_cache_data=[(layer.keys.expand(len(rows), -1, -1, -1).contiguous(),
                                               layer.values.expand(len(rows), -1, -1, -1).contiguous())
-                                             for layer in prefix.layers], config=getattr(model, "config", None))
+                                             for layer in prefix.layers], config=config)
     ids, mask = left_padded([r[shared:] for r in rows], pad_id)
     mask = torch.cat([mask.new_ones((len(rows), shared)), mask], 1)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, shared:]

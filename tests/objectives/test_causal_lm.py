@@ -232,6 +232,10 @@ def test_a_generation_config_that_is_not_plain_argmax_decodes_with_generate(mode
     from clbench.objectives.greedy_loop import plain_greedy
 
     assert plain_greedy(model)
+    sliding = copy.deepcopy(model)
+    sliding.hf.config.layer_types = ["sliding_attention"] + sliding.hf.config.layer_types[1:]
+    sliding.hf.config.sliding_window = 8
+    assert not plain_greedy(sliding)  # a cache that keeps a window only is not joined by left-padding
     penalised = copy.deepcopy(model)
     penalised.hf.generation_config.repetition_penalty = 5.0
     assert not plain_greedy(penalised)
