@@ -94,6 +94,21 @@ def test_the_run_trains_in_the_chosen_precision_and_records_it(tmp_path, monkeyp
     assert all(v is not None for row in mixed["r_matrix"] for v in row)
 
 
+def _spy_decoding(monkeypatch, record):
+    """``record(model)`` each time the causal-LM objective decodes a batch: through transformers'
+    ``generate`` or through its own greedy loop."""
+    from clbench.objectives.causal_lm import CausalLanguageModeling
+
+    def spied(original):
+        def spy(self, model, *args, **kwargs):
+            record(model)
+            return original(self, model, *args, **kwargs)
+        return spy
+
+    for decoder in ("generate", "decode_loop"):
+        monkeypatch.setattr(CausalLanguageModeling, decoder, spied(getattr(CausalLanguageModeling, decoder)))
+
+
 @pytest.mark.parametrize("chosen", ["bf16-mixed", "32-true"])
 def test_pooled_generation_runs_in_the_run_s_precision(tmp_path, monkeypatch, chosen):
     """Generation is deferred to the end of the evaluation pass (pooled), outside Lightning's
@@ -102,16 +117,9 @@ def test_pooled_generation_runs_in_the_run_s_precision(tmp_path, monkeypatch, ch
     import torch
 
     from clbench.engine.runner import run
-    from clbench.objectives.causal_lm import CausalLanguageModeling
 
     seen = []
-    original = CausalLanguageModeling.generate
-
-    def spy(self, *args, **kwargs):
-        seen.append(torch.is_autocast_enabled("cpu"))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(CausalLanguageModeling, "generate", spy)
+    _spy_decoding(monkeypatch, lambda model: seen.append(torch.is_autocast_enabled("cpu")))
     result = run(_lm(trainer={"accelerator": "cpu", "devices": 1, "precision": chosen}), tmp_path / "run")
     assert result["env"]["precision"] == chosen
     assert seen and all(enabled == (chosen == "bf16-mixed") for enabled in seen)
@@ -158,16 +166,10 @@ def test_a_bf16_mixed_run_decodes_with_its_frozen_base_cast_once(tmp_path, monke
     """In a bf16-mixed LoRA run the pooled decode sees every weight marked (so autocast keeps
     its casts), and training still sees the base frozen; in fp32 (the control) nothing is marked."""
     from clbench.engine.runner import run
-    from clbench.objectives.causal_lm import CausalLanguageModeling
 
     marked = []
-    original = CausalLanguageModeling.generate
-
-    def spy(self, model, *args, **kwargs):
-        marked.append(all(p.requires_grad for p in model.parameters() if p.is_floating_point()))
-        return original(self, model, *args, **kwargs)
-
-    monkeypatch.setattr(CausalLanguageModeling, "generate", spy)
+    _spy_decoding(monkeypatch, lambda model: marked.append(
+        all(p.requires_grad for p in model.parameters() if p.is_floating_point())))
     result = run(_lm(strategy={"class_path": "seq_lora"},
                      trainer={"accelerator": "cpu", "devices": 1, "precision": chosen}), tmp_path / "run")
     assert marked and all(m == (chosen == "bf16-mixed") for m in marked)
