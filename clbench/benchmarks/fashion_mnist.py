@@ -107,9 +107,14 @@ def locate(root: str | None) -> Path:
     return base
 
 
+def installed_root() -> Path | None:
+    """The first of :func:`default_roots` that holds all four files (None: none does)."""
+    return next((base for base in default_roots() if all(_file_in(base, spec) for spec in FILES.values())), None)
+
+
 def _default_root() -> Path:
     """The first of :func:`default_roots` that holds all four files."""
-    found = next((base for base in default_roots() if all(_file_in(base, spec) for spec in FILES.values())), None)
+    found = installed_root()
     if found is None:
         tried = " or ".join(str(p) for p in default_roots())
         raise ArgumentError("benchmark", "root", f"Fashion-MNIST not found in {tried}",
