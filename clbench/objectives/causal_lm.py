@@ -356,7 +356,9 @@ class CausalLanguageModeling(Objective):
         if not pending:
             return
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        looped = self.kv_cache == "dynamic" and not forward_hooked(model) and plain_greedy(model)
+        # the loop calls the transformers model's forward itself (cache, position_ids, logits_to_keep)
+        looped = (self.kv_cache == "dynamic" and not forward_hooked(model) and plain_greedy(model)
+                  and _keeps_logits(model))
         with routing.paused():
             self._generation_rows = decode(model, pending, self.generate, pad_id, self.generation_batch, evaluating,
                                            loop=self.decode_loop if looped else None)

@@ -131,8 +131,8 @@ def joined(parts: list[Prefilled], config: Any = None) -> Prefilled:
     def stacked(tensors: list[Tensor], dim: int) -> Tensor:
         return torch.cat([F.pad(t, (0, 0) * (t.dim() - 1 - dim) + (width - t.shape[dim], 0)) for t in tensors])
 
-    layers = [(stacked([p.cache.layers[d].keys for p in parts], 2), stacked([p.cache.layers[d].values for p in parts], 2))
-              for d in range(len(parts[0].cache.layers))]
+    layers = [(stacked([p.cache.layers[d].keys for p in parts], 2),
+               stacked([p.cache.layers[d].values for p in parts], 2)) for d in range(len(parts[0].cache.layers))]
     return Prefilled(DynamicCache(ddp_cache_data=layers, config=config), stacked([p.mask for p in parts], 1),
                      torch.cat([p.logits for p in parts]))
 
