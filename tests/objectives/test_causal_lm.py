@@ -4,6 +4,7 @@ TRACE-format stream through the runner with checkpoints and generations."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 
 import pytest
@@ -22,6 +23,7 @@ def decoding_steps(model):
     forward wrapped, not hooked (a forward hook makes the objective decode with ``generate``)."""
     steps, forward = [], model.hf.forward
 
+    @functools.wraps(forward)  # its signature kept: generate and the objective read it
     def counted(*args, **kwargs):
         if kwargs["input_ids"].shape[1] == 1:
             steps.append(kwargs["input_ids"].shape[0])
