@@ -48,11 +48,9 @@ counted units are the tokens of each test sample's prompt + reference answer in 
 teacher-forced forward pass (the "old-task tokens" of MH-MoE's N_eff; test batches carry those
 sequences only when the model has routing layers as its loaders are built), not the generation,
 whose decoding steps are left unrecorded: what a generation routes depends on what the model
-generates. A token's composition is (task, relative-position bucket, token-frequency bucket):
-:data:`POSITION_BUCKETS` equal quarters of the sequence, and :data:`FREQUENCY_BUCKETS` classes
-of token ids holding equal thirds of the token occurrences in the stream's training records
-(at most :data:`FREQUENCY_SAMPLES` per task, in dataset order), rarest last. The paper's fourth
-feature, a stance label, exists for one of its datasets only and is left out.
+generates. A token's composition is (task, relative-position bucket, token-frequency bucket)
+(:mod:`~clbench.objectives.token_compositions`). The paper's fourth feature, a stance label,
+exists for one of its datasets only and is left out.
 """
 
 from __future__ import annotations
@@ -73,14 +71,12 @@ from clbench.models.protocol import has_routing_layers
 from clbench.models.sharded import is_sharded
 from clbench.objectives.base import Objective
 from clbench.objectives.kv_cache import KVCache, forward_hooked, static_cache
-from clbench.objectives.text_batches import IGNORE, TextCollator, answer_window, prompt_and_answer
+from clbench.objectives.text_batches import IGNORE, TextCollator, answer_window
+from clbench.objectives.token_compositions import frequency_buckets, token_labels
 from clbench.config.validation import ArgumentError
 
 Tokens = Annotated[int, Field(ge=1)]  # a number of generated tokens
 
-POSITION_BUCKETS = 4
-FREQUENCY_BUCKETS = 3
-FREQUENCY_SAMPLES = 2000
 
 
 def _keeps_logits(model) -> bool:
@@ -280,34 +276,12 @@ class CausalLanguageModeling(Objective):
         tokens = greedy(model, rows, caps, columns, pad_id, tok.eos_token_id)
         return [self._texts([t], raw)[0] for t, raw in zip(tokens, raws)]
 
-    def _frequency_buckets(self) -> Tensor:
-        """Token id -> frequency bucket (0 = most frequent), from the stream's training records."""
-        import numpy as np
-
-        if self._buckets is None:
-            counts = np.zeros(len(self.tokenizer), dtype=np.int64)
-            for exp in self.experiences:
-                data = exp.train
-                for i in range(min(len(data), FREQUENCY_SAMPLES)):
-                    prompt, answer = prompt_and_answer(data[i])
-                    ids = self.tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
-                    counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=len(counts))[: len(counts)]
-            order = np.argsort(-counts, kind="stable")
-            share = np.cumsum(counts[order]) / max(1, counts.sum())
-            buckets = np.empty(len(counts), dtype=np.int64)
-            buckets[order] = np.minimum((share * FREQUENCY_BUCKETS).astype(np.int64), FREQUENCY_BUCKETS - 1)
-            buckets[counts == 0] = FREQUENCY_BUCKETS - 1
-            self._buckets = torch.from_numpy(buckets)
-        return self._buckets
-
     def _record_routing(self, model, batch: dict) -> None:
         """One teacher-forced forward of prompt + answer, its tokens labelled for N_eff."""
         ids, mask = batch["forced_ids"], batch["forced_mask"]
-        position = (mask.cumsum(1) - 1).clamp(min=0)
-        length = mask.sum(1, keepdim=True).clamp(min=1)
-        buckets = self._frequency_buckets()
-        labels = torch.stack([position * POSITION_BUCKETS // length,
-                              buckets[ids.cpu().clamp(max=len(buckets) - 1)].to(ids.device)], -1)
+        if self._buckets is None:  # built when first needed, from the stream's training records
+            self._buckets = frequency_buckets(self.tokenizer, self.experiences)
+        labels = token_labels(ids, mask, self._buckets)
         # the records come from the layers; of the logits one position is enough (no LM head over all)
         keep = {"logits_to_keep": 1} if _keeps_logits(model) else {}
         with routing.units(token_mask=mask.bool(), token_labels=labels):

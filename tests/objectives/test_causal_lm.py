@@ -422,7 +422,8 @@ def test_routing_units_are_the_unpadded_teacher_forced_tokens_with_their_composi
     """The evaluation's routing records count each test sample's prompt + answer tokens once
     (no padding, no decoding steps), labelled by position and frequency bucket."""
     from clbench.metrics import RoutingRecorder
-    from clbench.objectives.causal_lm import FREQUENCY_BUCKETS, POSITION_BUCKETS, CausalLanguageModeling
+    from clbench.objectives.causal_lm import CausalLanguageModeling
+    from clbench.objectives.token_compositions import FREQUENCY_BUCKETS, POSITION_BUCKETS
     from clbench.data.streams import StreamSpec
     from clbench.strategies.moe_lora import LoRAMoE
     from lm_helpers import build, lm, stream
@@ -447,7 +448,7 @@ def test_routing_units_are_the_unpadded_teacher_forced_tokens_with_their_composi
     comps = recorder.compositions([1])
     assert {c["units"] for c in comps.values()} == {tokens}
     assert all(1 <= c["compositions"] <= POSITION_BUCKETS * FREQUENCY_BUCKETS for c in comps.values())
-    buckets = objective._frequency_buckets()
+    buckets = objective._buckets  # built by the first routing record, from the stream's training records
     assert buckets.shape[0] == len(objective.tokenizer) and int(buckets.max()) == FREQUENCY_BUCKETS - 1
     # the teacher-forced pass asks for one position's logits; with all of them the records are the same
     from unittest import mock
