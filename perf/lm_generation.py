@@ -112,7 +112,7 @@ def main() -> None:
             objective.kv_cache = kept
 
     def pooled_by_cap():
-        with mock.patch("clbench.objectives.greedy_loop.plain_greedy", return_value=False):
+        with mock.patch("clbench.objectives.greedy_loop.loop_decodes", return_value=False):
             return pooled()
 
     contenders = {"per-batch": per_batch, "pooled by cap": pooled_by_cap, "pooled": pooled}

@@ -70,21 +70,13 @@ from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
 from clbench.models.sharded import is_sharded
 from clbench.objectives.base import Objective
+from clbench.objectives.greedy_loop import keeps_logits, loop_decodes
 from clbench.objectives.kv_cache import KVCache, forward_hooked, static_cache
 from clbench.objectives.text_batches import IGNORE, TextCollator, answer_window
 from clbench.objectives.token_compositions import frequency_buckets, token_labels
 from clbench.config.validation import ArgumentError
 
 Tokens = Annotated[int, Field(ge=1)]  # a number of generated tokens
-
-
-
-def _keeps_logits(model) -> bool:
-    """Whether the transformers model inside ``model`` takes ``logits_to_keep``."""
-    import inspect
-
-    hf = getattr(model, "hf", model)
-    return "logits_to_keep" in inspect.signature(hf.forward).parameters
 
 
 class CausalLanguageModeling(Objective):
@@ -153,7 +145,7 @@ class CausalLanguageModeling(Objective):
             raise ArgumentError("objective", "chat_template", "chat_template is true but the model's tokenizer has no "
                                 "chat template",
                                 fix="set chat_template: false (plain prompts), or use an instruct model's tokenizer")
-        if self.answer_logits_only and not _keeps_logits(model):
+        if self.answer_logits_only and not keeps_logits(model):
             raise ArgumentError("objective", "answer_logits_only", f"{type(getattr(model, 'hf', model)).__name__} "
                                 "has no logits_to_keep argument",
                                 fix="set answer_logits_only: false for this model")
@@ -283,7 +275,7 @@ class CausalLanguageModeling(Objective):
             self._buckets = frequency_buckets(self.tokenizer, self.experiences)
         labels = token_labels(ids, mask, self._buckets)
         # the records come from the layers; of the logits one position is enough (no LM head over all)
-        keep = {"logits_to_keep": 1} if _keeps_logits(model) else {}
+        keep = {"logits_to_keep": 1} if keeps_logits(model) else {}
         with routing.units(token_mask=mask.bool(), token_labels=labels):
             model(input_ids=ids, attention_mask=mask, **keep)
 
@@ -324,15 +316,12 @@ class CausalLanguageModeling(Objective):
         unless ``evaluating(column)``, the strategy's per-column context, is given: then per
         column inside it), then score each batch in the order it came."""
         from clbench.objectives.generation_pool import decode
-        from clbench.objectives.greedy_loop import plain_greedy
 
         pending, self._pending = self._pending, []
         if not pending:
             return
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        # the loop calls the transformers model's forward itself (cache, position_ids, logits_to_keep)
-        looped = (self.kv_cache == "dynamic" and not forward_hooked(model) and plain_greedy(model)
-                  and _keeps_logits(model))
+        looped = self.kv_cache == "dynamic" and loop_decodes(model)
         with routing.paused():
             self._generation_rows = decode(model, pending, self.generate, pad_id, self.generation_batch, evaluating,
                                            loop=self.decode_loop if looped else None)

@@ -18,9 +18,9 @@ and still paid for every row that reached EOS early. Here a batch may hold rows 
 
 Each step is what ``generate`` computes for a greedy, unprocessed decode: the model's forward
 over the new token with the cache and the 2-D mask, the last position's logits in float32,
-their argmax. :func:`plain_greedy` checks that the model's generation config adds nothing to
-that (a repetition penalty, forced or suppressed tokens, beams); where it does, the objective
-decodes with ``generate``. What changes is which rows share a matrix product, so a row's logits
+their argmax. :func:`loop_decodes` checks that the model's generation config adds nothing to
+that (a repetition penalty, forced or suppressed tokens, beams) and that no hook changes its
+forward; where either does, the objective decodes with ``generate``. What changes is which rows share a matrix product, so a row's logits
 round differently than in a batch of other rows (as pooling already did), and a near tie may
 flip: ``perf/lm_generation.py`` counts the rows whose text differs from batch-by-batch decoding.
 """
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from clbench.objectives.generation_pool import shared_span
+from clbench.objectives.kv_cache import forward_hooked
 from clbench.objectives.text_batches import left_padded
 
 #: A forward's fixed cost, in prompt positions, when a column's rows are cut into length
@@ -58,16 +59,29 @@ NEUTRAL = {"num_beams": (None, 1), "num_beam_groups": (None, 1), "repetition_pen
            "prompt_lookup_num_tokens": (None,), "token_healing": (None, False)}
 
 
-def plain_greedy(model: Any) -> bool:
-    """Whether ``generate(do_sample=False)`` on ``model`` is the plain argmax this loop computes:
-    its generation config sets none of the :data:`NEUTRAL` fields to another value, and its
-    cache is a plain key/value cache in every layer (a sliding-window layer keeps only its last
-    positions, which left-padding rows to one width would not respect)."""
+def keeps_logits(model: Any) -> bool:
+    """Whether the transformers model inside ``model`` takes ``logits_to_keep``."""
+    import inspect
+
+    hf = getattr(model, "hf", model)
+    return "logits_to_keep" in inspect.signature(hf.forward).parameters
+
+
+def loop_decodes(model: Any) -> bool:
+    """Whether this loop computes what ``generate(do_sample=False)`` computes on ``model``: no
+    forward hook changes what its forward sees (MoSEs prepends its prompts,
+    :func:`~clbench.objectives.kv_cache.forward_hooked`), its forward takes what the loop passes
+    (``logits_to_keep``), its generation config sets none of the :data:`NEUTRAL` fields to
+    another value, and its cache is a plain key/value cache in every layer (a sliding-window
+    layer keeps only its last positions, which left-padding rows to one width would not
+    respect)."""
     from transformers import DynamicCache
 
     hf = getattr(model, "hf", model)
     config = getattr(hf, "generation_config", None)
-    if config is None or any(getattr(config, name, None) not in values for name, values in NEUTRAL.items()):
+    if forward_hooked(model) or not keeps_logits(model) or config is None:
+        return False
+    if any(getattr(config, name, None) not in values for name, values in NEUTRAL.items()):
         return False
     layers = DynamicCache(config=getattr(hf, "config", None)).layers
     return all(type(layer).__name__ == "DynamicLayer" for layer in layers)

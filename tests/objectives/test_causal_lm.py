@@ -231,16 +231,16 @@ def test_a_generation_config_that_is_not_plain_argmax_decodes_with_generate(mode
 
     from torchmetrics import MetricCollection
 
-    from clbench.objectives.greedy_loop import plain_greedy
+    from clbench.objectives.greedy_loop import loop_decodes
 
-    assert plain_greedy(model)
+    assert loop_decodes(model)
     sliding = copy.deepcopy(model)
     sliding.hf.config.layer_types = ["sliding_attention"] + sliding.hf.config.layer_types[1:]
     sliding.hf.config.sliding_window = 8
-    assert not plain_greedy(sliding)  # a cache that keeps a window only is not joined by left-padding
+    assert not loop_decodes(sliding)  # a cache that keeps a window only is not joined by left-padding
     penalised = copy.deepcopy(model)
     penalised.hf.generation_config.repetition_penalty = 5.0
-    assert not plain_greedy(penalised)
+    assert not loop_decodes(penalised)
     records = [{"prompt": f"word {i} word {i} word", "answer": "x"} for i in range(4)]
     texts = {}
     for name, m in (("plain", model), ("penalised", penalised)):
@@ -454,7 +454,7 @@ def test_routing_units_are_the_unpadded_teacher_forced_tokens_with_their_composi
     from unittest import mock
 
     full = RoutingRecorder(num_domains=2, compositions=True).attach(model)
-    with mock.patch("clbench.objectives.causal_lm._keeps_logits", return_value=False), full.domain(1):
+    with mock.patch("clbench.objectives.causal_lm.keeps_logits", return_value=False), full.domain(1):
         objective.evaluate(model, batch, MetricCollection(objective.metrics(experiences[1])), experiences[1])
     assert str(full.compute()) == str(figures) and str(full.compositions([1])) == str(comps)
 
