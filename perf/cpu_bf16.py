@@ -10,7 +10,8 @@ the MLP's gate/up/down projections (the trace-mini-smollm2 suites' seq_lora):
   with bf16 units, :mod:`clbench.engine.precision`);
 - ``bf16-base``: the frozen base weights cast to bfloat16, the LoRA weights left float32;
 - ``fp32-answer-logits``: fp32 with the training logits computed over the answer window only
-  (the causal-LM objective's ``answer_logits_only``); its generation is fp32's.
+  (the causal-LM objective's ``answer_logits_only``, its default for a frozen head such as this
+  LoRA's); its generation is fp32's.
 
 Training: ``--train-batches`` batches of ``--batch-size`` trace-mini records (C-STANCE, FOMC,
 ScienceQA, NumGLUE-cm, collated by the causal-LM objective's ``TextCollator``) per round:
@@ -97,7 +98,7 @@ def train(hf, name: str, loader: list[dict], optimizer) -> list[float]:
             start, end = answer_window(labels)
             logits = hf(**x, logits_to_keep=torch.arange(start, end)).logits
             labels = labels[:, start + 1: end + 1]
-        else:  # the objective's default: logits of every position, shifted
+        else:  # answer_logits_only: false: logits of every position, shifted
             with context(name):
                 logits = hf(**x).logits[:, :-1]
             labels = labels[:, 1:]

@@ -76,8 +76,13 @@ def trainable(model) -> dict[str, torch.Tensor]:
 
 
 def logits(module, experience) -> torch.Tensor:
+    """The model's logits at every position of the experience's test samples (the training
+    batch's inputs without the labels they carry for the answer window)."""
+    from clbench.objectives.answer_logits import WINDOW
+
     batch = module.objective.collate(train=True)(experience.test)
     inputs, _ = module.objective.split(batch)
+    inputs = {key: value for key, value in inputs.items() if key != WINDOW}
     module.model.eval()
     with torch.no_grad():
         return module.objective.forward(module.model, inputs)

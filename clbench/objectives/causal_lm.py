@@ -36,12 +36,8 @@ evaluation is deterministic up to the hardware's arithmetic. The final stage's g
 The loss is the mean over the batch's answer tokens (as transformers computes it), so a
 batch's long answers weigh more than short ones; TRACE's training code does the same.
 
-``answer_logits_only: true`` computes the training logits only over the positions that
-predict an answer token of some row of the batch (:func:`answer_window`, passed to the model
-as transformers' ``logits_to_keep``): the same loss and gradients, without the LM head's
-matmul and softmax over every prompt position, a fifth of a small model's training FLOPs
-when answers are short. Off by default: a different matmul shape rounds differently, and the
-committed leaderboards were made without it.
+``answer_logits_only`` computes the training logits over the answer window only, by default
+where that changes no number, i.e. the LM head is frozen (:mod:`~clbench.objectives.answer_logits`).
 
 Routing records (models with MoE layers): padding tokens are never counted. In evaluation the
 counted units are the tokens of each test sample's prompt + reference answer in one
@@ -69,6 +65,7 @@ from clbench.models import routing_channel as routing
 from clbench.models import auxiliary
 from clbench.models.protocol import has_routing_layers
 from clbench.models.sharded import is_sharded
+from clbench.objectives.answer_logits import carrying, model_inputs
 from clbench.objectives.base import Objective
 from clbench.objectives.greedy_loop import keeps_logits, loop_decodes
 from clbench.objectives.kv_cache import KVCache, forward_hooked, static_cache
@@ -87,7 +84,8 @@ class CausalLanguageModeling(Objective):
     ``max_new_tokens``: one number, or one per experience name. ``max_length``: tokens of
     prompt + answer in training, of prompt + generation in evaluation. ``chat_template``: wrap
     each prompt in the tokenizer's chat template (instruct models); off by default, as in TRACE.
-    ``answer_logits_only``: training logits only where the loss reads them (module notes).
+    ``answer_logits_only``: training logits only where the loss reads them; by default where
+    that changes no number, i.e. the LM head is frozen (:mod:`~clbench.objectives.answer_logits`).
     ``generation_batch``: rows decoded together once a pass's prompts are pooled and bucketed
     (:mod:`~clbench.objectives.generation_pool`); 64, our choice: on a 2-core CPU a SmolLM2
     decoding step over 64 rows costs about twice one over 8, for eight times the tokens.
@@ -110,7 +108,7 @@ class CausalLanguageModeling(Objective):
     def __init__(self, task_metrics: dict[str, str] | None = None, default_metric: str = "exact_match",
                  max_length: Annotated[int, Field(ge=2)] = 512,
                  max_new_tokens: Tokens | dict[str, Tokens] = 32, chat_template: bool = False,
-                 answer_logits_only: bool = False, generation_batch: Annotated[int, Field(ge=1)] = 64,
+                 answer_logits_only: bool | None = None, generation_batch: Annotated[int, Field(ge=1)] = 64,
                  pool_generation: bool = True, kv_cache: KVCache = "dynamic"):
         self.kv_cache = kv_cache
         self.chat_template = chat_template
@@ -123,6 +121,7 @@ class CausalLanguageModeling(Objective):
         self.max_new_tokens = max_new_tokens
         self.tokenizer = None
         self.model = None
+        self._keeps_logits = False  # whether the attached model takes logits_to_keep
         self._truncated: dict[str, Any] = {"train": 0, "test": 0}  # samples whose prompt lost tokens, as seen
         self._generations: dict[str, list[dict]] = {}
         self._pending: list = []  # this pass's batches waiting for their generations (generation_pool)
@@ -150,6 +149,7 @@ class CausalLanguageModeling(Objective):
                                 "has no logits_to_keep argument",
                                 fix="set answer_logits_only: false for this model")
         self.tokenizer = tokenizer
+        self._keeps_logits = keeps_logits(model)
         self.model = model  # whether it has routing layers (perhaps injected later) decides the test batches
 
     def metric_name(self, experience) -> str:
@@ -181,15 +181,8 @@ class CausalLanguageModeling(Objective):
 
     def split(self, batch: dict) -> tuple[dict, Tensor]:
         self._count("train", batch)
-        return self._windowed({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]},
-                              batch["labels"]), batch["labels"]
-
-    def _windowed(self, inputs: dict, labels: Tensor) -> dict:
-        """``inputs`` asking for the logits of the answer window only, when that is on."""
-        if not self.answer_logits_only:
-            return inputs
-        start, end = answer_window(labels)
-        return {**inputs, "logits_to_keep": torch.arange(start, end, device=labels.device)}
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        return carrying(inputs, batch["labels"], self.answer_logits_only, self._keeps_logits), batch["labels"]
 
     def join(self, parts: list[tuple[dict, Tensor]]) -> tuple[dict, Tensor]:
         """Right-pad every part to the longest and stack (a replay batch with the current one)."""
@@ -202,9 +195,10 @@ class CausalLanguageModeling(Objective):
         inputs = {"input_ids": torch.cat([widen(i["input_ids"], pad_id) for i, _ in parts]),
                   "attention_mask": torch.cat([widen(i["attention_mask"], 0) for i, _ in parts])}
         labels = torch.cat([widen(labels, IGNORE) for _, labels in parts])
-        return self._windowed(inputs, labels), labels
+        return carrying(inputs, labels, self.answer_logits_only, self._keeps_logits), labels
 
     def forward(self, model, inputs: dict) -> Tensor:
+        inputs = model_inputs(inputs, self.answer_logits_only, model)
         # padding tokens are not routing units, nor tokens of a layer's auxiliary loss
         if routing.is_recording() or auxiliary.is_collecting():
             with routing.units(token_mask=inputs["attention_mask"]):

@@ -4,11 +4,13 @@ TRACE-format stream through the runner with checkpoints and generations."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 
 import pytest
 import torch
+from clbench.objectives.text_batches import answer_window
 from helpers import TINY_LM, crash_at, lm_objective, tiny_config, tiny_lm
 
 
@@ -68,7 +70,8 @@ def test_the_loss_is_on_answer_tokens_only_and_truncation_cuts_the_prompts_left(
 def test_answer_logits_only_gives_the_same_loss_and_gradients_from_fewer_logits(model):
     """The LM head runs over the answer window only; loss and gradients equal the full path's,
     for a batch and for a replay-style join of two batches."""
-    full, window = lm_objective(model, max_length=40), lm_objective(model, max_length=40, answer_logits_only=True)
+    full = lm_objective(model, max_length=40, answer_logits_only=False)
+    window = lm_objective(model, max_length=40, answer_logits_only=True)
     records = [{"prompt": "one two three four five six seven eight nine", "answer": "ten"},
                {"prompt": "a b", "answer": "c d e"}, {"prompt": "x y z w", "answer": "q"}]
     other = [{"prompt": "a much longer prompt than the others in this test by far", "answer": "r s"}]
@@ -78,7 +81,7 @@ def test_answer_logits_only_gives_the_same_loss_and_gradients_from_fewer_logits(
     cases.append((full.join([full.split(batch), full.split(part)]),
                   window.join([window.split(batch), window.split(part)])))
     for (inputs, labels), (w_inputs, w_labels) in cases:
-        start, end = w_inputs["logits_to_keep"][0].item(), w_inputs["logits_to_keep"][-1].item() + 1
+        start, end = answer_window(w_labels)
         assert (labels[:, 1:] != -100).any(0).nonzero().flatten().tolist()[0] == start
         assert end - start < labels.shape[1] - 1  # fewer positions than the full path's
         grads = []
@@ -94,6 +97,58 @@ def test_answer_logits_only_gives_the_same_loss_and_gradients_from_fewer_logits(
         assert ours == pytest.approx(ref, rel=1e-5)
         assert len(g_full) == len(g_window) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_full, g_window))
     model.zero_grad()
+
+
+def _step_gradients(objective, model, batch) -> tuple[int, list[torch.Tensor]]:
+    """One training step's logits width and the gradients of every parameter that takes one."""
+    model.zero_grad()
+    inputs, labels = objective.split(batch)
+    logits = objective.forward(model, inputs)
+    objective.loss(logits, labels).backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    return logits.shape[1], grads
+
+
+def test_answer_window_is_the_default_where_the_head_is_frozen_and_changes_no_bit_there():
+    """By default the window is on exactly where the running model's LM head takes no gradient
+    (a LoRA-style frozen base); there every gradient is bit-equal to the whole sequence's. With
+    the head trained, the default keeps the whole sequence (its weight gradient sums over
+    positions); the decision follows the model called, not the one attached."""
+    model = tiny_lm().train()
+    records = [{"prompt": "one two three four five six seven eight nine", "answer": "ten"},
+               {"prompt": "a b", "answer": "c d e"}, {"prompt": "x y z w", "answer": "q"}]
+    default, whole = lm_objective(model, max_length=40), lm_objective(model, max_length=40, answer_logits_only=False)
+    batch = default.collate(train=True)(records)
+    width = batch["input_ids"].shape[1]
+    assert _step_gradients(default, model, batch)[0] == width
+    trained_copy = copy.deepcopy(model)
+    model.hf.get_output_embeddings().weight.requires_grad_(False)
+    (n_window, g_window), (n_whole, g_whole) = (_step_gradients(o, model, batch) for o in (default, whole))
+    assert n_window < n_whole == width
+    assert len(g_window) == len(g_whole) > 0 and all(torch.equal(a, b) for a, b in zip(g_window, g_whole))
+    assert _step_gradients(default, trained_copy, batch)[0] == width  # attached model frozen, this one not
+    forced = lm_objective(trained_copy, max_length=40, answer_logits_only=True)
+    assert _step_gradients(forced, trained_copy, batch)[0] == n_window
+
+
+def test_each_sample_cut_from_a_windowed_batch_keeps_its_own_window(model):
+    """EWC's Fisher calls the loss on one sample at a time, cut from a split batch: the labels
+    the inputs carry are cut with it, so each sample's logits and loss use its own window."""
+    objective = lm_objective(model, max_length=40, answer_logits_only=True)
+    whole = lm_objective(model, max_length=40, answer_logits_only=False)
+    batch = objective.collate(train=True)([{"prompt": "a b c d e f g", "answer": "h"},
+                                           {"prompt": "a", "answer": "b c d e"}])
+    inputs, labels = objective.split(batch)
+    with torch.no_grad():
+        for i in range(2):
+            one = {key: value[i:i + 1] for key, value in inputs.items()}
+            start, end = answer_window(labels[i:i + 1])
+            logits = objective.forward(model, one)
+            assert logits.shape[1] == end - start
+            reference = whole.loss(whole.forward(model, {k: v for k, v in one.items() if k in ("input_ids", "attention_mask")}),
+                                   labels[i:i + 1])
+            assert objective.loss(logits, labels[i:i + 1]).item() == pytest.approx(reference.item(), rel=1e-5)
 
 
 def test_batched_generation_from_left_padded_prompts_equals_one_prompt_at_a_time(model):
