@@ -99,21 +99,26 @@ def test_answer_logits_only_gives_the_same_loss_and_gradients_from_fewer_logits(
     model.zero_grad()
 
 
-def _step_gradients(objective, model, batch) -> tuple[int, list[torch.Tensor]]:
-    """One training step's logits width and the gradients of every parameter that takes one."""
+def _step_gradients(objective, model, batch, bf16: bool = False) -> tuple[int, list[torch.Tensor]]:
+    """One training step's logits width and the gradients of every parameter that takes one
+    (``bf16``: the forward under CPU bf16 autocast, as a ``bf16-mixed`` run trains)."""
     model.zero_grad()
-    inputs, labels = objective.split(batch)
-    logits = objective.forward(model, inputs)
-    objective.loss(logits, labels).backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        inputs, labels = objective.split(batch)
+        logits = objective.forward(model, inputs)
+        loss = objective.loss(logits, labels)
+    loss.backward()
     grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad()
     return logits.shape[1], grads
 
 
-def test_answer_window_is_the_default_where_the_head_is_frozen_and_changes_no_bit_there():
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_answer_window_is_the_default_where_the_head_is_frozen_and_changes_no_bit_there(bf16):
     """By default the window is on exactly where the running model's LM head takes no gradient
-    (a LoRA-style frozen base); there every gradient is bit-equal to the whole sequence's. With
-    the head trained, the default keeps the whole sequence (its weight gradient sums over
+    (a LoRA-style frozen base); there every gradient is bit-equal to the whole sequence's, in
+    fp32 and under bf16 autocast (native on a CPU with bf16 units, emulated elsewhere). With the
+    head trained, the default keeps the whole sequence (its weight gradient sums over
     positions); the decision follows the model called, not the one attached."""
     model = tiny_lm().train()
     records = [{"prompt": "one two three four five six seven eight nine", "answer": "ten"},
@@ -124,7 +129,7 @@ def test_answer_window_is_the_default_where_the_head_is_frozen_and_changes_no_bi
     assert _step_gradients(default, model, batch)[0] == width
     trained_copy = copy.deepcopy(model)
     model.hf.get_output_embeddings().weight.requires_grad_(False)
-    (n_window, g_window), (n_whole, g_whole) = (_step_gradients(o, model, batch) for o in (default, whole))
+    (n_window, g_window), (n_whole, g_whole) = (_step_gradients(o, model, batch, bf16) for o in (default, whole))
     assert n_window < n_whole == width
     assert len(g_window) == len(g_whole) > 0 and all(torch.equal(a, b) for a, b in zip(g_window, g_whole))
     assert _step_gradients(default, trained_copy, batch)[0] == width  # attached model frozen, this one not
