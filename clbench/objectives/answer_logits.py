@@ -59,7 +59,7 @@ def model_inputs(inputs: dict, setting: bool | None, model: Any) -> dict:
     if labels is None:
         return inputs
     inputs = {key: value for key, value in inputs.items() if key != WINDOW}
-    if setting if setting is not None else head_frozen(model):
+    if head_frozen(model) if setting is None else setting:
         start, end = answer_window(labels)
         inputs["logits_to_keep"] = torch.arange(start, end, device=labels.device)
     return inputs
