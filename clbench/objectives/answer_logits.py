@@ -7,15 +7,16 @@ positions that predict an answer token in some row of the batch), with the same 
 gradients: a fifth of a small model's training FLOPs when answers are short.
 
 ``true`` always, ``false`` never; by default (``null``) where the model's LM head takes no
-gradient (LoRA, O-LoRA, adapter mixtures, MoSEs, EWC or GEM on an adapter), because there it
-changes no number: the window only drops rows from the head's two products (h·Wᵀ forward,
-∂logits·W backward), each row's result is a dot product whose order does not depend on how many
-rows there are, and the dropped rows' gradient is exactly zero (their labels are ``-100``); the
-tests check the gradients bit for bit, in fp32 and under bf16 autocast. A trained head's weight
-gradient ∂W = ∂logitsᵀ·h sums over the positions, and fewer of them change that sum's order and
-the last bits of every later number, so the default leaves the window off there. (A BLAS that
-splits a product's inner dimension by its row count, as multi-threaded or GPU kernels may, would
-round differently; ``false`` is the whole-sequence path everywhere.)
+gradient (LoRA, O-LoRA, adapter mixtures, MoSEs, Grow after its growth, EWC or GEM on an
+adapter), because there it changes no number: the window only drops rows from the head's two
+products (h·Wᵀ forward, ∂logits·W backward), each row's result is a dot product whose order does
+not depend on how many rows there are, and the dropped rows' gradient is exactly zero (their
+labels are ``-100``); the tests check the gradients bit for bit, in fp32 and under bf16
+autocast. A trained head's weight gradient ∂W = ∂logitsᵀ·h sums over the positions, and fewer of
+them change that sum's order and the last bits of every later number, so the default leaves the
+window off there. (A BLAS that splits a product's inner dimension by its row count, as
+multi-threaded or GPU kernels may, would round differently; ``false`` is the whole-sequence path
+everywhere.)
 
 The decision is made per forward, on the model that runs (Grow's probe trains a copy of a model
 whose head is frozen, with its head training), and the window per batch from the labels the
