@@ -15,6 +15,10 @@ rounds interleaved (who goes first alternates), on the model the config builds:
   any caps, each column's rows prefilled apart by length bucket, one greedy loop a batch that
   drops each row at its EOS or cap (:mod:`clbench.objectives.greedy_loop`).
 
+``--phases`` then times one more ``pooled`` pass split into its forwards: the prefill's
+(positions computed, seconds, ms a position) and the decoding steps' (steps and ms a step by
+the rows still live): where the greedy loop's time goes.
+
 ``--bf16`` adds both again under ``torch.autocast("cpu", torch.bfloat16)``, as a ``bf16-mixed``
 run evaluates (the default of a language model on a CPU with bf16 units,
 :mod:`clbench.engine.precision`): ``per-batch bf16`` and ``pooled bf16``. On a CPU without bf16
@@ -30,6 +34,7 @@ differently beside other rows, or in bf16).
     OMP_NUM_THREADS=1 python perf/lm_generation.py                 # the README's SmolLM2 run: minutes
     OMP_NUM_THREADS=1 python perf/lm_generation.py --bf16          # and in bf16 (a CPU with bf16 units)
     OMP_NUM_THREADS=1 python perf/lm_generation.py --static        # and pooled with the static KV cache
+    OMP_NUM_THREADS=1 python perf/lm_generation.py --phases        # and the loop's prefill against its steps
     OMP_NUM_THREADS=1 python perf/lm_generation.py --config configs/examples/trace-mini-seq_ft.yaml
     python perf/lm_generation.py benchmark.init_args.n_test=32 objective.init_args.generation_batch=32
 """
@@ -37,6 +42,7 @@ differently beside other rows, or in bf16).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 import warnings
@@ -50,6 +56,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="also time both under bf16 autocast (bf16-mixed)")
     parser.add_argument("--static", action="store_true", help="also time the pooled pass with kv_cache: static")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time one pooled pass split into prefill and decoding steps")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -149,6 +157,46 @@ def main() -> None:
         print(f"| {name} | {seconds:.1f} | {tokens[name]} | {tokens[name] / seconds:.1f} | {base / seconds:.2f} | "
               f"{differ(name)} of {prompts} |")
     print(f"\npooled batches: {objective._generation_rows}")
+    if args.phases:
+        phases(model, pooled)
+
+
+def phases(model, pooled) -> None:
+    """One ``pooled`` pass with every forward of the model timed: a forward over more than one
+    position a row is prefill, one over a single position a decoding step."""
+    hf = getattr(model, "hf", model)
+    forward = hf.forward
+    prefill, steps = [], []  # (positions, seconds), (rows, seconds)
+
+    @functools.wraps(forward)  # the loop reads the signature (logits_to_keep)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = forward(*args, **kwargs)
+        seconds, ids = time.perf_counter() - start, kwargs["input_ids"]
+        if ids.shape[1] == 1:
+            steps.append((ids.shape[0], seconds))
+        else:
+            prefill.append((ids.numel(), seconds))
+        return out
+
+    hf.forward = timed
+    try:
+        start = time.perf_counter()
+        pooled()
+        total = time.perf_counter() - start
+    finally:
+        del hf.forward
+    positions, seconds = sum(n for n, _ in prefill), sum(t for _, t in prefill)
+    print(f"\none pooled pass, {total:.1f} s: prefill {seconds:.1f} s in {len(prefill)} forwards, {positions} "
+          f"positions, {1000 * seconds / max(positions, 1):.1f} ms a position; {len(steps)} decoding steps "
+          f"{sum(t for _, t in steps):.1f} s")
+    print("| live rows | steps | ms a step (median) |")
+    print("|---|---|---|")
+    for low, high in ((1, 1), (2, 8), (9, 24), (25, 64), (65, 10**9)):
+        times = [t for rows, t in steps if low <= rows <= high]
+        if times:
+            label = str(low) if low == high else (f"{low}-{high}" if high < 10**9 else f"{low}+")
+            print(f"| {label} | {len(times)} | {1000 * statistics.median(times):.0f} |")
 
 
 if __name__ == "__main__":
