@@ -144,12 +144,12 @@ class CausalLanguageModeling(Objective):
             raise ArgumentError("objective", "chat_template", "chat_template is true but the model's tokenizer has no "
                                 "chat template",
                                 fix="set chat_template: false (plain prompts), or use an instruct model's tokenizer")
-        if self.answer_logits_only and not keeps_logits(model):
+        self._keeps_logits = keeps_logits(model)
+        if self.answer_logits_only and not self._keeps_logits:
             raise ArgumentError("objective", "answer_logits_only", f"{type(getattr(model, 'hf', model)).__name__} "
                                 "has no logits_to_keep argument",
                                 fix="set answer_logits_only: false for this model")
         self.tokenizer = tokenizer
-        self._keeps_logits = keeps_logits(model)
         self.model = model  # whether it has routing layers (perhaps injected later) decides the test batches
 
     def metric_name(self, experience) -> str:

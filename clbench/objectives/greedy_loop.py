@@ -17,12 +17,13 @@ and still paid for every row that reached EOS early. Here a batch may hold rows 
   so no step computes a finished row.
 
 Each step is what ``generate`` computes for a greedy, unprocessed decode: the model's forward
-over the new token with the cache and the 2-D mask, the last position's logits in float32,
-their argmax. :func:`loop_decodes` checks that the model's generation config adds nothing to
-that (a repetition penalty, forced or suppressed tokens, beams) and that no hook changes its
-forward; where either does, the objective decodes with ``generate``. What changes is which rows share a matrix product, so a row's logits
-round differently than in a batch of other rows (as pooling already did), and a near tie may
-flip: ``perf/lm_generation.py`` counts the rows whose text differs from batch-by-batch decoding.
+over the new token with the cache and the 2-D mask, the last position's logits in float32, their
+argmax. :func:`loop_decodes` checks that the model's generation config adds nothing to that (a
+repetition penalty, forced or suppressed tokens, beams) and that no hook changes its forward;
+where either does, the objective decodes with ``generate``. What changes is which rows share a
+matrix product, so a row's logits round differently than in a batch of other rows (as pooling
+already did), and a near tie may flip: ``perf/lm_generation.py`` counts the rows whose text
+differs from batch-by-batch decoding.
 """
 
 from __future__ import annotations

@@ -18,11 +18,13 @@ IGNORE = -100  # the label of a position no loss reads (prompt, padding)
 
 def answer_window(labels: Tensor) -> tuple[int, int]:
     """``(start, end)``: the positions ``start <= t < end`` whose next token is an answer token
-    (label != -100) in some row; at least one position."""
-    rows = (labels[:, 1:] != IGNORE).any(0).nonzero()
-    if rows.numel() == 0:
+    (label != -100) in some row; at least one position. Read back from the device once (a
+    training step asks for it), not once per bound."""
+    answered = (labels[:, 1:] != IGNORE).any(0).int()
+    if answered.numel() == 0:
         return 0, 1
-    return int(rows[0]), int(rows[-1]) + 1
+    first, last_from_end, found = torch.stack([answered.argmax(), answered.flip(0).argmax(), answered.max()]).tolist()
+    return (first, answered.numel() - last_from_end) if found else (0, 1)
 
 
 def prompt_and_answer(item: Any) -> tuple[str, str]:

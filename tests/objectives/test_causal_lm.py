@@ -99,6 +99,19 @@ def test_answer_logits_only_gives_the_same_loss_and_gradients_from_fewer_logits(
     model.zero_grad()
 
 
+@pytest.mark.parametrize("answered", [[], [0], [4], [1, 2], [0, 4], [2, 3, 4]])
+def test_answer_window_spans_the_positions_that_predict_an_answer_token(answered):
+    """The window read back in one transfer equals the one its definition gives: from the first
+    to the last position whose next token is an answer token in some row; (0, 1) without one."""
+    labels = torch.full((2, 6), -100)
+    for i, t in enumerate(answered):
+        labels[i % 2, t + 1] = 7
+    predicting = (labels[:, 1:] != -100).any(0).nonzero().flatten().tolist()
+    expected = (predicting[0], predicting[-1] + 1) if predicting else (0, 1)
+    assert answer_window(labels) == expected
+    assert answer_window(torch.full((2, 1), -100)) == (0, 1)  # one position: nothing to predict
+
+
 def _step_gradients(objective, model, batch, bf16: bool = False) -> tuple[int, list[torch.Tensor]]:
     """One training step's logits width and the gradients of every parameter that takes one
     (``bf16``: the forward under CPU bf16 autocast, as a ``bf16-mixed`` run trains)."""
